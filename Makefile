@@ -1,0 +1,56 @@
+# Two commands for a newcomer: `make demo` and `make test`. Everything else is installed from here.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export HF_HUB_DISABLE_TELEMETRY := 1
+DEMO := demo-out
+JOBS ?= 2
+
+.PHONY: install demo test fuzz bench gpu-check clean system-tools
+
+$(VENV)/.installed: pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "needs $(PYTHON)"; exit 2; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first, pinned: a bare `torch` would pull a multi-GB CUDA build.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed system-tools
+	@echo "ready: $(VENV)/bin/itera-verify"
+
+# The zstd command line (interoperability tests) and Chromium (HTML report test), from Debian when missing.
+system-tools:
+	@missing=""; command -v zstd >/dev/null 2>&1 || missing="$$missing zstd"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    echo "installing$$missing"; (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
+	      || echo "warning: could not install$$missing; the tests that need them will skip"; \
+	  else echo "warning: missing$$missing (install them for the interoperability and browser tests)"; fi; \
+	fi
+
+demo: install
+	rm -rf $(DEMO)
+	$(PY) -m fixtures.build $(DEMO)/package --hf-cache $(DEMO)/hf-cache
+	$(VENV)/bin/itera-verify $(DEMO)/package --hf-cache $(DEMO)/hf-cache -o $(DEMO)/ --report html=$(DEMO)/report.html
+	@echo; echo "archive: $$(ls $(DEMO)/*.tar.zst)"; echo "HTML report: $(DEMO)/report.html"
+
+test: install
+	$(PY) -m pytest -n $(JOBS) -q
+
+fuzz: install
+	$(PY) -m tests.fuzz_all
+
+bench: install
+	$(PY) benchmarks/reload_bench.py
+	$(PY) benchmarks/seal_bench.py
+
+gpu-check: install
+	bash scripts/gpu-check.sh
+
+clean:
+	rm -rf $(DEMO) build dist .pytest_cache

@@ -1,0 +1,54 @@
+"""Shared test harness: the real example package is built once per test session (shared by xdist workers
+under a file lock); each test gets its own copy and plants one defect."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the `fixtures` builders live at the repository root
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory) -> dict:
+    """The pristine example package and its hub cache, built once for all workers."""
+    shared = tmp_path_factory.getbasetemp().parent / "itera-fixture"
+    shared.mkdir(exist_ok=True)
+    with FileLock(str(shared) + ".lock"):
+        info_file = shared / "info.json"
+        if not info_file.exists():
+            from fixtures.build import build_hub_cache, build_package
+
+            for stale in ("package", "hf-cache"):
+                shutil.rmtree(shared / stale, ignore_errors=True)
+            build_hub_cache(shared / "hf-cache")
+            info = build_package(shared / "package", shared / "hf-cache")
+            info_file.write_text(json.dumps(info, default=str))
+    info = json.loads(info_file.read_text())
+    info["package"] = str(shared / "package")
+    info["hf_cache"] = str(shared / "hf-cache")
+    return info
+
+
+@pytest.fixture(scope="session")
+def hf_cache(built) -> Path:
+    return Path(built["hf_cache"])
+
+
+@pytest.fixture
+def package_dir(built, tmp_path) -> Path:
+    """A private copy of the clean package (links copied as links), for one test to change."""
+    dest = tmp_path / "pkg"
+    shutil.copytree(built["package"], dest, symlinks=True)
+    return dest

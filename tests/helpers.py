@@ -1,0 +1,28 @@
+"""Helpers tests import: `from tests.helpers import static_findings, codes, run_cli`."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def static_findings(package_dir: Path, **selection):
+    """Every static finding of a package, through the library: no subprocess, no reload."""
+    from itera_verify.package import discover
+    from itera_verify.rules import Selection, run_checks
+
+    package = discover(package_dir)
+    return run_checks(package, Selection(**selection), "static")
+
+
+def codes(findings) -> set[str]:
+    return {f.code for f in findings}
+
+
+def run_cli(*args, cwd=None, env=None, timeout=600) -> subprocess.CompletedProcess:
+    """The real command line in a child process, offline."""
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", **(env or {})}
+    full_env.pop("GITHUB_ACTIONS", None) if not (env and "GITHUB_ACTIONS" in env) else None
+    return subprocess.run([sys.executable, "-m", "itera_verify", *map(str, args)], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)

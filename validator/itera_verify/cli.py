@@ -1,0 +1,233 @@
+"""Command line: argument parsing, configuration, presentation and exit codes. No checks live here."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from . import __version__
+from .config import Config, load_config
+from .model import Severity, UsageError
+from .report import FORMATS, Report, renderer
+from .rules import Selection, all_rules, unknown_codes
+
+EXTENSION_FORMATS = {".json": "json", ".xml": "junit", ".html": "html", ".htm": "html", ".txt": "text",
+                     ".log": "github"}
+
+
+def _codes(value: str | None) -> tuple[str, ...]:
+    codes = tuple(c.strip().upper() for c in (value or "").split(",") if c.strip())
+    bad = unknown_codes(codes)
+    if bad:
+        raise click.BadParameter(f"unknown rule code {bad[0]!r} (see `itera-verify rules`)")
+    return codes
+
+
+def _report_targets(values: tuple[str, ...], default_format: str) -> list[tuple[str, Path]]:
+    """--report PATH or --report FORMAT=PATH (repeatable)."""
+    targets = []
+    for value in values:
+        fmt, sep, path = value.partition("=")
+        if sep and fmt in FORMATS:
+            targets.append((fmt, Path(path)))
+        elif sep and fmt and "/" not in fmt:
+            raise click.BadParameter(f"unknown format {fmt!r} in --report {value} ({', '.join(FORMATS)})")
+        else:
+            targets.append((EXTENSION_FORMATS.get(Path(value).suffix.lower(), default_format), Path(value)))
+    return targets
+
+
+def _selection(config: Config, select: str | None, ignore: str | None, strict: bool) -> Selection:
+    return Selection(select=_codes(select) or config.select, ignore=config.ignore + _codes(ignore),
+                     levels=dict(config.levels), strict=strict)
+
+
+def _choose_format(fmt: str | None) -> str:
+    if fmt:
+        return fmt
+    return "github" if os.environ.get("GITHUB_ACTIONS") == "true" else "text"
+
+
+def _emit(report: Report, fmt: str, targets: list[tuple[str, Path]], quiet: bool, verbose: bool) -> None:
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    options = {"color": color, "verbose": verbose, "quiet": quiet}
+    for target_format, path in targets:
+        text = renderer(target_format)(report, {**options, "color": False})
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"--report {path}: cannot write ({exc.strerror})") from exc
+    # `--format json --report PATH` sends the JSON to the file only, so stdout stays clean for a pipe.
+    if not any(t[0] == fmt for t in targets) or fmt == "text":
+        click.echo(renderer(fmt)(report, options), nl=False)
+
+
+def _exit_code(report: Report) -> int:
+    return 1 if report.blocking() else 0
+
+
+def _make_progress(quiet: bool, verbose: bool):
+    from .cli_progress import make_progress
+
+    return make_progress(quiet=quiet, verbose=verbose)
+
+
+def _run(action) -> None:
+    """Exit 2 with one line for a usage problem; never a traceback for a user mistake."""
+    try:
+        code = action()
+    except UsageError as exc:
+        click.echo(f"itera-verify: error: {exc}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        click.echo("itera-verify: interrupted", err=True)
+        sys.exit(130)
+    sys.exit(code)
+
+
+class DefaultCommandGroup(click.Group):
+    """`itera-verify OUTDIR` runs `verify`; `audit`, `init` and `rules` are subcommands."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+            args = ["verify", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=DefaultCommandGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="itera-verify")
+def main() -> None:
+    """Check a campaign output folder, reload every artifact, and seal it into a checksummed archive.
+
+    \b
+      itera-verify OUTDIR [options]     check, reload and seal (see `itera-verify verify --help`)
+      itera-verify audit ARCHIVE        audit a delivered archive as hostile input
+      itera-verify init OUTDIR          write a template package to start a campaign from
+      itera-verify rules [CODE]         list the rules, or explain one
+    """
+
+
+_format_option = click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
+                              help="Output format on stdout (default text; github under GitHub Actions).")
+_report_option = click.option("--report", "reports", multiple=True, metavar="[FORMAT=]PATH",
+                              help="Also write a report file; repeatable (e.g. --report html=out.html).")
+_quiet = click.option("-q", "--quiet", is_flag=True, help="Only the verdict and findings.")
+_verbose = click.option("-v", "--verbose", is_flag=True, help="More detail (passing reloads, timings).")
+
+
+@main.command("verify")
+@click.argument("outdir", type=click.Path(path_type=Path))
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default=None, help="Where reloads run.")
+@click.option("--no-reload", is_flag=True, help="Skip the reloads (the report says nothing was reloaded).")
+@click.option("--no-seal", is_flag=True, help="Run every check but do not write the archive.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Archive path or destination folder.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing archive of the same name.")
+@_format_option
+@_report_option
+@click.option("--strict", is_flag=True, help="Warnings fail too.")
+@click.option("--select", help="Only these codes or prefixes (comma-separated, e.g. IV1,IV303).")
+@click.option("--ignore", help="Skip these codes or prefixes.")
+@click.option("--hf-cache", type=click.Path(path_type=Path), help="Hugging Face hub cache holding the base models.")
+@click.option("--timeout", type=click.FloatRange(min=1), default=None, help="Seconds per reload (default 600).")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, help="Parallel CPU reloads.")
+@click.option("--level", type=click.IntRange(1, 19), default=3, help="zstd level (default 3).")
+@click.option("--threads", type=click.IntRange(min=0), default=0, help="zstd threads (0 = all cores).")
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Configuration file (default: itera-verify.toml or pyproject.toml, searched upward).")
+@_quiet
+@_verbose
+def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, reports, strict, select, ignore,
+                   hf_cache, timeout, jobs, level, threads, config_path, quiet, verbose):
+    """Check OUTDIR, reload every artifact and seal it (exit 0 pass, 1 findings, 2 could not run)."""
+    from .verify_flow import verify
+
+    def action() -> int:
+        config = load_config(explicit=config_path)
+        fmt_chosen = _choose_format(fmt)
+        targets = _report_targets(reports, fmt_chosen)
+        selection = _selection(config, select, ignore, strict)
+        with _make_progress(quiet, verbose) as progress:
+            report = verify(outdir, device=device or config.device or "auto", reload=not no_reload,
+                            seal=not no_seal, output=output, overwrite=overwrite, selection=selection,
+                            hf_cache=hf_cache, timeout=timeout or config.timeout or 600.0, jobs=jobs, level=level,
+                            threads=threads, tmp_patterns=config.tmp_patterns, tariffs=config.tariffs,
+                            progress=progress)
+        _emit(report, fmt_chosen, targets, quiet, verbose)
+        return _exit_code(report)
+
+    _run(action)
+
+
+@main.command("audit")
+@click.argument("archive", type=click.Path(path_type=Path))
+@click.option("--reload", "do_reload", is_flag=True, help="Also reload every artifact.")
+@click.option("--max-size", type=click.IntRange(min=1), default=None,
+              help="Refuse to expand beyond this many bytes (default: 20 × the archive size, at least 1 GiB).")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto")
+@click.option("--hf-cache", type=click.Path(path_type=Path))
+@click.option("--timeout", type=click.FloatRange(min=1), default=600.0)
+@click.option("--jobs", type=click.IntRange(min=1), default=1)
+@_format_option
+@_report_option
+@click.option("--strict", is_flag=True)
+@_quiet
+@_verbose
+def audit_command(archive, do_reload, max_size, device, hf_cache, timeout, jobs, fmt, reports, strict, quiet,
+                  verbose):
+    """Audit a sealed ARCHIVE without trusting it: members, checksums, then every check again."""
+    from .audit_flow import audit
+
+    def action() -> int:
+        fmt_chosen = _choose_format(fmt)
+        targets = _report_targets(reports, fmt_chosen)
+        with _make_progress(quiet, verbose) as progress:
+            report = audit(archive, reload=do_reload, max_size=max_size, device=device, hf_cache=hf_cache,
+                           timeout=timeout, jobs=jobs, selection=Selection(strict=strict), progress=progress)
+        _emit(report, fmt_chosen, targets, quiet, verbose)
+        return _exit_code(report)
+
+    _run(action)
+
+
+@main.command("init")
+@click.argument("outdir", type=click.Path(path_type=Path))
+@click.option("--campaign-id", default=None, help="Campaign id (default: the folder name).")
+def init_command(outdir, campaign_id):
+    """Write a filled-in template package to start a campaign from (never overwrites)."""
+    from .template import write_template
+
+    def action() -> int:
+        written = write_template(outdir, campaign_id=campaign_id)
+        click.echo(f"wrote a template package in {outdir} ({len(written)} files)")
+        click.echo(f"next: fill in what `itera-verify {outdir} --no-reload --no-seal` reports, "
+                   "and declare the stop rules before the first run starts")
+        return 0
+
+    _run(action)
+
+
+@main.command("rules")
+@click.argument("code", required=False)
+def rules_command(code):
+    """List every rule, or explain one (e.g. `itera-verify rules IV303`)."""
+    from .report.rules_format import explain_rule, list_rules
+
+    def action() -> int:
+        rules = all_rules()
+        if code is None:
+            click.echo(list_rules(rules), nl=False)
+            return 0
+        rule = rules.get(code.upper())
+        if rule is None:
+            raise UsageError(f"unknown rule code {code!r} (see `itera-verify rules`)")
+        click.echo(explain_rule(rule), nl=False)
+        return 0
+
+    _run(action)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+"""Where the local Hugging Face hub cache is (SPEC §6 --hf-cache)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .model import UsageError
+
+
+def resolve_hf_cache(given: str | os.PathLike | None) -> Path:
+    """The hub cache folder (the one holding `models--org--name/`).
+
+    A folder with a `hub/` subfolder is taken as an HF_HOME. Default: HF_HUB_CACHE, else HF_HOME/hub,
+    else ~/.cache/huggingface/hub. An explicit folder that does not exist is a usage error.
+    """
+    if given is not None:
+        path = Path(given).expanduser()
+        if not path.is_dir():
+            raise UsageError(f"--hf-cache {given}: no such folder")
+        return path / "hub" if (path / "hub").is_dir() and not any(path.glob("models--*")) else path
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    return Path("~/.cache/huggingface/hub").expanduser()

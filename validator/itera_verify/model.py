@@ -1,0 +1,88 @@
+"""The vocabulary shared by every layer: rules, findings, severities."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Severity(str, Enum):
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+    @property
+    def rank(self) -> int:
+        return {"error": 2, "warning": 1, "info": 0}[self.value]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule code. Its explanation and examples are the user documentation (`itera-verify rules CODE`)."""
+
+    code: str
+    severity: Severity
+    title: str
+    explain: str
+    bad: str = ""
+    good: str = ""
+    family: str = ""  # filled by the registry: the module that declares it
+
+
+@dataclass
+class Finding:
+    code: str
+    path: str | None = None
+    message: str = ""
+    line: int | None = None
+    column: int | None = None
+    pointer: str | None = None
+    severity: Severity | None = None  # set by the engine from the rule and the configuration
+    run: str | None = None  # the run this finding disqualifies, when it concerns one
+    artifact: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"code": self.code, "severity": (self.severity or Severity.ERROR).value}
+        if self.path is not None:
+            out["path"] = self.path
+        for key in ("line", "column", "pointer", "run", "artifact"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        out["message"] = self.message
+        return out
+
+
+@dataclass
+class ReloadResult:
+    """Facts one reload child reported about one artifact. Rules turn these into findings."""
+
+    artifact: str
+    loader: str
+    kind: str = ""
+    path: str = ""
+    device: str = "cpu"
+    ok: bool = False
+    seconds: float = 0.0
+    peak_memory_bytes: int | None = None
+    error: str | None = None
+    failure: str | None = None  # "load" | "base-unavailable" | "missing-component" | "inconsistent" | "crash" | "timeout"
+    forward: str | None = None  # what the forward pass proved, or why none ran
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "artifact": self.artifact, "loader": self.loader, "device": self.device, "ok": self.ok,
+            "seconds": round(self.seconds, 3), "peak_memory_bytes": self.peak_memory_bytes,
+        }
+        for key in ("kind", "path", "error", "failure", "forward"):
+            value = getattr(self, key)
+            if value:
+                out[key] = value
+        if self.facts:
+            out["facts"] = self.facts
+        return out
+
+
+class UsageError(Exception):
+    """The tool could not run (exit code 2): bad arguments, unreadable input, missing device."""

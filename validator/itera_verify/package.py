@@ -1,0 +1,243 @@
+"""Discovery: one walk of the package, stat data per file, each document parsed once.
+
+The walk never follows a link: links are recorded with where they point, so the path rules can judge them and
+the seal can detect a file that changed after the check (size, mtime, inode). Large files are never read here.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Iterator
+
+from .model import UsageError
+
+MANIFEST = "manifest.json"
+STOPS = "stops.json"
+RELOAD = "reload.json"
+HASH_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str  # relative, "/"-separated
+    size: int
+    mtime_ns: int
+    inode: int
+    device: int
+
+
+@dataclass(frozen=True)
+class LinkEntry:
+    path: str
+    target: str  # as written in the link
+    resolved: str  # absolute, fully resolved
+    inside: bool  # resolves inside the package
+    broken: bool
+
+
+@dataclass
+class ParseError:
+    message: str
+    line: int | None = None
+    column: int | None = None
+
+
+@dataclass
+class Document:
+    """A parsed JSON document: `value` when it parsed, `error` when it did not."""
+
+    path: str
+    value: Any = None
+    error: ParseError | None = None
+    text: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass
+class Package:
+    root: Path
+    files: dict[str, FileEntry] = field(default_factory=dict)
+    links: dict[str, LinkEntry] = field(default_factory=dict)
+    dirs: set[str] = field(default_factory=set)
+    specials: dict[str, str] = field(default_factory=dict)  # path -> "fifo" | "socket" | "device"
+    # Digests computed by checks; the seal compares them with what it hashes (IV704).
+    digests: dict[str, str] = field(default_factory=dict)
+    reloads: list | None = None  # ReloadResult list once the reload phase ran; None when skipped
+    hf_cache: Path | None = None
+    tmp_patterns: tuple[str, ...] = ()
+    settings: dict[str, Any] = field(default_factory=dict)  # tariffs and other configuration the rules read
+    _documents: dict[str, Document] = field(default_factory=dict, repr=False)
+
+    # ---- paths ---------------------------------------------------------------------------------------
+    def abspath(self, rel: str) -> Path:
+        return self.root.joinpath(*rel.split("/"))
+
+    def is_file(self, rel: str) -> bool:
+        return rel in self.files or (rel in self.links and self.links[rel].inside and not self.links[rel].broken
+                                     and os.path.isfile(self.links[rel].resolved))
+
+    def exists(self, rel: str) -> bool:
+        rel = rel.rstrip("/")
+        return rel in self.files or rel in self.dirs or rel in self.links or rel in self.specials or rel == ""
+
+    def files_under(self, rel: str) -> list[str]:
+        prefix = rel.rstrip("/") + "/"
+        return sorted(p for p in self.files if p.startswith(prefix) or p == rel)
+
+    @staticmethod
+    def normalise_ref(ref: str) -> str | None:
+        """A reference as a package-relative path, or None when it is absolute or escapes with `..`."""
+        if not isinstance(ref, str) or not ref or ref.startswith(("/", "\\")) or (len(ref) > 1 and ref[1] == ":"):
+            return None
+        parts: list[str] = []
+        for part in ref.replace("\\", "/").split("/"):
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if not parts:
+                    return None
+                parts.pop()
+            else:
+                parts.append(part)
+        return "/".join(parts)
+
+    # ---- documents -----------------------------------------------------------------------------------
+    def read_bytes(self, rel: str) -> bytes:
+        try:
+            return self.abspath(rel).read_bytes()
+        except PermissionError as exc:
+            raise UsageError(f"{rel}: permission denied") from exc
+        except OSError as exc:
+            raise UsageError(f"{rel}: cannot read ({exc.strerror})") from exc
+
+    def document(self, rel: str) -> Document | None:
+        """The JSON document at `rel`, parsed once; None when there is no such file."""
+        if rel in self._documents:
+            return self._documents[rel]
+        if not self.is_file(rel):
+            return None
+        raw = self.read_bytes(rel)
+        doc = Document(rel)
+        try:
+            doc.text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = raw[: exc.start].count(b"\n") + 1
+            doc.error = ParseError(f"not UTF-8 text (byte {exc.start})", line=line)
+        else:
+            try:
+                doc.value = json.loads(doc.text)
+            except json.JSONDecodeError as exc:
+                doc.error = ParseError(exc.msg, line=exc.lineno, column=exc.colno)
+            except RecursionError:
+                doc.error = ParseError("nesting too deep")
+        self._documents[rel] = doc
+        return doc
+
+    def json_value(self, rel: str) -> Any:
+        """The parsed value, or None when missing or unparsable (the structure rules report those)."""
+        doc = self.document(rel)
+        return doc.value if doc is not None and doc.ok else None
+
+    @property
+    def manifest(self) -> dict:
+        value = self.json_value(MANIFEST)
+        return value if isinstance(value, dict) else {}
+
+    @property
+    def reload_spec(self) -> dict:
+        value = self.json_value(RELOAD)
+        return value if isinstance(value, dict) else {}
+
+    @property
+    def stops(self) -> dict:
+        value = self.json_value(STOPS)
+        return value if isinstance(value, dict) else {}
+
+    def runs(self) -> list[dict]:
+        runs = self.manifest.get("runs")
+        return [r for r in runs if isinstance(r, dict)] if isinstance(runs, list) else []
+
+    def artifacts(self) -> list[dict]:
+        arts = self.manifest.get("artifacts")
+        return [a for a in arts if isinstance(a, dict)] if isinstance(arts, list) else []
+
+    def sha256(self, rel: str) -> str:
+        """Hash a file a check needs the digest of; recorded so the seal can prove it did not change."""
+        if rel in self.digests:
+            return self.digests[rel]
+        digest = hashlib.sha256()
+        try:
+            with open(self.abspath(rel), "rb") as fh:
+                while chunk := fh.read(HASH_CHUNK):
+                    digest.update(chunk)
+        except OSError as exc:
+            raise UsageError(f"{rel}: cannot read ({exc.strerror})") from exc
+        self.digests[rel] = digest.hexdigest()
+        return self.digests[rel]
+
+    def iter_lines(self, rel: str) -> Iterator[tuple[int, bytes]]:
+        """(line number, raw line without newline), streamed; for files too big to load."""
+        try:
+            with open(self.abspath(rel), "rb") as fh:
+                for number, line in enumerate(fh, 1):
+                    yield number, line.rstrip(b"\r\n")
+        except OSError as exc:
+            raise UsageError(f"{rel}: cannot read ({exc.strerror})") from exc
+
+
+def discover(root: str | os.PathLike) -> Package:
+    """Walk the package once. Raises UsageError when it is not a readable folder."""
+    root = Path(root)
+    if not root.exists():
+        raise UsageError(f"{root}: no such folder")
+    if not root.is_dir():
+        raise UsageError(f"{root}: not a folder (give the campaign's output folder)")
+    real_root = os.path.realpath(root)
+    package = Package(root=root)
+    _walk(package, root, "", real_root)
+    return package
+
+
+def _inside(resolved: str, real_root: str) -> bool:
+    return resolved == real_root or resolved.startswith(real_root.rstrip(os.sep) + os.sep)
+
+
+def _walk(package: Package, folder: Path, prefix: str, real_root: str) -> None:
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except PermissionError as exc:
+        raise UsageError(f"{prefix or '.'}: permission denied") from exc
+    except OSError as exc:
+        raise UsageError(f"{prefix or '.'}: cannot read folder ({exc.strerror})") from exc
+    for entry in entries:
+        rel = f"{prefix}{entry.name}"
+        st = entry.stat(follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            target = os.readlink(entry.path)
+            resolved = os.path.realpath(entry.path)
+            package.links[rel] = LinkEntry(rel, target, resolved, _inside(resolved, real_root),
+                                           not os.path.exists(entry.path))
+        elif stat.S_ISDIR(st.st_mode):
+            package.dirs.add(rel)
+            _walk(package, Path(entry.path), rel + "/", real_root)
+        elif stat.S_ISREG(st.st_mode):
+            package.files[rel] = FileEntry(rel, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+        else:
+            kind = "fifo" if stat.S_ISFIFO(st.st_mode) else "socket" if stat.S_ISSOCK(st.st_mode) else "device"
+            package.specials[rel] = kind
+
+
+def pointer_of(path_parts) -> str:
+    """RFC 6901 JSON pointer for a sequence of keys and indexes."""
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path_parts)
+
+
+def relpath_str(path: PurePosixPath | str) -> str:
+    return str(path).replace(os.sep, "/")

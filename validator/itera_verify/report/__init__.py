@@ -1,0 +1,71 @@
+"""One report object; every output format is a renderer that reads only this object."""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .. import __version__
+from ..model import Finding, ReloadResult, Severity
+
+
+@dataclass
+class Report:
+    package: str
+    mode: str = "verify"  # "verify" | "audit"
+    findings: list[Finding] = field(default_factory=list)
+    reloads: list[ReloadResult] = field(default_factory=list)
+    reloaded: bool = True  # False when reloads were skipped (--no-reload): never read as "verified"
+    budget: dict[str, Any] | None = None
+    plan: dict[str, Any] | None = None
+    runs: list[dict[str, Any]] = field(default_factory=list)  # per-run summary for people (role, status, metrics)
+    curves: dict[str, Any] = field(default_factory=dict)  # run -> metric -> [[step, value], ...] (downsampled)
+    archive: dict[str, Any] | None = None
+    audit: dict[str, Any] | None = None  # audit-only facts (members, comparison with the recorded report)
+    strict: bool = False
+    sealed: bool = False
+    seal_skipped: str | None = None  # why nothing was sealed, in words
+    device: str | None = None
+    campaign_id: str | None = None
+    elapsed_seconds: float | None = None
+    rules: dict[str, dict[str, str]] = field(default_factory=dict)  # code -> {severity, title} of rules that ran
+    tool: str = "itera-verify"
+    version: str = __version__
+
+    def blocking(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == Severity.ERROR
+                or (self.strict and f.severity == Severity.WARNING)]
+
+    @property
+    def verdict(self) -> str:
+        return "fail" if self.blocking() else "pass"
+
+    def count(self, severity: Severity) -> int:
+        return sum(1 for f in self.findings if f.severity == severity)
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable JSON shape of SPEC §4 (schemas/report.schema.json)."""
+        return {
+            "tool": self.tool, "version": self.version, "mode": self.mode, "package": self.package,
+            "campaign_id": self.campaign_id, "verdict": self.verdict, "strict": self.strict,
+            "summary": {s.value: self.count(s) for s in Severity},
+            "findings": [f.to_json() for f in self.findings],
+            "reloaded": self.reloaded, "device": self.device,
+            "reloads": [r.to_json() for r in self.reloads],
+            "budget": self.budget, "plan": self.plan, "runs": self.runs,
+            "archive": self.archive, "sealed": self.sealed, "seal_skipped": self.seal_skipped,
+            "audit": self.audit, "rules": self.rules,
+            "elapsed_seconds": None if self.elapsed_seconds is None else round(self.elapsed_seconds, 3),
+        }
+
+
+Renderer = Callable[[Report, dict], str]
+FORMATS = ("text", "json", "junit", "github", "html")
+
+
+def renderer(name: str) -> Renderer:
+    """The renderer of a format: module `report/<name>_format.py`, function `render(report, options)`."""
+    if name not in FORMATS:
+        raise KeyError(name)
+    module = importlib.import_module(f"{__name__}.{name}_format")
+    return module.render

@@ -1,0 +1,91 @@
+"""The rule registry: every module in this package declares `RULES` and a `check(package)` generator.
+
+Adding a family is adding a module; nothing else lists codes. A module with `PHASE = "reload"` runs after the
+reloads, over the facts they reported (`package.reloads`).
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from types import ModuleType
+from typing import Iterable
+
+from ..model import Finding, Rule, Severity
+from ..package import Package
+
+
+@lru_cache(maxsize=1)
+def families() -> tuple[ModuleType, ...]:
+    modules = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        if hasattr(module, "RULES") and hasattr(module, "check"):
+            modules.append(module)
+    return tuple(modules)
+
+
+@lru_cache(maxsize=1)
+def all_rules() -> dict[str, Rule]:
+    rules: dict[str, Rule] = {}
+    for module in families():
+        family = module.__name__.rsplit(".", 1)[-1]
+        for rule in module.RULES:
+            if rule.code in rules:
+                raise RuntimeError(f"rule {rule.code} declared twice")
+            rules[rule.code] = replace(rule, family=family)
+    return dict(sorted(rules.items()))
+
+
+def _matches(code: str, patterns: Iterable[str]) -> bool:
+    return any(code.startswith(p) for p in patterns)
+
+
+@dataclass
+class Selection:
+    """Which rules run and at what level: --select/--ignore (codes or prefixes), per-rule levels, --strict."""
+
+    select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    levels: dict[str, Severity] = field(default_factory=dict)  # code -> severity, or "off" handled by ignore
+    strict: bool = False
+
+    def enabled(self, code: str) -> bool:
+        if self.select and not _matches(code, self.select):
+            return False
+        return not _matches(code, self.ignore)
+
+    def severity(self, code: str) -> Severity:
+        if code in self.levels:
+            return self.levels[code]
+        for prefix, level in self.levels.items():
+            if code.startswith(prefix):
+                return level
+        rule = all_rules().get(code)
+        return rule.severity if rule else Severity.ERROR
+
+    def blocks(self, finding: Finding) -> bool:
+        return finding.severity == Severity.ERROR or (self.strict and finding.severity == Severity.WARNING)
+
+
+def unknown_codes(patterns: Iterable[str]) -> list[str]:
+    """Patterns that match no rule code: a typo in --select or a config file is an error, not a silent no-op."""
+    codes = all_rules()
+    return [p for p in patterns if not any(c.startswith(p) for c in codes)]
+
+
+def run_checks(package: Package, selection: Selection, phase: str = "static") -> list[Finding]:
+    """Every enabled finding of every family of this phase, with its severity set; all of them, not the first."""
+    findings: list[Finding] = []
+    for module in families():
+        if getattr(module, "PHASE", "static") != phase:
+            continue
+        for finding in module.check(package):
+            if not selection.enabled(finding.code):
+                continue
+            finding.severity = selection.severity(finding.code)
+            findings.append(finding)
+    return findings

@@ -1,0 +1,112 @@
+"""The `verify` workflow: discover -> check -> reload -> check reload facts -> summarise -> seal -> report."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from .hfcache import resolve_hf_cache
+from .model import Finding, Severity, UsageError
+from .package import Package, discover
+from .progress import NULL_PROGRESS, Progress
+from .report import Report, renderer
+from .rules import Selection, all_rules, run_checks
+from . import summary
+
+
+def default_archive_path(package: Package, campaign_id: str, output: str | os.PathLike | None) -> Path:
+    """-o FILE, -o FOLDER/, or `<campaign_id>.tar.zst` beside the package (never inside it)."""
+    name = f"{campaign_id}.tar.zst"
+    if output is None:
+        return package.root.resolve().parent / name
+    path = Path(output)
+    return path / name if path.is_dir() else path
+
+
+def check_package(package: Package, selection: Selection, *, reload: bool, device: str, timeout: float,
+                  jobs: int, progress: Progress) -> tuple[list[Finding], list]:
+    """Static checks, then (optionally) the reloads and the rules over their facts."""
+    findings = run_checks(package, selection, "static")
+    reloads: list = []
+    if reload:
+        from .reload import run_reloads
+
+        reloads = run_reloads(package, device=device, timeout=timeout, jobs=jobs, progress=progress)
+        package.reloads = reloads
+        findings += run_checks(package, selection, "reload")
+    return findings, reloads
+
+
+def build_report(package: Package, findings: list[Finding], reloads: list, selection: Selection, *,
+                 mode: str, reloaded: bool, device: str | None) -> Report:
+    report = Report(package=str(package.root), mode=mode, findings=findings, reloads=reloads, reloaded=reloaded,
+                    strict=selection.strict, device=device)
+    report.campaign_id = package.manifest.get("campaign_id") if isinstance(package.manifest.get("campaign_id"), str) else None
+    report.rules = {code: {"severity": selection.severity(code).value, "title": rule.title}
+                    for code, rule in all_rules().items() if selection.enabled(code)}
+    blocking = [f for f in findings if selection.blocks(f)]
+    report.budget = summary.budget_summary(package, blocking)
+    report.plan = summary.plan_summary(package)
+    report.runs = summary.runs_summary(package, findings)
+    report.curves = summary.metric_curves(package)
+    return report
+
+
+def verify(path, *, device: str = "auto", reload: bool = True, seal: bool = True, output=None,
+           overwrite: bool = False, selection: Selection | None = None, hf_cache=None, timeout: float = 600.0,
+           jobs: int = 1, level: int = 3, threads: int = 0, tmp_patterns: tuple[str, ...] = (),
+           tariffs: dict | None = None, progress: Progress = NULL_PROGRESS) -> Report:
+    """Check a package, reload its artifacts and seal it when nothing blocks. Raises UsageError (exit 2)."""
+    started = time.monotonic()
+    selection = selection or Selection()
+    resolved_device = None
+    if reload:
+        from .reload import resolve_device
+
+        resolved_device = resolve_device(device)  # --device cuda without a GPU fails before any work
+    package = discover(path)
+    package.hf_cache = resolve_hf_cache(hf_cache)
+    package.tmp_patterns = tuple(tmp_patterns)
+    if tariffs is not None:
+        package.settings["tariffs"] = tariffs
+    findings, reloads = check_package(package, selection, reload=reload, device=resolved_device or "cpu",
+                                      timeout=timeout, jobs=jobs, progress=progress)
+    report = build_report(package, findings, reloads, selection, mode="verify", reloaded=reload,
+                          device=resolved_device)
+    if not seal:
+        report.seal_skipped = "--no-seal"
+    elif report.blocking():
+        report.seal_skipped = "findings at error level" + (" (or warnings with --strict)" if selection.strict else "")
+    else:
+        seal_report(package, report, selection, output=output, overwrite=overwrite, level=level, threads=threads,
+                    progress=progress)
+    report.elapsed_seconds = time.monotonic() - started
+    return report
+
+
+def seal_report(package: Package, report: Report, selection: Selection, *, output, overwrite: bool, level: int,
+                threads: int, progress: Progress) -> None:
+    """Seal the package with the report inside; a file changed since the check turns into IV704 findings."""
+    from .seal import SealRefused, seal_package
+
+    campaign_id = report.campaign_id or package.root.resolve().name
+    destination = default_archive_path(package, campaign_id, output)
+    report.sealed = True  # what the sealed verification.json says: this package was sealed after these checks
+    members = {
+        "SEAL/verification.json": renderer("json")(report, {}).encode("utf-8"),
+        "SEAL/report.html": renderer("html")(report, {}).encode("utf-8"),
+    }
+    try:
+        report.archive = seal_package(package, campaign_id, members, destination, overwrite=overwrite,
+                                      level=level, threads=threads, progress=progress)
+    except SealRefused as refused:
+        report.sealed = False
+        for finding in refused.findings:
+            finding.severity = selection.severity(finding.code)
+            if finding.severity == Severity.INFO:
+                finding.severity = Severity.ERROR  # a changed file can never be sealed, whatever the config says
+        report.findings.extend(refused.findings)
+        report.seal_skipped = str(refused)
+
+
+__all__ = ["verify", "UsageError"]
