@@ -1,0 +1,189 @@
+"""IV101–IV106 on the real example package: one planted defect per test."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fixtures.edit import edit_json, edit_manifest, load_json, refresh_hashes, write_json, write_text
+from tests.helpers import codes, static_findings
+
+
+def only(findings, code):
+    return [f for f in findings if f.code == code]
+
+
+def test_clean_package_has_no_structure_findings(package_dir):
+    assert not [f for f in static_findings(package_dir) if f.code.startswith("IV1")]
+
+
+@pytest.mark.parametrize("rel", ["stops.json", "reload.json", "corpus/eval_ids.txt"])
+def test_deleted_required_file_is_IV101(package_dir, rel):
+    (package_dir / rel).unlink()
+    found = only(static_findings(package_dir), "IV101")
+    assert found, f"deleting {rel} went unnoticed"
+
+
+def test_missing_manifest_is_IV101(package_dir):
+    (package_dir / "manifest.json").unlink()
+    found = only(static_findings(package_dir), "IV101")
+    assert [f.path for f in found] == ["manifest.json"]
+
+
+def test_completed_run_without_predictions_is_IV101(package_dir):
+    edit_manifest(package_dir, lambda m: m["runs"][0].__setitem__("predictions", None))
+    found = only(static_findings(package_dir), "IV101")
+    assert [f.pointer for f in found] == ["/runs/0/predictions"]
+    assert found[0].run == "control"
+
+
+def test_deleted_params_file_is_IV101_with_its_pointer(package_dir):
+    params = load_json(package_dir, "manifest.json")["runs"][1]["params"]
+    (package_dir / params).unlink()
+    found = only(static_findings(package_dir), "IV101")
+    assert [f.pointer for f in found] == ["/runs/1/params"]
+
+
+def test_stopped_run_without_predictions_is_fine(package_dir):
+    manifest = load_json(package_dir, "manifest.json")
+    stopped = [r for r in manifest["runs"] if r["status"] == "stopped"]
+    assert stopped and all(r.get("predictions") is None for r in stopped)
+    assert not only(static_findings(package_dir), "IV101")
+
+
+def test_zero_byte_file_is_IV102(package_dir):
+    (package_dir / "artifacts" / "control-model" / "notes.txt").write_bytes(b"")
+    found = only(static_findings(package_dir), "IV102")
+    assert [f.path for f in found] == ["artifacts/control-model/notes.txt"]
+
+
+def test_truncated_predictions_to_zero_bytes_is_IV102_not_IV103(package_dir):
+    rel = load_json(package_dir, "manifest.json")["runs"][0]["predictions"]
+    (package_dir / rel).write_bytes(b"")
+    found = static_findings(package_dir)
+    assert rel in [f.path for f in only(found, "IV102")]
+    assert rel not in [f.path for f in only(found, "IV103")]
+
+
+@pytest.mark.parametrize("empty", [{}, [], None])
+def test_params_document_empty_in_substance_is_IV103(package_dir, empty):
+    rel = load_json(package_dir, "manifest.json")["runs"][0]["params"]
+    write_json(package_dir, rel, empty)
+    refresh_hashes(package_dir)
+    found = static_findings(package_dir)
+    assert [f.path for f in only(found, "IV103")] == [rel]
+    assert not only(found, "IV105"), "an empty document is IV103, not also a schema finding"
+
+
+def test_whitespace_only_eval_ids_is_IV103(package_dir):
+    write_text(package_dir, "corpus/eval_ids.txt", "  \n\n ")
+    refresh_hashes(package_dir)
+    assert "corpus/eval_ids.txt" in [f.path for f in only(static_findings(package_dir), "IV103")]
+
+
+def test_jsonl_metrics_with_no_record_is_IV103(package_dir):
+    rel = load_json(package_dir, "manifest.json")["runs"][1]["metrics"]
+    write_text(package_dir, rel, "\n\n")
+    assert rel in [f.path for f in only(static_findings(package_dir), "IV103")]
+
+
+def test_csv_metrics_with_header_only_is_IV103(package_dir):
+    write_text(package_dir, "metrics/control.csv", "step,name,value\n")
+    edit_manifest(package_dir, lambda m: m["runs"][0].__setitem__("metrics", "metrics/control.csv"))
+    found = only(static_findings(package_dir), "IV103")
+    assert [f.path for f in found] == ["metrics/control.csv"]
+    assert "header" in found[0].message
+
+
+def test_stops_with_empty_list_is_not_empty(package_dir):
+    write_json(package_dir, "stops.json", {"stops": []})
+    assert not only(static_findings(package_dir), "IV103")
+
+
+def test_manifest_with_trailing_comma_is_IV104_with_line_and_column(package_dir):
+    text = (package_dir / "manifest.json").read_text()
+    broken = text.replace('"question"', '"question_x": 1,,\n  "question"', 1)
+    (package_dir / "manifest.json").write_text(broken)
+    found = only(static_findings(package_dir), "IV104")
+    assert len(found) == 1 and found[0].path == "manifest.json"
+    expected_line = broken[: broken.index(",,") + 1].count("\n") + 1
+    assert found[0].line == expected_line and found[0].column is not None
+
+
+def test_broken_metrics_line_is_IV104_at_that_line(package_dir):
+    rel = load_json(package_dir, "manifest.json")["runs"][0]["metrics"]
+    lines = (package_dir / rel).read_text().splitlines()
+    lines[2] = '{"step": 3, "name": "train_loss", "value": }'
+    (package_dir / rel).write_text("\n".join(lines) + "\n")
+    found = only(static_findings(package_dir), "IV104")
+    assert [(f.path, f.line) for f in found] == [(rel, 3)]
+
+
+def test_invalid_yaml_is_IV104(package_dir):
+    write_text(package_dir, "analysis/config.yaml", "lr: [0.1, 0.2\nseed: 3\n")
+    found = only(static_findings(package_dir), "IV104")
+    assert [f.path for f in found] == ["analysis/config.yaml"] and found[0].line is not None
+
+
+def test_unknown_role_is_IV105_with_pointer_and_line(package_dir):
+    edit_manifest(package_dir, lambda m: m["runs"][1].__setitem__("role", "baseline"))
+    found = only(static_findings(package_dir), "IV105")
+    assert [f.pointer for f in found] == ["/runs/1/role"]
+    text = (package_dir / "manifest.json").read_text().splitlines()
+    assert '"baseline"' in text[found[0].line - 1]
+
+
+def test_naive_timestamp_is_IV105(package_dir):
+    edit_manifest(package_dir, lambda m: m.__setitem__("created_at", "2026-11-20 08:00:00"))
+    assert [f.pointer for f in only(static_findings(package_dir), "IV105")] == ["/created_at"]
+
+
+def test_run_id_unsafe_as_a_file_name_is_IV105(package_dir):
+    edit_manifest(package_dir, lambda m: m["runs"][2].__setitem__("id", "../lora"))
+    assert "/runs/2/id" in [f.pointer for f in only(static_findings(package_dir), "IV105")]
+
+
+def test_params_without_seed_is_IV105(package_dir):
+    rel = load_json(package_dir, "manifest.json")["runs"][0]["params"]
+    edit_json(package_dir, rel, lambda p: p.pop("seed"))
+    refresh_hashes(package_dir)
+    found = only(static_findings(package_dir), "IV105")
+    assert [(f.path, f.pointer) for f in found] == [(rel, "")]
+
+
+def test_unknown_loader_in_reload_json_is_IV105(package_dir):
+    edit_json(package_dir, "reload.json", lambda r: r["artifacts"]["control-model"].__setitem__("loader", "pickle"))
+    assert "/artifacts/control-model/loader" in [f.pointer for f in only(static_findings(package_dir), "IV105")]
+
+
+def test_unknown_extra_fields_are_allowed(package_dir):
+    edit_manifest(package_dir, lambda m: m.__setitem__("x-team", {"owner": "alice"}))
+    edit_json(package_dir, "stops.json", lambda s: s.__setitem__("x-note", "nothing"))
+    assert not only(static_findings(package_dir), "IV105")
+
+
+def test_artifact_path_that_does_not_exist_is_IV106(package_dir):
+    edit_manifest(package_dir, lambda m: m["artifacts"][0].__setitem__("path", "artifacts/nowhere"))
+    found = only(static_findings(package_dir), "IV106")
+    assert [f.pointer for f in found] == ["/artifacts/0/path"]
+
+
+def test_missing_error_analysis_is_IV106(package_dir):
+    rel = load_json(package_dir, "manifest.json")["decision"]["error_analysis"]
+    (package_dir / rel).unlink()
+    assert ["/decision/error_analysis"] == [f.pointer for f in only(static_findings(package_dir), "IV106")]
+
+
+def test_every_finding_is_reported_not_only_the_first(package_dir):
+    (package_dir / "stops.json").unlink()
+    (package_dir / "artifacts" / "control-model" / "empty.txt").write_bytes(b"")
+    edit_manifest(package_dir, lambda m: (m["runs"][0].__setitem__("role", "baseline"),
+                                          m["artifacts"][0].__setitem__("path", "artifacts/nowhere")))
+    assert {"IV101", "IV102", "IV105", "IV106"} <= codes(static_findings(package_dir))
+
+
+def test_select_and_ignore_by_prefix(package_dir):
+    (package_dir / "stops.json").unlink()
+    (package_dir / "artifacts" / "control-model" / "empty.txt").write_bytes(b"")
+    assert codes(static_findings(package_dir, select=("IV101",))) == {"IV101"}
+    assert "IV101" not in codes(static_findings(package_dir, ignore=("IV10",)))

@@ -1,0 +1,70 @@
+"""Line numbers for JSON pointers, so a schema finding says where to look in the file, not just the pointer."""
+from __future__ import annotations
+
+import bisect
+import json
+import re
+
+_WS = re.compile(r"[ \t\n\r]*")
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_SCALAR = re.compile(r"[^,\]\}\s]+")
+
+
+def _escape(token) -> str:
+    return str(token).replace("~", "~0").replace("/", "~1")
+
+
+def pointer_lines(text: str) -> dict[str, int]:
+    """Map every JSON pointer of an already-valid JSON text to the 1-based line where its value starts."""
+    newlines = [m.start() for m in re.finditer("\n", text)]
+    lines: dict[str, int] = {}
+
+    def skip(pos: int) -> int:
+        return _WS.match(text, pos).end()
+
+    def value(pos: int, pointer: str) -> int:
+        pos = skip(pos)
+        lines[pointer] = bisect.bisect_right(newlines, pos - 1) + 1
+        char = text[pos]
+        if char == "{":
+            pos = skip(pos + 1)
+            if text[pos] == "}":
+                return pos + 1
+            while True:
+                match = _STRING.match(text, pos)
+                key = json.loads(match.group())
+                pos = skip(match.end()) + 1  # the colon
+                pos = skip(value(pos, f"{pointer}/{_escape(key)}"))
+                if text[pos] == ",":
+                    pos = skip(pos + 1)
+                    continue
+                return pos + 1
+        if char == "[":
+            pos = skip(pos + 1)
+            if text[pos] == "]":
+                return pos + 1
+            index = 0
+            while True:
+                pos = skip(value(pos, f"{pointer}/{index}"))
+                index += 1
+                if text[pos] == ",":
+                    pos = skip(pos + 1)
+                    continue
+                return pos + 1
+        match = (_STRING if char == '"' else _SCALAR).match(text, pos)
+        return match.end()
+
+    try:
+        value(0, "")
+    except (RecursionError, IndexError, AttributeError, ValueError):
+        pass  # a best effort: findings keep their pointer even when no line can be given
+    return lines
+
+
+def line_of(text: str, pointer: str, cache: dict | None = None) -> int | None:
+    lines = pointer_lines(text) if cache is None else cache
+    while pointer:
+        if pointer in lines:
+            return lines[pointer]
+        pointer = pointer.rsplit("/", 1)[0]  # a missing key: point at the object that lacks it
+    return lines.get("")

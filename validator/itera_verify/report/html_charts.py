@@ -1,0 +1,181 @@
+"""Inline SVG drawn in Python for the HTML report: one line chart per run and metric, and the plan bar.
+
+Large curves are downsampled here too (min and max per bucket, so spikes survive) and say so in their caption;
+non-finite points are never dropped silently: each is a red × at its step.
+"""
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+from .text_format import clean, hours, plural
+
+MAX_DRAWN_POINTS = 1200
+MAX_NONFINITE_MARKS = 400
+WIDTH, HEIGHT = 360, 190
+LEFT, RIGHT, TOP, BOTTOM = 52, 12, 16, 28
+LINE_COLOR = "#0969da"
+BAD_COLOR = "#cf222e"
+
+
+def _esc(value: Any) -> str:
+    return html.escape(clean(value), quote=True)
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _points(curve: Any) -> list[tuple[float, float | None]]:
+    """(step, value) pairs; value None when non-finite. Records that are not [step, value] are skipped."""
+    raw = curve.get("points") if isinstance(curve, dict) else curve
+    points = []
+    for item in raw if isinstance(raw, list) else []:
+        if isinstance(item, (list, tuple)) and len(item) >= 2 and _finite(item[0]) is not None:
+            points.append((float(item[0]), _finite(item[1])))
+    return sorted(points, key=lambda p: p[0])
+
+
+def downsample(points: list[tuple[float, float | None]], limit: int = MAX_DRAWN_POINTS):
+    """At most about `limit` points: per bucket the first point, its min, its max and one non-finite point."""
+    if len(points) <= limit:
+        return points
+    bucket = math.ceil(len(points) / (limit // 3))
+    kept = []
+    for start in range(0, len(points), bucket):
+        chunk = points[start:start + bucket]
+        finite = [p for p in chunk if p[1] is not None]
+        chosen = {chunk[0]}
+        if finite:
+            chosen |= {min(finite, key=lambda p: p[1]), max(finite, key=lambda p: p[1])}
+        missing = next((p for p in chunk if p[1] is None), None)
+        if missing:
+            chosen.add(missing)
+        kept.extend(sorted(chosen, key=lambda p: p[0]))
+    return kept
+
+
+def _tick(value: float) -> str:
+    if value == 0:
+        return "0"
+    if abs(value) >= 1e5 or abs(value) < 1e-3:
+        return f"{value:.2e}"
+    return f"{value:.4g}"
+
+
+def metric_chart(run_id: str, metric: str, curve: Any) -> str:
+    """A figure with the curve of one metric of one run, from its raw points."""
+    points = _points(curve)
+    total = curve.get("total_points") if isinstance(curve, dict) else None
+    total = total if isinstance(total, int) and total >= len(points) else len(points)
+    nonfinite_steps = {p[0] for p in points if p[1] is None}
+    if isinstance(curve, dict) and isinstance(curve.get("nonfinite_steps"), list):
+        nonfinite_steps |= {float(s) for s in curve["nonfinite_steps"] if _finite(s) is not None}
+    drawn = downsample(points)
+    downsampled = len(drawn) < total or (isinstance(curve, dict) and bool(curve.get("downsampled")))
+    caption = [f"<b>{_esc(run_id)}</b> · {_esc(metric)}"]
+    caption.append(f"downsampled from {total:,} points ({len(drawn):,} drawn)" if downsampled
+                   else plural(total, "point"))
+    if nonfinite_steps:
+        caption.append(f'<span style="color:{BAD_COLOR}">× {plural(len(nonfinite_steps), "non-finite value")}</span>')
+    label = f"{clean(metric)} of run {clean(run_id)}"
+    return (f'<figure><svg viewBox="0 0 {WIDTH} {HEIGHT}" width="100%" role="img" aria-label="{_esc(label)}">'
+            f"{_plot(drawn, sorted(nonfinite_steps))}</svg>"
+            f'<figcaption>{" · ".join(caption)}</figcaption></figure>')
+
+
+def _plot(points: list[tuple[float, float | None]], nonfinite_steps: list[float]) -> str:
+    steps = [p[0] for p in points] + nonfinite_steps
+    values = [p[1] for p in points if p[1] is not None]
+    if not steps:
+        return f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle" fill="#59636e">no data</text>'
+    x_min, x_max = min(steps), max(steps)
+    y_min, y_max = (min(values), max(values)) if values else (0.0, 1.0)
+    if y_min == y_max:
+        y_min, y_max = y_min - (abs(y_min) * 0.1 or 1), y_max + (abs(y_max) * 0.1 or 1)
+    pad = (y_max - y_min) * 0.06
+    y_min, y_max = y_min - pad, y_max + pad
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    def x(step: float) -> float:
+        return LEFT + (plot_w * (step - x_min) / (x_max - x_min) if x_max > x_min else plot_w / 2)
+
+    def y(value: float) -> float:
+        return TOP + plot_h * (1 - (value - y_min) / (y_max - y_min))
+
+    parts = [f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="#fff" stroke="#d1d9e0"/>']
+    for fraction in (0, 0.5, 1):
+        value = y_min + (y_max - y_min) * fraction
+        parts.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y(value):.1f}" y2="{y(value):.1f}" '
+                     f'stroke="#eef1f4"/><text x="{LEFT - 4}" y="{y(value) + 4:.1f}" font-size="10" '
+                     f'text-anchor="end" fill="#59636e">{_tick(value)}</text>')
+    for step, anchor in ((x_min, "start"), (x_max, "end")):
+        parts.append(f'<text x="{x(step):.1f}" y="{HEIGHT - 10}" font-size="10" text-anchor="{anchor}" '
+                     f'fill="#59636e">step {_tick(step)}</text>')
+    for segment in _segments(points):
+        if len(segment) == 1:
+            parts.append(f'<circle cx="{x(segment[0][0]):.1f}" cy="{y(segment[0][1]):.1f}" r="2.5" '
+                         f'fill="{LINE_COLOR}"/>')
+        else:
+            coords = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in segment)
+            parts.append(f'<polyline points="{coords}" fill="none" stroke="{LINE_COLOR}" stroke-width="1.6" '
+                         f'stroke-linejoin="round"/>')
+    for step in nonfinite_steps[:MAX_NONFINITE_MARKS]:
+        cx, cy = x(step), TOP + 7
+        parts.append(f'<g stroke="{BAD_COLOR}" stroke-width="2"><title>step {_tick(step)}: non-finite</title>'
+                     f'<line x1="{cx - 4:.1f}" y1="{cy - 4}" x2="{cx + 4:.1f}" y2="{cy + 4}"/>'
+                     f'<line x1="{cx - 4:.1f}" y1="{cy + 4}" x2="{cx + 4:.1f}" y2="{cy - 4}"/></g>')
+    return "".join(parts)
+
+
+def _segments(points: list[tuple[float, float | None]]) -> list[list[tuple[float, float]]]:
+    """Runs of finite points: a non-finite value breaks the line instead of being bridged."""
+    segments: list[list[tuple[float, float]]] = [[]]
+    for step, value in points:
+        if value is None:
+            segments.append([])
+        else:
+            segments[-1].append((step, value))
+    return [s for s in segments if s]
+
+
+def plan_bar(plan: dict) -> str:
+    """Window, reserved and observed hours as bars on one scale; the part beyond the window in red."""
+    window, reserved, observed = (_finite(plan.get(k)) for k in ("window_hours", "reserved_hours", "observed_hours"))
+    known = [v for v in (window, reserved, observed) if v is not None and v >= 0]
+    if not known or max(known) == 0:
+        return '<p class="muted">No hours to draw.</p>'
+    scale_max = max(known) * 1.08
+    width, label_w, bar_h, gap = 900, 120, 22, 12
+    usable = width - label_w - 90
+
+    def w(value: float) -> float:
+        return usable * value / scale_max
+
+    rows = [("Window", window, "#8c959f"), ("Reserved", reserved, "#0969da"), ("Observed", observed, "#1a7f37")]
+    height = 3 * (bar_h + gap) + 24
+    parts = [f'<svg viewBox="0 0 {width} {height}" width="100%" role="img" aria-label="plan against actual hours">']
+    for i, (name, value, color) in enumerate(rows):
+        top = 8 + i * (bar_h + gap)
+        parts.append(f'<text x="0" y="{top + 16}" font-size="13">{name}</text>')
+        if value is None:
+            parts.append(f'<text x="{label_w}" y="{top + 16}" font-size="12" fill="#59636e">not stated</text>')
+            continue
+        inside = min(value, window) if window is not None and name != "Window" else value
+        parts.append(f'<rect x="{label_w}" y="{top}" width="{w(inside):.1f}" height="{bar_h}" rx="3" fill="{color}"/>')
+        if inside < value:
+            parts.append(f'<rect x="{label_w + w(inside):.1f}" y="{top}" width="{w(value - inside):.1f}" '
+                         f'height="{bar_h}" rx="3" fill="#cf222e"><title>{hours(value - inside)} beyond the '
+                         f'window</title></rect>')
+        parts.append(f'<text x="{label_w + w(value) + 6:.1f}" y="{top + 16}" font-size="12">{_esc(hours(value))}'
+                     f'{" (over the window)" if inside < value else ""}</text>')
+    if window is not None:
+        wx = label_w + w(window)
+        parts.append(f'<line x1="{wx:.1f}" x2="{wx:.1f}" y1="2" y2="{height - 18}" stroke="#59636e" '
+                     f'stroke-dasharray="4 3"/><text x="{wx:.1f}" y="{height - 4}" font-size="11" '
+                     f'text-anchor="middle" fill="#59636e">window {_esc(hours(window))}</text>')
+    parts.append("</svg>")
+    return "".join(parts)

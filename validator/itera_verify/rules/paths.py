@@ -1,0 +1,222 @@
+"""IV201–IV205: paths that only worked on the rented machine, links that leave the package, escaping references."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from typing import Any, Iterator
+
+import yaml
+
+from ..jsonpos import line_of, pointer_lines
+from ..layout import references
+from ..model import Finding, Rule, Severity
+from ..package import MANIFEST, RELOAD, Package, pointer_of
+
+RULES = [
+    Rule("IV201", Severity.ERROR, "temporary-directory path",
+         explain="A path under /tmp/, /var/tmp/, /dev/shm/, /run/user/, /private/var/folders/, /var/folders/, "
+                 "$TMPDIR or Windows' \\AppData\\Local\\Temp\\ inside a file or a config value points at "
+                 "something that vanished with the rental. Checked in text files, JSON and YAML values, "
+                 "config.json, adapter_config.json, safetensors metadata and pickled strings. Write paths "
+                 "relative to the package, or hub ids.",
+         bad='{"output_dir": "/tmp/run3"}', good='{"output_dir": "runs/3"}'),
+    Rule("IV202", Severity.WARNING, "absolute path outside the package",
+         explain="An absolute path in a config value that points outside the package will not exist on the "
+                 "reviewer's machine. Prefer a path relative to the package root, or a hub id at a revision.",
+         bad='{"base_model_name_or_path": "/home/alice/models/base"}',
+         good='{"base_model_name_or_path": "org/base-model"}'),
+    Rule("IV203", Severity.ERROR, "symbolic link leaves the package",
+         explain="A link that resolves outside the package (or into a temporary directory) delivers nothing: the "
+                 "archive would hold a link to a file the reviewer does not have. A link that stays inside the "
+                 "package is fine wherever the package itself lives. Copy the target in instead.",
+         bad="artifacts/base -> /home/alice/.cache/huggingface/hub/...", good="artifacts/latest -> checkpoint-400"),
+    Rule("IV204", Severity.ERROR, "broken symbolic link",
+         explain="A link whose target does not exist: the file it stood for was moved or never written.",
+         bad="checkpoints/best -> checkpoint-900  (missing)", good="checkpoints/best -> checkpoint-400"),
+    Rule("IV205", Severity.ERROR, "referenced path escapes the package",
+         explain="Every path in manifest.json and reload.json is relative to the package root and stays inside "
+                 "it: no absolute path, no `..` that climbs out.",
+         bad='{"params": "../params/control.json"}', good='{"params": "params/control.json"}'),
+]
+
+STANDARD_TMP = ("/tmp", "/var/tmp", "/dev/shm", "/run/user", "/private/var/folders", "/var/folders")
+TEXT_SUFFIXES = {"jsonl", "csv", "tsv", "txt", "md", "rst", "log", "py", "sh", "cfg", "ini", "toml", "ipynb", ""}
+PICKLE_SUFFIXES = {"bin", "pt", "pth", "pkl", "pickle", "ckpt"}
+MAX_BINARY_SCAN = 64 << 20  # pickled configs are small; weights files are not searched byte by byte
+MAX_DOCUMENT = 256 << 20
+PER_FILE = 5  # findings shown per file before a count
+_BOUNDARY_BEFORE = r"(?<![A-Za-z0-9._~-])"
+_BOUNDARY_AFTER = r"(?=[/\\\s\"'`,;:)\]}>]|$)"
+_WINDOWS_TMP = r"\\\\?AppData\\\\?Local\\\\?Temp(?=\\|$|[\s\"'])"
+_ABSOLUTE_POSIX = re.compile(r"^/[^/\s]+(/[^/\s]*)+$")
+_ABSOLUTE_WINDOWS = re.compile(r"^[A-Za-z]:[\\/]")
+
+
+def tmp_prefixes(package: Package) -> list[str]:
+    prefixes = list(STANDARD_TMP)
+    tmpdir = os.environ.get("TMPDIR", "").rstrip("/")
+    if tmpdir.startswith("/") and tmpdir.count("/") >= 1 and len(tmpdir) > 1:
+        prefixes.append(tmpdir)
+    prefixes += [p.rstrip("/") for p in package.tmp_patterns if p.rstrip("/")]
+    return sorted(set(prefixes), key=len, reverse=True)
+
+
+def tmp_regex(package: Package) -> re.Pattern[str]:
+    alternatives = "|".join(re.escape(p) for p in tmp_prefixes(package))
+    return re.compile(rf"{_BOUNDARY_BEFORE}(?:{alternatives}){_BOUNDARY_AFTER}|(?i:{_WINDOWS_TMP})")
+
+
+def check(package: Package) -> Iterator[Finding]:
+    text_pattern = tmp_regex(package)
+    bytes_pattern = re.compile(text_pattern.pattern.encode("utf-8"))
+    root = os.path.realpath(package.root)
+    for rel in sorted(package.files):
+        entry = package.files[rel]
+        if entry.size == 0:
+            continue
+        name = rel.rsplit("/", 1)[-1]
+        suffix = name.rsplit(".", 1)[-1].lower() if "." in name else ""
+        if suffix in ("json", "yaml", "yml") and entry.size <= MAX_DOCUMENT:
+            yield from _document_values(package, rel, suffix, text_pattern, root)
+        elif suffix == "safetensors":
+            yield from _safetensors_metadata(package, rel, text_pattern)
+        elif suffix in PICKLE_SUFFIXES and entry.size <= MAX_BINARY_SCAN:
+            yield from _binary(package, rel, bytes_pattern)
+        elif suffix in TEXT_SUFFIXES:
+            yield from _text_lines(package, rel, bytes_pattern)
+    yield from _links(package, text_pattern)
+    yield from _escaping_references(package)
+
+
+def _limited(findings: Iterator[Finding], rel: str, what: str) -> Iterator[Finding]:
+    count = 0
+    for finding in findings:
+        count += 1
+        if count <= PER_FILE:
+            yield finding
+    if count > PER_FILE:
+        yield Finding("IV201", rel, message=f"{count - PER_FILE} more {what} in this file")
+
+
+def _strings(value: Any, path: list) -> Iterator[tuple[list, str]]:
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(item, [*path, key])
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _strings(item, [*path, index])
+
+
+def _document_values(package: Package, rel: str, suffix: str, pattern: re.Pattern, root: str) -> Iterator[Finding]:
+    if suffix == "json":
+        doc = package.document(rel)
+        if doc is None or not doc.ok:
+            return
+        value, text = doc.value, doc.text
+    else:
+        try:
+            text = package.read_bytes(rel).decode("utf-8")
+            value = yaml.safe_load(text)
+        except (UnicodeDecodeError, yaml.YAMLError):
+            return  # IV104 reports it
+    lines: dict | None = None
+    tmp_hits, outside_hits = [], []
+    for path, string in _strings(value, []):
+        if pattern.search(string):
+            tmp_hits.append((path, string))
+        elif _points_outside(string, root):
+            outside_hits.append((path, string))
+    for path, string in tmp_hits[:PER_FILE]:
+        pointer = pointer_of(path)
+        lines = lines if lines is not None or suffix != "json" else pointer_lines(text)
+        line = line_of(text, pointer, lines) if suffix == "json" else None
+        yield Finding("IV201", rel, pointer=pointer, line=line, message=f"temporary-directory path {_short(string)}")
+    if len(tmp_hits) > PER_FILE:
+        yield Finding("IV201", rel, message=f"{len(tmp_hits) - PER_FILE} more temporary-directory paths in this file")
+    for path, string in outside_hits[:PER_FILE]:
+        pointer = pointer_of(path)
+        lines = lines if lines is not None or suffix != "json" else pointer_lines(text)
+        line = line_of(text, pointer, lines) if suffix == "json" else None
+        yield Finding("IV202", rel, pointer=pointer, line=line,
+                      message=f"absolute path outside the package: {_short(string)}")
+
+
+def _points_outside(value: str, root: str) -> bool:
+    if _ABSOLUTE_WINDOWS.match(value):
+        return True
+    if not _ABSOLUTE_POSIX.match(value):
+        return False
+    return not (value == root or value.startswith(root.rstrip("/") + "/"))
+
+
+def _short(value: str) -> str:
+    return json.dumps(value if len(value) <= 120 else value[:117] + "...")
+
+
+def _text_lines(package: Package, rel: str, pattern: re.Pattern[bytes]) -> Iterator[Finding]:
+    def hits() -> Iterator[Finding]:
+        for number, line in package.iter_lines(rel):
+            match = pattern.search(line)
+            if match:
+                start = max(0, match.start() - 20)
+                snippet = line[start:match.end() + 40].decode("utf-8", "replace")
+                yield Finding("IV201", rel, line=number, column=match.start() + 1,
+                              message=f"temporary-directory path in text: …{snippet}…")
+    yield from _limited(hits(), rel, "temporary-directory paths")
+
+
+def _binary(package: Package, rel: str, pattern: re.Pattern[bytes]) -> Iterator[Finding]:
+    """Pickled configs (training_args.bin) keep their strings as plain bytes: an output_dir under /tmp shows."""
+    data = package.read_bytes(rel)
+    seen = set()
+    for match in pattern.finditer(data):
+        end = match.end()
+        while end < len(data) and end - match.start() < 120 and 32 <= data[end] < 127 and data[end] not in b"\"'":
+            end += 1
+        text = data[match.start():end].decode("ascii", "replace")
+        if text not in seen:
+            seen.add(text)
+            if len(seen) <= PER_FILE:
+                yield Finding("IV201", rel, message=f"temporary-directory path stored in the file: {_short(text)}")
+
+
+def _safetensors_metadata(package: Package, rel: str, pattern: re.Pattern[str]) -> Iterator[Finding]:
+    try:
+        with open(package.abspath(rel), "rb") as fh:
+            (length,) = struct.unpack("<Q", fh.read(8))
+            if length > 100_000_000:
+                return  # the reload reports an invalid header
+            header = json.loads(fh.read(length))
+    except (OSError, struct.error, ValueError):
+        return
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    for key, value in (metadata.items() if isinstance(metadata, dict) else []):
+        if isinstance(value, str) and pattern.search(value):
+            yield Finding("IV201", rel, pointer=pointer_of(["__metadata__", key]),
+                          message=f"temporary-directory path in safetensors metadata {key}: {_short(value)}")
+
+
+def _links(package: Package, pattern: re.Pattern[str]) -> Iterator[Finding]:
+    for rel, link in sorted(package.links.items()):
+        if link.broken:
+            yield Finding("IV204", rel, message=f"broken symbolic link -> {link.target}")
+        if not link.inside:
+            into_tmp = bool(pattern.search(link.resolved) or pattern.search(link.target))
+            where = "into a temporary directory" if into_tmp else "outside the package"
+            yield Finding("IV203", rel, message=f"symbolic link {where}: -> {link.target}")
+
+
+def _escaping_references(package: Package) -> Iterator[Finding]:
+    for ref in references(package):
+        if package.normalise_ref(ref.value) is None:
+            yield Finding("IV205", MANIFEST, pointer=ref.pointer, run=ref.run,
+                          message=f"{ref.kind} path {ref.value!r} is absolute or climbs out of the package")
+    entries = package.reload_spec.get("artifacts")
+    for artifact_id, entry in (entries.items() if isinstance(entries, dict) else []):
+        if isinstance(entry, dict) and isinstance(entry.get("path"), str) and package.normalise_ref(entry["path"]) is None:
+            yield Finding("IV205", RELOAD, pointer=pointer_of(["artifacts", artifact_id, "path"]), artifact=artifact_id,
+                          message=f"path {entry['path']!r} is absolute or climbs out of the package")

@@ -1,0 +1,184 @@
+"""IV101–IV106: the package's structure. Required items present, not empty, parsable, valid, references real."""
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+import yaml
+from jsonschema.exceptions import best_match
+
+from ..jsonpos import line_of, pointer_lines
+from ..layout import FIXED_DOCUMENTS, document_kinds, references
+from ..model import Finding, Rule, Severity
+from ..package import MANIFEST, RELOAD, STOPS, Package, pointer_of
+from .. import readers
+from ..schemas import validator
+
+RULES = [
+    Rule("IV101", Severity.ERROR, "required item missing",
+         explain="The package must hold manifest.json, stops.json, reload.json, the frozen eval ids, and for every "
+                 "run its params and raw metrics, plus predictions for every completed run. A reviewer cannot "
+                 "judge a run whose inputs or outputs are not delivered.",
+         bad='{"id": "control", "status": "completed", "predictions": null}',
+         good='{"id": "control", "status": "completed", "predictions": "predictions/control.jsonl"}'),
+    Rule("IV102", Severity.ERROR, "empty file (0 bytes)",
+         explain="A 0-byte file is almost always a write that never happened: a crashed save, a full disk, "
+                 "a copy interrupted before the rental ended. Re-create it or remove it.",
+         bad="predictions/lora-r16.jsonl  (0 bytes)", good="predictions/lora-r16.jsonl  (812 KiB, 2000 records)"),
+    Rule("IV103", Severity.ERROR, "file empty in substance",
+         explain="A document that parses but says nothing: `{}`, `[]`, `null`, whitespace only, a JSONL file "
+                 "with no record, a CSV with only its header. `{\"stops\": []}` is a valid stops.json.",
+         bad='metrics/control.csv:\n  step,name,value', good='metrics/control.csv:\n  step,name,value\n  10,train_loss,2.31'),
+    Rule("IV104", Severity.ERROR, "file does not parse",
+         explain="A JSON, JSONL, CSV or YAML file that does not parse cannot be read by the reviewer's tools. "
+                 "The finding gives the line and column of the first error in the file (per line for JSONL).",
+         bad='{"seed": 13,}', good='{"seed": 13}'),
+    Rule("IV105", Severity.ERROR, "document violates its schema",
+         explain="manifest.json, stops.json, reload.json and each params file follow the JSON Schemas shipped "
+                 "with the tool (schemas/*.schema.json). The finding names the JSON pointer of the offending "
+                 "value. Unknown extra fields are allowed.",
+         bad='{"id": "control", "role": "baseline"}', good='{"id": "control", "role": "control"}'),
+    Rule("IV106", Severity.ERROR, "referenced path does not exist",
+         explain="The manifest (artifact paths, the error analysis) or reload.json names a path that is not in "
+                 "the package. Fix the reference or deliver the file.",
+         bad='{"id": "control-model", "path": "artifacts/control-model"}  (no such folder)',
+         good='{"id": "control-model", "path": "artifacts/control"}  (the folder exists)'),
+]
+
+SCHEMA_OF = {"manifest": "manifest", "stops": "stops", "reload": "reload", "params": "params"}
+# Artifact documents whose emptiness or syntax breaks a reload; other JSON files are only parsed.
+ARTIFACT_DOCUMENTS = ("config.json", "adapter_config.json", "trainer_state.json", "model.safetensors.index.json",
+                      "generation_config.json")
+MAX_PARSE_BYTES = 256 << 20
+
+
+def check(package: Package) -> Iterator[Finding]:
+    yield from _missing(package)
+    for entry in package.files.values():
+        if entry.size == 0:
+            yield Finding("IV102", entry.path, message="empty file (0 bytes)")
+    kinds = document_kinds(package)
+    for rel in sorted(package.files):
+        if package.files[rel].size == 0:
+            continue
+        yield from _parse_and_substance(package, rel, kinds.get(rel))
+    for rel, kind in sorted(kinds.items()):
+        if kind in SCHEMA_OF:
+            yield from _schema(package, rel, SCHEMA_OF[kind])
+    yield from _dangling(package)
+
+
+def _missing(package: Package) -> Iterator[Finding]:
+    for rel in FIXED_DOCUMENTS:
+        if not package.exists(rel):
+            yield Finding("IV101", rel, message=f"{rel} is missing")
+    if not package.is_file(MANIFEST):
+        return
+    manifest = package.manifest
+    corpus = manifest.get("corpus")
+    if isinstance(corpus, dict) and not isinstance(corpus.get("eval_ids"), str):
+        yield Finding("IV101", MANIFEST, pointer="/corpus/eval_ids", message="no frozen eval ids file named")
+    runs = manifest.get("runs")
+    for index, run in enumerate(runs if isinstance(runs, list) else []):
+        if not isinstance(run, dict):
+            continue
+        run_id = run.get("id") if isinstance(run.get("id"), str) else None
+        for key in ("params", "metrics", "predictions"):
+            if key == "predictions" and run.get("status") != "completed":
+                continue
+            if not isinstance(run.get(key), str):
+                what = "predictions for a completed run" if key == "predictions" else key
+                yield Finding("IV101", MANIFEST, pointer=pointer_of(["runs", index, key]), run=run_id,
+                              message=f"run {run_id or index}: no {what} file named")
+    for ref in references(package):
+        rel = package.normalise_ref(ref.value)
+        if ref.required and rel is not None and not package.is_file(rel):
+            yield Finding("IV101", MANIFEST, pointer=ref.pointer, run=ref.run,
+                          message=f"{ref.kind.replace('_', ' ')} file {ref.value} is missing")
+
+
+def _dangling(package: Package) -> Iterator[Finding]:
+    for ref in references(package):
+        rel = package.normalise_ref(ref.value)
+        if not ref.required and rel is not None and not package.exists(rel):
+            yield Finding("IV106", MANIFEST, pointer=ref.pointer, run=ref.run,
+                          message=f"{ref.kind} path {ref.value} does not exist in the package")
+    entries = package.reload_spec.get("artifacts")
+    for artifact_id, entry in (entries.items() if isinstance(entries, dict) else []):
+        if isinstance(entry, dict) and isinstance(entry.get("path"), str):
+            rel = package.normalise_ref(entry["path"])
+            if rel is not None and not package.exists(rel):
+                yield Finding("IV106", RELOAD, pointer=pointer_of(["artifacts", artifact_id, "path"]),
+                              artifact=artifact_id, message=f"path {entry['path']} does not exist in the package")
+
+
+def _parse_and_substance(package: Package, rel: str, kind: str | None) -> Iterator[Finding]:
+    name = rel.rsplit("/", 1)[-1]
+    suffix = name.rsplit(".", 1)[-1].lower() if "." in name else ""
+    if kind in ("metrics", "predictions") or (suffix in ("jsonl", "csv") and kind is None):
+        yield from _records(package, rel, kind, suffix)
+    elif suffix == "json" and package.files[rel].size <= MAX_PARSE_BYTES:
+        doc = package.document(rel)
+        if doc.error:
+            yield Finding("IV104", rel, line=doc.error.line, column=doc.error.column,
+                          message=f"invalid JSON: {doc.error.message}")
+        elif (kind or name in ARTIFACT_DOCUMENTS) and doc.value in ({}, [], None):
+            yield Finding("IV103", rel, message=f"the document is {json.dumps(doc.value)}: nothing in it")
+    elif suffix in ("yaml", "yml") and package.files[rel].size <= MAX_PARSE_BYTES:
+        yield from _yaml(package, rel)
+    elif kind in ("eval_ids", "analysis") and not package.read_bytes(rel).strip():
+        yield Finding("IV103", rel, message="whitespace only")
+
+
+def _records(package: Package, rel: str, kind: str | None, suffix: str) -> Iterator[Finding]:
+    """JSONL/CSV: parse errors per line, and a file with no record."""
+    if kind == "predictions":
+        eval_ids = _eval_ids(package)
+        scan = readers.scan_predictions(package, rel, eval_ids)
+        header_only = False
+    elif kind == "metrics" or suffix in ("jsonl", "csv"):
+        scan = readers.scan_metrics(package, rel) if kind == "metrics" else readers.scan_generic(package, rel)
+        header_only = getattr(scan, "header_only", False)
+    for error in scan.errors[:20]:
+        yield Finding("IV104", rel, line=error.line, column=error.column, message=error.message)
+    if len(scan.errors) > 20:
+        yield Finding("IV104", rel, message=f"{len(scan.errors) - 20} more lines do not parse")
+    if scan.records == 0 and not scan.errors:
+        what = "a CSV header and no record" if header_only else "no record"
+        yield Finding("IV103", rel, message=f"{what}: the file says nothing")
+
+
+def _eval_ids(package: Package):
+    corpus = package.manifest.get("corpus")
+    ref = corpus.get("eval_ids") if isinstance(corpus, dict) else None
+    rel = package.normalise_ref(ref) if isinstance(ref, str) else None
+    return readers.read_eval_ids(package, rel) if rel and package.is_file(rel) else None
+
+
+def _yaml(package: Package, rel: str) -> Iterator[Finding]:
+    try:
+        text = package.read_bytes(rel).decode("utf-8")
+        yaml.safe_load(text)
+    except UnicodeDecodeError as exc:
+        yield Finding("IV104", rel, message=f"not UTF-8 text (byte {exc.start})")
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        yield Finding("IV104", rel, line=mark.line + 1 if mark else None, column=mark.column + 1 if mark else None,
+                      message=f"invalid YAML: {exc.problem or exc.context}")
+    except yaml.YAMLError as exc:
+        yield Finding("IV104", rel, message=f"invalid YAML: {exc}")
+
+
+def _schema(package: Package, rel: str, schema: str) -> Iterator[Finding]:
+    doc = package.document(rel)
+    if doc is None or not doc.ok or doc.value in ({}, [], None):
+        return  # IV103/IV104 already say why
+    lines: dict | None = None
+    for error in sorted(validator(schema).iter_errors(doc.value), key=lambda e: list(e.absolute_path)):
+        if error.context:
+            error = best_match(error.context)  # anyOf/oneOf: the branch that explains the problem
+        pointer = pointer_of(error.absolute_path)
+        lines = lines if lines is not None else pointer_lines(doc.text)
+        message = error.message if len(error.message) <= 300 else error.message[:297] + "..."
+        yield Finding("IV105", rel, pointer=pointer, line=line_of(doc.text, pointer, lines),
+                      message=f"{schema} schema: {message}")

@@ -1,0 +1,34 @@
+"""The JSON Schemas: shipped inside the wheel as `itera_verify/schemas/`, read from `schemas/` in a checkout."""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+from jsonschema import Draft202012Validator
+from referencing import Registry, Resource
+
+NAMES = ("manifest", "stops", "reload", "params", "report")
+
+
+def schema_dir() -> Path:
+    installed = Path(__file__).parent / "schemas"
+    if installed.is_dir():
+        return installed
+    return Path(__file__).resolve().parents[2] / "schemas"  # editable install: the repository's schemas/
+
+
+@lru_cache(maxsize=None)
+def _registry() -> Registry:
+    resources = []
+    for name in NAMES:
+        schema = json.loads((schema_dir() / f"{name}.schema.json").read_text(encoding="utf-8"))
+        resource = Resource.from_contents(schema)
+        resources += [(schema["$id"], resource), (f"{name}.schema.json", resource)]
+    return Registry().with_resources(resources)
+
+
+@lru_cache(maxsize=None)
+def validator(name: str) -> Draft202012Validator:
+    schema = json.loads((schema_dir() / f"{name}.schema.json").read_text(encoding="utf-8"))
+    return Draft202012Validator(schema, registry=_registry())
