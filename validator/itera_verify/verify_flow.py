@@ -42,7 +42,7 @@ def build_report(package: Package, findings: list[Finding], reloads: list, selec
     report = Report(package=str(package.root), mode=mode, findings=findings, reloads=reloads, reloaded=reloaded,
                     strict=selection.strict, device=device)
     report.campaign_id = package.manifest.get("campaign_id") if isinstance(package.manifest.get("campaign_id"), str) else None
-    report.rules = {code: {"severity": selection.severity(code).value, "title": rule.title}
+    report.rules = {code: {"severity": selection.severity(code).value, "title": rule.title, "family": rule.family}
                     for code, rule in all_rules().items() if selection.enabled(code)}
     blocking = [f for f in findings if selection.blocks(f)]
     report.budget = summary.budget_summary(package, blocking)

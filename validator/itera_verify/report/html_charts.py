@@ -55,7 +55,13 @@ def downsample(points: list[tuple[float, float | None]], limit: int = MAX_DRAWN_
         if missing:
             chosen.add(missing)
         kept.extend(sorted(chosen, key=lambda p: p[0]))
+    if kept[-1] != points[-1]:
+        kept.append(points[-1])  # the last step is what the runs table reports: always draw it
     return kept
+
+
+def _step(value: float) -> str:
+    return f"{int(value):,}" if float(value).is_integer() else _tick(value)
 
 
 def _tick(value: float) -> str:
@@ -112,9 +118,10 @@ def _plot(points: list[tuple[float, float | None]], nonfinite_steps: list[float]
         parts.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y(value):.1f}" y2="{y(value):.1f}" '
                      f'stroke="#eef1f4"/><text x="{LEFT - 4}" y="{y(value) + 4:.1f}" font-size="10" '
                      f'text-anchor="end" fill="#59636e">{_tick(value)}</text>')
-    for step, anchor in ((x_min, "start"), (x_max, "end")):
+    x_labels = ((x_min, "start"), (x_max, "end")) if x_max > x_min else ((x_min, "middle"),)
+    for step, anchor in x_labels:
         parts.append(f'<text x="{x(step):.1f}" y="{HEIGHT - 10}" font-size="10" text-anchor="{anchor}" '
-                     f'fill="#59636e">step {_tick(step)}</text>')
+                     f'fill="#59636e">step {_step(step)}</text>')
     for segment in _segments(points):
         if len(segment) == 1:
             parts.append(f'<circle cx="{x(segment[0][0]):.1f}" cy="{y(segment[0][1]):.1f}" r="2.5" '
@@ -125,7 +132,7 @@ def _plot(points: list[tuple[float, float | None]], nonfinite_steps: list[float]
                          f'stroke-linejoin="round"/>')
     for step in nonfinite_steps[:MAX_NONFINITE_MARKS]:
         cx, cy = x(step), TOP + 7
-        parts.append(f'<g stroke="{BAD_COLOR}" stroke-width="2"><title>step {_tick(step)}: non-finite</title>'
+        parts.append(f'<g stroke="{BAD_COLOR}" stroke-width="2"><title>step {_step(step)}: non-finite</title>'
                      f'<line x1="{cx - 4:.1f}" y1="{cy - 4}" x2="{cx + 4:.1f}" y2="{cy + 4}"/>'
                      f'<line x1="{cx - 4:.1f}" y1="{cy + 4}" x2="{cx + 4:.1f}" y2="{cy - 4}"/></g>')
     return "".join(parts)
@@ -143,39 +150,40 @@ def _segments(points: list[tuple[float, float | None]]) -> list[list[tuple[float
 
 
 def plan_bar(plan: dict) -> str:
-    """Window, reserved and observed hours as bars on one scale; the part beyond the window in red."""
-    window, reserved, observed = (_finite(plan.get(k)) for k in ("window_hours", "reserved_hours", "observed_hours"))
-    known = [v for v in (window, reserved, observed) if v is not None and v >= 0]
+    """The windows, reserved and observed hours as bars on one scale; any part beyond its limit in red
+    (reserved against the plan's window, IV606; observed against the lots' window, IV603)."""
+    window, lots_window, reserved, observed = (_finite(plan.get(k)) for k in (
+        "window_hours", "lots_window_hours", "reserved_hours", "observed_hours"))
+    rows = [("Lots' window", lots_window, "#8c959f", None)] if lots_window not in (None, window) else []
+    rows += [("Plan window", window, "#afb8c1", lots_window), ("Reserved", reserved, "#0969da", window),
+             ("Observed", observed, "#1a7f37", lots_window if lots_window is not None else window)]
+    known = [v for _, v, _, _ in rows if v is not None and v >= 0]
     if not known or max(known) == 0:
         return '<p class="muted">No hours to draw.</p>'
-    scale_max = max(known) * 1.08
+    scale_max = max(known) * 1.12
     width, label_w, bar_h, gap = 900, 120, 22, 12
-    usable = width - label_w - 90
+    usable = width - label_w - 20
 
     def w(value: float) -> float:
-        return usable * value / scale_max
+        return usable * max(value, 0) / scale_max
 
-    rows = [("Window", window, "#8c959f"), ("Reserved", reserved, "#0969da"), ("Observed", observed, "#1a7f37")]
-    height = 3 * (bar_h + gap) + 24
+    height = len(rows) * (bar_h + gap) + 4
     parts = [f'<svg viewBox="0 0 {width} {height}" width="100%" role="img" aria-label="plan against actual hours">']
-    for i, (name, value, color) in enumerate(rows):
-        top = 8 + i * (bar_h + gap)
+    for i, (name, value, color, limit) in enumerate(rows):
+        top = 4 + i * (bar_h + gap)
         parts.append(f'<text x="0" y="{top + 16}" font-size="13">{name}</text>')
         if value is None:
             parts.append(f'<text x="{label_w}" y="{top + 16}" font-size="12" fill="#59636e">not stated</text>')
             continue
-        inside = min(value, window) if window is not None and name != "Window" else value
+        inside = min(value, limit) if limit is not None else value
         parts.append(f'<rect x="{label_w}" y="{top}" width="{w(inside):.1f}" height="{bar_h}" rx="3" fill="{color}"/>')
+        over = ""
         if inside < value:
+            over = f" ({hours(value - inside)} over)"
             parts.append(f'<rect x="{label_w + w(inside):.1f}" y="{top}" width="{w(value - inside):.1f}" '
-                         f'height="{bar_h}" rx="3" fill="#cf222e"><title>{hours(value - inside)} beyond the '
-                         f'window</title></rect>')
-        parts.append(f'<text x="{label_w + w(value) + 6:.1f}" y="{top + 16}" font-size="12">{_esc(hours(value))}'
-                     f'{" (over the window)" if inside < value else ""}</text>')
-    if window is not None:
-        wx = label_w + w(window)
-        parts.append(f'<line x1="{wx:.1f}" x2="{wx:.1f}" y1="2" y2="{height - 18}" stroke="#59636e" '
-                     f'stroke-dasharray="4 3"/><text x="{wx:.1f}" y="{height - 4}" font-size="11" '
-                     f'text-anchor="middle" fill="#59636e">window {_esc(hours(window))}</text>')
+                         f'height="{bar_h}" rx="3" fill="#cf222e"><title>{_esc(hours(value - inside))} beyond '
+                         f'the window</title></rect>')
+        parts.append(f'<text x="{label_w + w(value) + 6:.1f}" y="{top + 16}" font-size="12">'
+                     f'{_esc(hours(value))}{_esc(over)}</text>')
     parts.append("</svg>")
     return "".join(parts)

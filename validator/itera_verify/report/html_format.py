@@ -14,7 +14,7 @@ from ..model import Severity
 from . import Report
 from .html_charts import metric_chart, plan_bar
 from .text_format import (clean, cost_per_accepted, findings_by_file, hours, human_bytes, location, metric_value,
-                          plural, severity_of, usd, verdict_line)
+                          plural, rejection_cause, run_metrics, run_stop, severity_of, usd, verdict_line)
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 MAX_METRIC_COLUMNS = 6
@@ -53,7 +53,7 @@ td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
 .notice.bad{border-color:#ff8182;background:#ffebe9}
 .file{border:1px solid var(--line);border-radius:8px;margin:10px 0;overflow:hidden}
 .file h3{margin:0;padding:8px 12px;background:var(--bg);border-bottom:1px solid var(--line);font-size:13.5px}
-.file table{margin:0}.file td{border-bottom-color:#eef1f4}
+.file table{margin:0;table-layout:fixed}.file td code{word-break:break-all}.file td{border-bottom-color:#eef1f4}
 .charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(360px,1fr));gap:12px}
 figure{margin:0;border:1px solid var(--line);border-radius:8px;padding:8px 10px}
 figcaption{font-size:12.5px}figcaption b{font-weight:600}
@@ -116,21 +116,22 @@ def _runs(report: Report) -> str:
         return '<p class="muted">No run could be read from the manifest.</p>'
     metric_names: list[str] = []
     for run in runs:
-        for name in (run.get("metrics") or {}) if isinstance(run.get("metrics"), dict) else {}:
+        for name in run_metrics(run):
             if name not in metric_names:
                 metric_names.append(name)
     metric_names = metric_names[:MAX_METRIC_COLUMNS]
-    head = "".join(f"<th>{h}</th>" for h in ("Run", "Role", "Category", "Status", "Outcome"))
+    head = "".join(f"<th>{h}</th>" for h in ("Run", "Role", "Category", "Status", "Accepted or stopped"))
     head += "".join(f'<th class="num">{esc(name)} <span class="muted small">(last)</span></th>'
                     for name in metric_names) + '<th class="num">Findings</th>'
     rows = []
     for run in runs:
-        metrics = run.get("metrics") if isinstance(run.get("metrics"), dict) else {}
+        metrics = run_metrics(run)
+        rule, reason = run_stop(run)
         if run.get("accepted"):
             outcome = badge("accepted")
-        elif run.get("status") == "stopped":
-            outcome = (f'{badge("stopped")} by <code>{esc(run.get("stop_rule") or "?")}</code>'
-                       f'<div class="small">{esc(run.get("stop_reason") or "no reason given")}</div>')
+        elif run.get("status") == "stopped" or rule:
+            outcome = (f'stop rule <code>{esc(rule or "?")}</code>'
+                       f'<div class="small">{esc(reason or "no reason given")}</div>')
         else:
             outcome = '<span class="muted">not accepted</span>'
         cells = [f"<td><b>{esc(run.get('id'))}</b></td>", f"<td>{esc(run.get('role'))}</td>",
@@ -163,11 +164,13 @@ def _plan(report: Report) -> str:
     budget = report.budget if isinstance(report.budget, dict) else {}
     lots = ", ".join(f"{esc(lot.get('gpu'))} × {esc(lot.get('gpus'))} for {esc(lot.get('days'))} days"
                      for lot in _dicts(budget.get("lots"))) or "-"
-    facts = [("Window", hours(plan.get("window_hours"))), ("Reserved", hours(plan.get("reserved_hours"))),
+    facts = [("Plan window", hours(plan.get("window_hours"))), ("Reserved", hours(plan.get("reserved_hours"))),
              ("Observed", hours(plan.get("observed_hours"))),
              ("Uncommitted margin", hours(plan.get("uncommitted_margin_hours"))), ("Lots", lots),
-             ("Plan declared", esc(plan.get("plan_declared_at") or "-")),
-             ("First run started", esc(plan.get("first_run_started_at") or "-"))]
+             ("Plan declared", plan.get("plan_declared_at") or plan.get("declared_at") or "-"),
+             ("First run started", plan.get("first_run_started_at") or "-")]
+    if plan.get("lots_window_hours") is not None:
+        facts.insert(1, ("Lots' window", hours(plan.get("lots_window_hours"))))
     out = [plan_bar(plan), '<dl class="kv">']
     out += [f"<dt>{k}</dt><dd>{v if k == 'Lots' else esc(v)}</dd>" for k, v in facts]
     out.append("</dl>")
@@ -216,7 +219,7 @@ def _budget(report: Report) -> str:
     rejected = _dicts(budget.get("rejected"))
     if rejected:
         out.append("<h3>Rejected</h3>" + _table(("Run", "Cause"), [
-            (f"<code>{esc(r.get('run'))}</code>", esc(r.get("cause"))) for r in rejected]))
+            (f"<code>{esc(r.get('run'))}</code>", esc(rejection_cause(r))) for r in rejected]))
     return "".join(out)
 
 
@@ -235,7 +238,7 @@ def _findings(report: Report) -> str:
                         f'<td><code>{esc(location(finding))}</code></td><td>{esc(finding.message)}</td></tr>')
         out.append(f'<div class="file"><h3><code>{esc(path)}</code> <span class="muted small">{counts}</span></h3>'
                    f'<table><thead><tr><th style="width:90px">Severity</th><th style="width:70px">Code</th>'
-                   f'<th style="width:140px">Location</th><th>Message</th></tr></thead>'
+                   f'<th style="width:170px">Location</th><th>Message</th></tr></thead>'
                    f'<tbody>{"".join(rows)}</tbody></table></div>')
     return "".join(out)
 
@@ -273,8 +276,23 @@ def _archive(report: Report) -> str:
 def _audit(report: Report) -> str:
     if not isinstance(report.audit, dict) or not report.audit:
         return ""
-    rows = "".join(f"<dt>{esc(k)}</dt><dd><code>{esc(_short_json(v))}</code></dd>" for k, v in report.audit.items())
-    return f'<h2 id="audit">Audit</h2><dl class="kv">{rows}</dl>'
+    return f'<h2 id="audit">Audit</h2>{_facts(report.audit)}'
+
+
+def _facts(facts: dict) -> str:
+    """Audit facts as a definition list; a nested table (e.g. the comparison with the recorded report) nests."""
+    rows = []
+    for key, value in facts.items():
+        if isinstance(value, dict) and value:
+            shown = _facts(value)
+        elif isinstance(value, bool):
+            shown = "yes" if value else "no"
+        elif isinstance(value, list):
+            shown = f"<code>{esc(_short_json(value))}</code>" if value else "none"
+        else:
+            shown = f"<code>{esc(_short_json(value))}</code>"
+        rows.append(f"<dt>{esc(str(key).replace('_', ' '))}</dt><dd>{shown}</dd>")
+    return f'<dl class="kv">{"".join(rows)}</dl>'
 
 
 def _short_json(value: Any) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import re
 import shutil
 from typing import Any, Iterable
 
@@ -25,10 +26,10 @@ PLAIN_WIDTH = 120  # wide enough that a CI log keeps one finding per line
 
 # ----------------------------------------------------------------------------- words shared by every renderer
 
-def clean(value: Any) -> str:
+def clean(value: Any, keep: str = "\n\t") -> str:
     """A value from the package as one printable string: control characters become visible escapes."""
     text = "" if value is None else str(value)
-    return "".join(c if c.isprintable() or c in "\n\t" else f"\\x{ord(c):02x}" for c in text)
+    return "".join(c if c.isprintable() or c in keep else f"\\x{ord(c):02x}" for c in text)
 
 
 def plural(n: int, word: str) -> str:
@@ -123,11 +124,11 @@ def _reload_clause(report: Report) -> str:
 
 
 def _seal_clause(report: Report) -> str:
-    name = os.path.basename(clean((report.archive or {}).get("path"))) or "the archive"
+    name = os.path.basename(clean((report.archive or {}).get("path")))
     if report.mode == "audit":
-        return f"audited {name}"
-    if report.sealed and report.archive:
-        return f"sealed {name}"
+        return f"audited {name or 'the archive'}"
+    if report.sealed:  # the copy sealed inside the archive is written before the archive has a path
+        return f"sealed {name or (clean(report.campaign_id) + '.tar.zst' if report.campaign_id else 'the archive')}"
     if report.seal_skipped == "--no-seal":
         return "not sealed (--no-seal)"
     return "nothing sealed"
@@ -145,8 +146,33 @@ def cost_per_accepted(budget: dict) -> str:
     if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and ratio > 0:
         return usd(ratio)
     reason = clean(budget.get("undefined_reason")) or "no accepted run passed every check"
+    # summary.py words the reason as a whole sentence; keep only its cause, the incurred cost is added here
+    reason = re.sub(r"^cost per accepted run is undefined:\s*", "", reason)
+    reason = re.sub(r";[^;]*incurred\s*$", "", reason)
     incurred = budget.get("cost_incurred_usd", budget.get("total_usd"))
     return f"undefined: {reason}, cost incurred {usd(incurred)}"
+
+
+def run_metrics(run: dict) -> dict[str, Any]:
+    """Last value per metric: `metrics` {name: value} or summary's `last_values` {name: {value, nonfinite}}."""
+    if isinstance(run.get("metrics"), dict):
+        return run["metrics"]
+    values = run.get("last_values") if isinstance(run.get("last_values"), dict) else {}
+    return {name: (v.get("value") if v.get("value") is not None else v.get("nonfinite")) if isinstance(v, dict) else v
+            for name, v in values.items()}
+
+
+def run_stop(run: dict) -> tuple[Any, Any]:
+    """(stop rule, reason) from `stop_rule`/`stop_reason` or a `stop` record."""
+    stop = run.get("stop") if isinstance(run.get("stop"), dict) else {}
+    return run.get("stop_rule") or stop.get("rule"), run.get("stop_reason") or stop.get("reason")
+
+
+def rejection_cause(rejected: dict) -> str:
+    causes = rejected.get("causes")
+    if isinstance(causes, list) and causes:
+        return "; ".join(clean(c) for c in causes)
+    return clean(rejected.get("cause")) or "?"
 
 
 # ----------------------------------------------------------------------------- sections
@@ -180,7 +206,8 @@ def _findings(console: Console, report: Report) -> None:
 
 
 def _table(title: str, *columns: str) -> Table:
-    table = Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
+                  show_edge=False)
     for column in columns:
         table.add_column(column, overflow="fold")
     return table
@@ -190,15 +217,20 @@ def _runs(console: Console, report: Report) -> None:
     runs = [r for r in (report.runs or []) if isinstance(r, dict)]
     if not runs:
         return
-    table = _table("Runs", "run", "role", "category", "status", "accepted", "stop rule / reason", "metrics (last)")
+    names: list[str] = []
     for run in runs:
-        stop = " — ".join(clean(run.get(k)) for k in ("stop_rule", "stop_reason") if run.get(k))
-        metrics = run.get("metrics") if isinstance(run.get("metrics"), dict) else {}
-        shown = ", ".join(f"{clean(k)}={metric_value(v)}" for k, v in list(metrics.items())[:4])
+        names += [n for n in run_metrics(run) if n not in names]
+    names = names[:4]
+    table = _table("Runs", "run", "role", "category", "status", "accepted", "stop rule: reason",
+                   *(clean(n) for n in names))
+    for run in runs:
+        stop = ": ".join(clean(part) for part in run_stop(run) if part)
+        metrics = run_metrics(run)
         accepted = Text("yes", style="green") if run.get("accepted") else Text("no")
         table.add_row(clean(run.get("id")), clean(run.get("role")), clean(run.get("category")),
-                      clean(run.get("status")), accepted, stop, shown)
+                      clean(run.get("status")), accepted, stop, *(metric_value(metrics.get(n)) for n in names))
     console.print(table)
+    console.print()
 
 
 def _reloads(console: Console, report: Report, verbose: bool) -> None:
@@ -244,7 +276,7 @@ def _budget(console: Console, budget: dict | None) -> None:
         console.print(f"  stopped (cost kept, never a deliverable): {', '.join(stopped)}", soft_wrap=True)
     for rejected in budget.get("rejected") or []:
         if isinstance(rejected, dict):
-            console.print(f"  rejected {clean(rejected.get('run'))}: {clean(rejected.get('cause'))}", soft_wrap=True)
+            console.print(f"  rejected {clean(rejected.get('run'))}: {rejection_cause(rejected)}", soft_wrap=True)
 
 
 def _plan(console: Console, plan: dict | None) -> None:
@@ -297,4 +329,5 @@ def render(report: Report, options: dict) -> str:
         console.print()
     style = "bold green" if report.verdict == "pass" else "bold red"
     console.print(Text(verdict_line(report), style=style), soft_wrap=True)
-    return buffer.getvalue()
+    # rich pads table lines to the console width; trailing blanks are noise in logs and diffs
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"

@@ -1,0 +1,143 @@
+"""How the command line shows progress: rich bars on a terminal, plain lines in a log, nothing with -q.
+
+Everything goes to standard error, so `--format json` keeps standard output one JSON document.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from typing import IO, Iterator
+
+from rich.console import Console
+from rich.progress import (BarColumn, Progress as RichBars, ProgressColumn, SpinnerColumn, Task, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
+from rich.table import Column
+from rich.text import Text
+
+from .progress import NULL_PROGRESS, Progress
+from .report.text_format import clean, human_bytes
+
+
+def amount(value: float, unit: str) -> str:
+    if unit == "B":
+        return human_bytes(value)
+    return f"{int(value)} {unit}".rstrip()
+
+
+class AmountColumn(ProgressColumn):
+    """`1.2 GiB / 3.4 GiB` for bytes, `2 / 4 artifacts` for counts: the unit travels with the task."""
+
+    def __init__(self) -> None:
+        super().__init__(table_column=Column(no_wrap=True))
+
+    def render(self, task: Task) -> Text:
+        unit = task.fields.get("unit", "")
+        done = human_bytes(task.completed) if unit == "B" else str(int(task.completed))
+        if task.total is None:
+            return Text(f"{done} {'' if unit == 'B' else unit}".rstrip(), style="progress.download")
+        total = amount(task.total, unit)
+        return Text(f"{done} / {total}", style="progress.download")
+
+
+class BarsProgress(Progress):
+    """Rich progress bars with elapsed and remaining time; log lines print above the bars."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.console = Console(file=stream, highlight=False, markup=False, emoji=False)
+        self.bars = RichBars(SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(bar_width=30),
+                             AmountColumn(), TextColumn("elapsed"), TimeElapsedColumn(), TextColumn("left"),
+                             TimeRemainingColumn(), console=self.console)
+        self.tasks: dict[str, int] = {}
+
+    def start(self, key: str, description: str, total: float | None = None, unit: str = "") -> None:
+        if key in self.tasks:
+            self.bars.reset(self.tasks[key], total=total, description=clean(description), unit=unit)
+        else:
+            self.tasks[key] = self.bars.add_task(clean(description), total=total, unit=unit)
+
+    def advance(self, key: str, amount: float = 1) -> None:
+        if key in self.tasks:
+            self.bars.advance(self.tasks[key], amount)
+
+    def finish(self, key: str) -> None:
+        task_id = self.tasks.get(key)
+        if task_id is None:
+            return
+        task = next((t for t in self.bars.tasks if t.id == task_id), None)
+        if task is not None:
+            self.bars.update(task_id, total=task.completed if task.total is None else task.total,
+                             completed=task.total if task.total is not None else task.completed)
+        self.bars.stop_task(task_id)
+
+    def log(self, message: str) -> None:
+        self.bars.console.print(Text(clean(message)), soft_wrap=True)
+
+
+class LinesProgress(Progress):
+    """Plain lines for logs and CI: a start line, periodic percentages for bytes, a finish line with the time."""
+
+    def __init__(self, stream: IO[str], verbose: bool = False) -> None:
+        self.stream = stream
+        self.step = 10 if verbose else 25  # percent between two lines about the same work
+        self.lock = threading.Lock()  # parallel reloads report from several threads
+        self.tasks: dict[str, dict] = {}
+
+    def _say(self, text: str) -> None:
+        self.stream.write(clean(text) + "\n")
+        self.stream.flush()
+
+    def start(self, key: str, description: str, total: float | None = None, unit: str = "") -> None:
+        with self.lock:
+            self.tasks[key] = {"description": description, "total": total, "unit": unit, "done": 0.0,
+                               "started": time.monotonic(), "next": self.step}
+            size = f" ({amount(total, unit)})" if total is not None else ""
+            self._say(f"{description}: started{size}")
+
+    def advance(self, key: str, amount_done: float = 1) -> None:
+        with self.lock:
+            task = self.tasks.get(key)
+            if task is None:
+                return
+            task["done"] += amount_done
+            total, unit = task["total"], task["unit"]
+            if unit != "B":  # counted work (artifacts) is slow and short: every item is worth a line
+                of = f"/{int(total)}" if total else ""
+                self._say(f"{task['description']}: {int(task['done'])}{of} {unit}".rstrip())
+            elif total:
+                percent = 100 * task["done"] / total
+                if percent >= task["next"] and percent < 100:
+                    task["next"] = (int(percent) // self.step + 1) * self.step
+                    self._say(f"{task['description']}: {int(percent)}% ({human_bytes(task['done'])} of "
+                              f"{human_bytes(total)}, {time.monotonic() - task['started']:.1f} s)")
+
+    def finish(self, key: str) -> None:
+        with self.lock:
+            task = self.tasks.pop(key, None)
+            if task is not None:
+                self._say(f"{task['description']}: done, {amount(task['done'], task['unit'])} in "
+                          f"{time.monotonic() - task['started']:.1f} s")
+
+    def log(self, message: str) -> None:
+        with self.lock:
+            self._say(message)
+
+
+def is_terminal(stream: IO[str]) -> bool:
+    return hasattr(stream, "isatty") and stream.isatty() and os.environ.get("TERM") != "dumb"
+
+
+@contextmanager
+def make_progress(quiet: bool = False, verbose: bool = False, stream: IO[str] | None = None) -> Iterator[Progress]:
+    """The progress sink for one command: nothing with -q, bars on a terminal, lines otherwise."""
+    stream = stream or sys.stderr
+    if quiet:
+        yield NULL_PROGRESS
+    elif is_terminal(stream):
+        progress = BarsProgress(stream)
+        with progress.bars:
+            yield progress
+    else:
+        yield LinesProgress(stream, verbose)
