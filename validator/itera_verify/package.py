@@ -137,6 +137,8 @@ class Package:
                 doc.error = ParseError(exc.msg, line=exc.lineno, column=exc.colno)
             except RecursionError:
                 doc.error = ParseError("nesting too deep")
+            except ValueError as exc:  # e.g. an integer beyond Python's digit limit
+                doc.error = ParseError(str(exc).split(";")[0])
         self._documents[rel] = doc
         return doc
 

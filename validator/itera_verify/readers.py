@@ -135,8 +135,18 @@ def _suffix(rel: str) -> str:
     return name.rsplit(".", 1)[-1].lower() if "." in name else ""
 
 
+STEP_LIMIT = 2 ** 63  # no trainer counts further; a bigger "step" is garbage, not a measurement
+
+
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """An int or a float (NaN/Infinity included) that converts to a float: 10**400 does not."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
 
 
 def _parse_json_line(raw: bytes) -> tuple[Any, tuple[int | None, str] | None]:
@@ -149,6 +159,8 @@ def _parse_json_line(raw: bytes) -> tuple[Any, tuple[int | None, str] | None]:
         return json.loads(text), None
     except json.JSONDecodeError as exc:
         return None, (exc.colno, f"invalid JSON: {exc.msg}")
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        return None, (None, f"invalid JSON: {exc}"[:200])
     except RecursionError:
         return None, (None, "invalid JSON: nesting too deep")
 
@@ -197,13 +209,23 @@ def _metrics_jsonl(package, rel: str, scan: MetricsScan) -> None:
 def _metric_record_problem(record: Any) -> str | None:
     if not isinstance(record, dict):
         return 'a metrics record is an object {"step": int, "name": str, "value": number}'
-    if not isinstance(record.get("step"), int) or isinstance(record.get("step"), bool):
-        return f"step must be an integer (found {json.dumps(record.get('step'))})"
+    step = record.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or abs(step) >= STEP_LIMIT:
+        return f"step must be an integer under 2^63 (found {_shown(step)})"
     if not isinstance(record.get("name"), str) or not record["name"].strip():
-        return f"name must be a non-empty string (found {json.dumps(record.get('name'))})"
+        return f"name must be a non-empty string (found {_shown(record.get('name'))})"
     if not _is_number(record.get("value")):
-        return f"value must be a number, NaN or Infinity (found {json.dumps(record.get('value'))})"
+        return f"value must be a number, NaN or Infinity (found {_shown(record.get('value'))})"
     return None
+
+
+def _shown(value: Any) -> str:
+    """A short rendering of an offending value (a huge number or a deep object stays one line)."""
+    try:
+        text = json.dumps(value)
+    except (ValueError, TypeError, RecursionError):
+        text = type(value).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 CSV_HEADER = ("step", "name", "value")
@@ -245,7 +267,9 @@ def _metrics_csv(package, rel: str, scan: MetricsScan) -> None:
         try:
             step_int = int(step)
         except ValueError:
-            scan.add_error(number, None, f"step must be an integer (found {step!r})")
+            step_int = STEP_LIMIT
+        if abs(step_int) >= STEP_LIMIT:
+            scan.add_error(number, None, f"step must be an integer under 2^63 (found {step[:40]!r})")
             continue
         if not name:
             scan.add_error(number, None, "name is empty")
@@ -253,7 +277,7 @@ def _metrics_csv(package, rel: str, scan: MetricsScan) -> None:
         try:
             value_float = float(value)  # accepts NaN, Infinity, -Infinity, inf
         except ValueError:
-            scan.add_error(number, None, f"value must be a number, NaN or Infinity (found {value!r})")
+            scan.add_error(number, None, f"value must be a number, NaN or Infinity (found {value[:40]!r})")
             continue
         _add_point(scan, step_int, name, value_float, number)
     scan.header_only = data_rows == 0

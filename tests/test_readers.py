@@ -1,0 +1,185 @@
+"""The streaming readers: facts about metrics, eval ids and predictions files, never findings."""
+from __future__ import annotations
+
+import json
+import math
+import tracemalloc
+
+from itera_verify import readers
+from itera_verify.package import discover
+
+
+def _package(tmp_path, files: dict[str, str | bytes]):
+    for rel, content in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+    return discover(tmp_path)
+
+
+def test_jsonl_nan_and_infinity_tokens_are_nonfinite_values(tmp_path):
+    package = _package(tmp_path, {"m.jsonl": '{"step": 1, "name": "loss", "value": NaN}\n'
+                                             '{"step": 2, "name": "loss", "value": Infinity}\n'
+                                             '{"step": 3, "name": "loss", "value": -Infinity}\n'
+                                             '{"step": 4, "name": "loss", "value": 1.5}\n'})
+    scan = readers.scan_metrics(package, "m.jsonl")
+    assert scan.records == 4 and scan.errors == []
+    values = [v for _, v, _ in scan.series["loss"]]
+    assert math.isnan(values[0]) and values[1] == math.inf and values[2] == -math.inf and values[3] == 1.5
+    assert [step for step, _, _ in scan.nonfinite("loss")] == [1, 2, 3]
+
+
+def test_jsonl_line_that_does_not_parse_gives_line_and_column(tmp_path):
+    package = _package(tmp_path, {"m.jsonl": '{"step": 1, "name": "loss", "value": 1}\n'
+                                             '\n'
+                                             '{"step": 2, "name": "loss", "value": }\n'})
+    scan = readers.scan_metrics(package, "m.jsonl")
+    assert scan.records == 1
+    assert len(scan.errors) == 1 and scan.error_count == 1
+    error = scan.errors[0]
+    assert error.line == 3 and error.column == 38 and "invalid JSON" in error.message
+
+
+def test_metrics_record_with_wrong_types_is_an_error(tmp_path):
+    package = _package(tmp_path, {"m.jsonl": '{"step": "1", "name": "loss", "value": 1}\n'
+                                             '{"step": 1, "name": 7, "value": 1}\n'
+                                             '{"step": 1, "name": "loss", "value": "1.0"}\n'
+                                             '{"step": true, "name": "loss", "value": 1}\n'
+                                             '[1, "loss", 1]\n'})
+    scan = readers.scan_metrics(package, "m.jsonl")
+    assert scan.records == 0
+    assert [e.line for e in scan.errors] == [1, 2, 3, 4, 5]
+    assert "step must be an integer" in scan.errors[0].message
+    assert "name must be" in scan.errors[1].message
+    assert "value must be a number" in scan.errors[2].message
+
+
+def test_csv_metrics_read_nan_and_infinity(tmp_path):
+    package = _package(tmp_path, {"m.csv": "step,name,value\n1,loss,2.5\n2,loss,NaN\n3,loss,Infinity\n"
+                                           "4,loss,-Infinity\n\n5,f1,0.7\n"})
+    scan = readers.scan_metrics(package, "m.csv")
+    assert scan.format == "csv" and scan.records == 5 and scan.errors == []
+    assert [s for s, _, _ in scan.nonfinite("loss")] == [2, 3, 4]
+    assert scan.series["f1"] == [(5, 0.7, 7)]
+
+
+def test_csv_with_header_only_is_flagged_header_only(tmp_path):
+    package = _package(tmp_path, {"m.csv": "step,name,value\n"})
+    scan = readers.scan_metrics(package, "m.csv")
+    assert scan.header_only and scan.records == 0 and not scan.errors
+
+
+def test_csv_with_wrong_header_is_an_error_at_line_1(tmp_path):
+    package = _package(tmp_path, {"m.csv": "epoch,metric,score\n1,loss,2\n"})
+    scan = readers.scan_metrics(package, "m.csv")
+    assert scan.records == 0 and scan.errors[0].line == 1 and "step,name,value" in scan.errors[0].message
+
+
+def test_csv_row_with_bad_step_or_value_is_an_error(tmp_path):
+    package = _package(tmp_path, {"m.csv": "step,name,value\n1.5,loss,2\n2,loss,high\n3,loss\n4,loss,1\n"})
+    scan = readers.scan_metrics(package, "m.csv")
+    assert scan.records == 1 and [e.line for e in scan.errors] == [2, 3, 4]
+
+
+def test_blank_only_file_is_blank_only(tmp_path):
+    package = _package(tmp_path, {"m.jsonl": "\n  \n\n"})
+    scan = readers.scan_metrics(package, "m.jsonl")
+    assert scan.blank_only and scan.records == 0 and not scan.errors
+
+
+def test_last_value_is_at_the_highest_step_not_the_last_line(tmp_path):
+    package = _package(tmp_path, {"m.jsonl": "".join(json.dumps(r) + "\n" for r in [
+        {"step": 10, "name": "f1", "value": 0.8}, {"step": 2, "name": "f1", "value": 0.1}])})
+    scan = readers.scan_metrics(package, "m.jsonl")
+    assert scan.last("f1") == (10, 0.8, 1)
+    assert scan.last("absent") is None
+
+
+def test_scans_are_memoised_per_package(tmp_path):
+    package = _package(tmp_path, {"m.jsonl": '{"step": 1, "name": "loss", "value": 1}\n'})
+    assert readers.scan_metrics(package, "m.jsonl") is readers.scan_metrics(package, "m.jsonl")
+    assert readers.scan_metrics(package, "absent.jsonl") is None
+
+
+def test_eval_ids_ignore_blank_lines_and_report_duplicates(tmp_path):
+    package = _package(tmp_path, {"ids.txt": "a\n\n b \nc\r\na\nc\na\n"})
+    ids = readers.read_eval_ids(package, "ids.txt")
+    assert ids.ids == ["a", "b", "c", "a", "c", "a"]
+    assert ids.duplicate_count == 3 and ids.duplicates == ["a", "c"] and ids.unique_count == 3
+
+
+def _predictions(ids):
+    return "".join(json.dumps({"id": i, "prediction": "x"}) + "\n" for i in ids)
+
+
+def test_predictions_coverage_counts_and_first_five(tmp_path):
+    eval_ids = [f"e{i}" for i in range(20)]
+    predicted = eval_ids[8:] + ["e8", "e9", "zz1", "zz2", "zz1"]
+    body = _predictions(predicted) + '{"prediction": "no id"}\n{"id": 5, "prediction": "int id"}\nnot json\n'
+    package = _package(tmp_path, {"ids.txt": "\n".join(eval_ids) + "\n", "p.jsonl": body})
+    scan = readers.scan_predictions(package, "p.jsonl", readers.read_eval_ids(package, "ids.txt"))
+    assert scan.records == len(predicted) + 2
+    assert scan.missing_count == 8 and scan.missing == ["e0", "e1", "e2", "e3", "e4"]
+    assert scan.duplicate_count == 2 and [d[0] for d in scan.duplicates] == ["e8", "e9"]
+    assert scan.duplicates[0][1] == 13  # the line of the first repeat
+    assert scan.unexpected_count == 3 and [u[0] for u in scan.unexpected] == ["zz1", "zz2"]
+    assert scan.without_id_count == 2 and scan.without_id_lines == [18, 19]
+    assert [e.line for e in scan.errors] == [20]
+    assert not scan.covers_exactly and scan.first_problem_line == 13
+
+
+def test_predictions_that_cover_exactly(tmp_path):
+    package = _package(tmp_path, {"ids.txt": "a\nb\n", "p.jsonl": _predictions(["b", "a"])})
+    scan = readers.scan_predictions(package, "p.jsonl", readers.read_eval_ids(package, "ids.txt"))
+    assert scan.covers_exactly and scan.records == 2 and scan.missing_count == 0
+
+
+def test_predictions_without_eval_ids_only_parse(tmp_path):
+    package = _package(tmp_path, {"p.jsonl": _predictions(["a", "a"]) + "{oops\n"})
+    scan = readers.scan_predictions(package, "p.jsonl", None)
+    assert scan.records == 2 and scan.duplicate_count == 0 and scan.errors[0].line == 3
+
+
+def test_predictions_scan_memory_does_not_grow_with_the_file(tmp_path):
+    """50 000 records (about 2.5 MB) against 10 eval ids: the scan must not hold the records."""
+    lines = [json.dumps({"id": f"other-{i:06d}", "prediction": "positive", "label": "negative"})
+             for i in range(50_000)]
+    package = _package(tmp_path, {"ids.txt": "\n".join(f"e{i}" for i in range(10)) + "\n",
+                                  "p.jsonl": "\n".join(lines) + "\n"})
+    eval_ids = readers.read_eval_ids(package, "ids.txt")
+    size = (tmp_path / "p.jsonl").stat().st_size
+    tracemalloc.start()
+    try:
+        scan = readers.scan_predictions(package, "p.jsonl", eval_ids)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert scan.records == 50_000 and scan.unexpected_count == 50_000 and len(scan.unexpected) == 5
+    assert peak < size / 10, f"peak {peak} bytes for a {size}-byte file"
+
+
+def test_generic_csv_and_jsonl(tmp_path):
+    package = _package(tmp_path, {"a.csv": "x,y\n1,2\n3\n", "b.csv": "x,y\n", "c.jsonl": "[1]\n{bad\n"})
+    a, b, c = (readers.scan_generic(package, rel) for rel in ("a.csv", "b.csv", "c.jsonl"))
+    assert a.records == 1 and a.errors[0].line == 3
+    assert b.header_only and b.records == 0
+    assert c.records == 1 and c.errors[0].line == 2
+
+
+def test_a_file_with_many_bad_lines_keeps_a_bounded_error_list(tmp_path):
+    package = _package(tmp_path, {"m.jsonl": "nope\n" * (readers.MAX_KEPT_ERRORS + 50)})
+    scan = readers.scan_metrics(package, "m.jsonl")
+    assert len(scan.errors) == readers.MAX_KEPT_ERRORS and scan.error_count == readers.MAX_KEPT_ERRORS + 50
+
+
+def test_absurd_numbers_are_line_errors_not_crashes(tmp_path):
+    package = _package(tmp_path, {"m.jsonl": '{"step": 1' + "0" * 30 + ', "name": "loss", "value": 1}\n'
+                                             '{"step": 1, "name": "loss", "value": 1' + "0" * 400 + '}\n'
+                                             '{"step": 1, "name": "loss", "value": 1' + "0" * 5000 + '}\n'
+                                             '{"step": 2, "name": "loss", "value": 1e400}\n',
+                                  "m.csv": "step,name,value\n" + "9" * 30 + ",loss,1\n" + "9" * 5000 + ",loss,1\n"})
+    scan = readers.scan_metrics(package, "m.jsonl")
+    assert [e.line for e in scan.errors] == [1, 2, 3] and scan.records == 1
+    assert scan.series["loss"] == [(2, math.inf, 4)]  # 1e400 reads as Infinity, like the token
+    assert [e.line for e in readers.scan_metrics(package, "m.csv").errors] == [2, 3]
+    assert all(len(e.message) < 250 for e in scan.errors)

@@ -1,0 +1,144 @@
+"""Readings of the manifest that several rule families and the summary share, tolerant of any malformed shape.
+
+Every helper returns None (or an empty collection) for what it cannot read: the structure and schema rules
+report malformed documents; the families built on these helpers only judge what they can read.
+"""
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from typing import Any, Iterator
+
+from ..template import is_placeholder
+
+CENT = Decimal("0.01")
+MAX_USD = 10 ** 12
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float that arithmetic with floats can use (10**400 cannot)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def filled_text(value: Any) -> str | None:
+    """A string that says something: not blank, not a template placeholder."""
+    if isinstance(value, str) and value.strip() and not is_placeholder(value):
+        return value.strip()
+    return None
+
+
+def shown(value: Any, fallback: str = "?") -> str:
+    """A manifest value inside a message: strings and numbers as written, anything else as `fallback` (never
+    the repr of an arbitrary, possibly huge or deeply nested, object)."""
+    if isinstance(value, str):
+        return value if len(value) <= 80 else value[:77] + "..."
+    return f"{value:g}" if is_number(value) else fallback
+
+
+def parse_time(value: Any) -> datetime | None:
+    """An RFC 3339 timestamp as an aware datetime (a naive one is read as UTC); None when unreadable."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    text = value.strip()
+    if text[-1:] in ("Z", "z"):
+        text = text[:-1] + "+00:00"
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def section(manifest: dict, key: str) -> dict:
+    value = manifest.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def listed(container: dict, key: str) -> list:
+    value = container.get(key)
+    return value if isinstance(value, list) else []
+
+
+def indexed_runs(package) -> Iterator[tuple[int, dict, str | None]]:
+    """(index in manifest.runs, run, its id or None) for every run entry that is an object."""
+    for index, run in enumerate(listed(package.manifest, "runs")):
+        if isinstance(run, dict):
+            yield index, run, run.get("id") if isinstance(run.get("id"), str) else None
+
+
+def runs_by_id(package) -> dict[str, dict]:
+    """The first run of each id (IV301 reports the others)."""
+    runs: dict[str, dict] = {}
+    for _, run, run_id in indexed_runs(package):
+        if run_id is not None:
+            runs.setdefault(run_id, run)
+    return runs
+
+
+def accepted_entries(package) -> list[tuple[int, str]]:
+    """(index in decision.accepted, run id) for every string entry, duplicates included."""
+    accepted = listed(section(package.manifest, "decision"), "accepted")
+    return [(index, name) for index, name in enumerate(accepted) if isinstance(name, str)]
+
+
+def accepted_declared(package) -> list[str]:
+    """The distinct runs `decision.accepted` names, in order."""
+    return list(dict.fromkeys(name for _, name in accepted_entries(package)))
+
+
+def stop_records(package) -> list[tuple[int, dict]]:
+    return [(index, record) for index, record in enumerate(listed(package.stops, "stops"))
+            if isinstance(record, dict)]
+
+
+def stopped_by_record(package) -> dict[str, tuple[int, dict]]:
+    """run id -> its first stop record."""
+    records: dict[str, tuple[int, dict]] = {}
+    for index, record in stop_records(package):
+        if isinstance(record.get("run"), str):
+            records.setdefault(record["run"], (index, record))
+    return records
+
+
+def first_run_start(package) -> tuple[datetime, str | None, int] | None:
+    """(earliest readable started_at, its run id, its index), or None when no run has a readable start."""
+    starts = [(moment, run_id, index) for index, run, run_id in indexed_runs(package)
+              if (moment := parse_time(run.get("started_at"))) is not None]
+    return min(starts, key=lambda s: s[0]) if starts else None
+
+
+def usd(value: Any) -> Decimal | None:
+    """A money amount as an exact decimal (47.14 stays 47.14), or None when it is not a finite number."""
+    if not is_number(value) or abs(value) >= MAX_USD:
+        return None  # beyond any rental budget, and beyond what cents can be computed on exactly
+    try:
+        return Decimal(str(value))
+    except InvalidOperation:
+        return None
+
+
+def to_cent(amount: Decimal) -> Decimal:
+    return amount.quantize(CENT, rounding=ROUND_HALF_UP)
+
+
+def money(amount: Decimal | None) -> float | None:
+    return None if amount is None else float(to_cent(amount))
+
+
+def fmt_usd(amount: Decimal | float | None) -> str:
+    return "?" if amount is None else f"{to_cent(Decimal(str(amount))):.2f} USD"
+
+
+def fmt_hours(hours: float) -> str:
+    return f"{hours:g} h"
+
+
+def fmt_ids(ids, count: int) -> str:
+    text = ", ".join(ids)
+    return text + (", …" if count > len(ids) else "")

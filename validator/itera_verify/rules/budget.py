@@ -1,0 +1,388 @@
+"""IV601–IV611: the budget and the timeline. What was bought, what it cost per accepted run, what was decided.
+
+The arithmetic is exact to the cent (decimal, not float): 47.14 + 1.50 over 2 accepted runs is 24.32.
+"""
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from functools import lru_cache
+from importlib import resources
+from typing import Iterator
+
+from ..model import Finding, Rule, Severity
+from ..package import MANIFEST, Package, pointer_of
+from ._campaign import (accepted_entries, accepted_declared, filled_text, first_run_start, fmt_hours, fmt_usd,
+                        is_number, listed, parse_time, runs_by_id, section, shown, to_cent, usd)
+
+RULES = [
+    Rule("IV601", Severity.ERROR, "rental total is not the sum of the lots",
+         explain="`plan.rental_total_usd` is the sum of the lots' `price_usd`, to the cent. A lot's price already "
+                 "covers all of its GPUs: multiplying a 2-GPU lot's price by 2 counts the GPUs twice.",
+         bad='"lots": [{"gpu": "RTX 4090", "days": 3, "gpus": 2, "price_usd": 94.28}], "rental_total_usd": 188.56',
+         good='"lots": [{"gpu": "RTX 4090", "days": 3, "gpus": 2, "price_usd": 94.28}], "rental_total_usd": 94.28'),
+    Rule("IV602", Severity.WARNING, "lot price differs from the catalog",
+         explain="The lot's price differs from the tariff catalog (RTX 4090: 47.14 USD for 3 days, 110 for 7, 390 "
+                 "for 30). Either the offer changed (update the catalog with [tool.itera-verify.tariffs]) or the "
+                 "price was copied wrong.",
+         bad='{"gpu": "RTX 4090", "days": 3, "gpus": 1, "price_usd": 41.47}',
+         good='{"gpu": "RTX 4090", "days": 3, "gpus": 1, "price_usd": 47.14}'),
+    Rule("IV603", Severity.ERROR, "observed hours exceed the lots' window",
+         explain="Lots bought together run side by side: the window is the longest lot, days x 24 hours. "
+                 "`timeline.observed_hours` (wall clock from preparation to retrieval of the results) beyond it "
+                 "means the machine was gone before the work ended, or more was spent than planned. Buy the "
+                 "next lot (the finding names it) or reduce the protocol.",
+         bad='"lots": [{"days": 3, ...}], "timeline": {"observed_hours": 78}',
+         good='"lots": [{"days": 7, "price_usd": 110, ...}], "timeline": {"observed_hours": 78}'),
+    Rule("IV604", Severity.ERROR, "wrong cost per accepted run",
+         explain="`decision.cost_per_accepted_usd` = (rental + included other expenses) / number of accepted "
+                 "runs, to the cent. With nothing accepted the ratio is undefined: state the cost incurred and "
+                 "why nothing was accepted, never a cost per run, and never a cost of zero.",
+         bad='47.14 + 1.50 included, 2 accepted: "cost_per_accepted_usd": 23.57',
+         good='47.14 + 1.50 included, 2 accepted: "cost_per_accepted_usd": 24.32'),
+    Rule("IV605", Severity.WARNING, "hours differ without an explained deviation",
+         explain="When observed and reserved hours differ, `timeline.deviations` explains the difference: the "
+                 "signed hours of explained deviations add up to observed - reserved (within 0.1 h). That is "
+                 "what the next campaign's plan learns from.",
+         bad='"reserved_hours": 48, "observed_hours": 52.5, "deviations": []',
+         good='"reserved_hours": 48, "observed_hours": 52.5, "deviations": [{"hours": 4.5, "explanation": '
+              '"eval on long inputs took longer than the pilot suggested"}]'),
+    Rule("IV606", Severity.ERROR, "reserved hours exceed the window",
+         explain="`plan.reserved_hours` is the part of the window the plan commits; it cannot exceed "
+                 "`plan.window_hours`, which itself cannot exceed the lots' window (the longest lot, days x 24). "
+                 "Keep a margin: window - reserved is what absorbs the unexpected.",
+         bad='"window_hours": 72, "reserved_hours": 80', good='"window_hours": 72, "reserved_hours": 48'),
+    Rule("IV607", Severity.ERROR, "no decision",
+         explain="A campaign closes with a decision: `decision.outcome` (positive, negative or inconclusive) and "
+                 "a `decision.summary` in words. A negative or inconclusive result is a valid deliverable; no "
+                 "decision is not.",
+         bad='"decision": {"accepted": ["control"]}',
+         good='"decision": {"outcome": "negative", "summary": "lora-r16 stays under 0.80 macro-F1", "accepted": []}'),
+    Rule("IV608", Severity.WARNING, "no error analysis",
+         explain="The decision rests on an error analysis (`decision.error_analysis`, a file or folder in the "
+                 "package): which examples fail, and why. Scores alone do not say whether a variant fails "
+                 "differently from the control.",
+         bad='"decision": {"outcome": "positive", "summary": "..."}',
+         good='"decision": {"outcome": "positive", "summary": "...", "error_analysis": "analysis/errors.md"}'),
+    Rule("IV609", Severity.ERROR, "accepted run named twice or repeated",
+         explain="Each accepted run counts once, and two accepted runs with the same `config_sha256` are one "
+                 "configuration replayed on the same corpus: a repeat does not make another deliverable, and "
+                 "counting it halves the cost per accepted run.",
+         bad='"accepted": ["control", "lora-r16", "lora-r16"]', good='"accepted": ["control", "lora-r16"]'),
+    Rule("IV610", Severity.WARNING, "plan declared after the first run started",
+         explain="`plan.declared_at` is when the plan (window, reserved hours, lots) was fixed. A plan written "
+                 "after the first run can be made to fit what happened; plan and actual are compared, the plan "
+                 "is never rewritten.",
+         bad='"plan": {"declared_at": "2026-11-21T10:00:00Z"}   (first run started 2026-11-20T09:00:00Z)',
+         good='"plan": {"declared_at": "2026-11-20T08:00:00Z"}'),
+    Rule("IV611", Severity.WARNING, "no decision after the pilot",
+         explain="The pilot is where the plan meets reality: after it, decide to continue, reduce or stop, and "
+                 "record it in `timeline.decisions` with `\"after\": \"pilot\"`.",
+         bad='"timeline": {"observed_hours": 52.5, "decisions": []}',
+         good='"decisions": [{"at": "2026-11-20T12:00:00Z", "after": "pilot", "decision": "reduce", '
+              '"note": "dropped the r=64 sweep"}]'),
+]
+
+DEVIATION_TOLERANCE_HOURS = 0.1
+
+
+# ---------------------------------------------------------------------------------------------- arithmetic
+
+@lru_cache(maxsize=1)
+def shipped_tariffs() -> dict:
+    text = resources.files("itera_verify").joinpath("data/tariffs.json").read_text(encoding="utf-8")
+    return {gpu: prices for gpu, prices in json.loads(text).items() if not gpu.startswith("_")}
+
+
+def tariffs(package) -> dict[str, dict[str, float]]:
+    """The shipped catalog with the configuration's `tariffs` table merged over it, per GPU and lot length."""
+    merged = {gpu: dict(prices) for gpu, prices in shipped_tariffs().items()}
+    override = package.settings.get("tariffs")
+    for gpu, prices in (override.items() if isinstance(override, dict) else ()):
+        if isinstance(gpu, str) and isinstance(prices, dict):
+            merged.setdefault(gpu, {}).update({str(days): price for days, price in prices.items()})
+    return merged
+
+
+def lot_name(lot: dict) -> str:
+    """The catalog key of a lot: "RTX 4090" for one GPU, "2x RTX 4090" for two (a lot is priced whole)."""
+    gpus = lot.get("gpus", 1)
+    gpu = lot.get("gpu") if isinstance(lot.get("gpu"), str) else "?"
+    return gpu if gpus == 1 else f"{shown(gpus)}x {gpu}"
+
+
+def _days_key(days) -> str:
+    return str(int(days)) if is_number(days) and float(days).is_integer() else shown(days)
+
+
+def catalog_price(catalog: dict, lot: dict) -> Decimal | None:
+    prices = catalog.get(lot_name(lot))
+    return usd(prices.get(_days_key(lot.get("days")))) if isinstance(prices, dict) else None
+
+
+def longer_lot(catalog: dict, lot: dict, hours: float) -> tuple[float, Decimal] | None:
+    """The shortest catalog lot of the same GPUs whose window covers `hours`."""
+    prices = catalog.get(lot_name(lot))
+    options = []
+    for days, price in (prices.items() if isinstance(prices, dict) else ()):
+        try:
+            length = float(days)
+        except ValueError:
+            continue
+        if length * 24 >= hours and usd(price) is not None:
+            options.append((length, usd(price)))
+    return min(options, key=lambda o: o[0]) if options else None
+
+
+def lots(plan: dict) -> list[tuple[int, dict]]:
+    return [(index, lot) for index, lot in enumerate(listed(plan, "lots")) if isinstance(lot, dict)]
+
+
+def rental_usd(plan: dict) -> Decimal | None:
+    """The sum of the lots' prices; None when there is no lot or a price cannot be read."""
+    prices = [usd(lot.get("price_usd")) for _, lot in lots(plan)]
+    if not prices or any(p is None for p in prices):
+        return None
+    return sum(prices, Decimal(0))
+
+
+def other_expenses(plan: dict, included: bool) -> list[tuple[str, Decimal]]:
+    out = []
+    for expense in listed(plan, "other_expenses"):
+        if isinstance(expense, dict) and expense.get("included") is included and usd(expense.get("usd")) is not None:
+            label = expense.get("label") if isinstance(expense.get("label"), str) else "other expense"
+            out.append((label, usd(expense.get("usd"))))
+    return out
+
+
+def total_usd(plan: dict) -> Decimal | None:
+    """Rental + included other expenses. Falls back on the stated rental total when the lots cannot be read."""
+    rental = rental_usd(plan)
+    if rental is None:
+        rental = usd(plan.get("rental_total_usd"))
+    if rental is None:
+        return None
+    return rental + sum((amount for _, amount in other_expenses(plan, True)), Decimal(0))
+
+
+def lots_window_hours(plan: dict) -> tuple[float, dict] | None:
+    """(hours, the longest lot): lots bought together run side by side."""
+    timed = [lot for _, lot in lots(plan) if is_number(lot.get("days")) and lot["days"] > 0]
+    if not timed:
+        return None
+    longest = max(timed, key=lambda lot: lot["days"])
+    return longest["days"] * 24, longest
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+def check(package: Package) -> Iterator[Finding]:
+    manifest = package.manifest
+    if not manifest:
+        return  # missing or unparsable manifest: IV101/IV104 say so
+    plan = section(manifest, "plan")
+    yield from _rental_total(plan)
+    yield from _catalog_prices(plan, tariffs(package))
+    yield from _observed_within_window(plan, section(manifest, "timeline"), tariffs(package))
+    yield from _cost_per_accepted(package, plan)
+    yield from _deviations_explained(plan, section(manifest, "timeline"))
+    yield from _reserved_within_window(plan)
+    yield from _decision_recorded(package)
+    yield from _error_analysis(package)
+    yield from _accepted_once(package)
+    yield from _plan_declared_first(package, plan)
+    yield from _pilot_decision(package)
+
+
+def _rental_total(plan: dict) -> Iterator[Finding]:
+    stated, summed = usd(plan.get("rental_total_usd")), rental_usd(plan)
+    if stated is None or summed is None or to_cent(stated) == to_cent(summed):
+        return
+    multiplied = sum((usd(lot["price_usd"]) * (usd(lot.get("gpus")) or 1) for _, lot in lots(plan)), Decimal(0))
+    hint = ""
+    if to_cent(multiplied) == to_cent(stated):
+        hint = " (the lot prices look multiplied by their GPUs: a lot's price already covers all of its GPUs)"
+    yield Finding("IV601", MANIFEST, pointer="/plan/rental_total_usd",
+                  message=f"rental_total_usd is {fmt_usd(stated)} but the lots add up to {fmt_usd(summed)}{hint}: "
+                          f"state the sum of the lot prices")
+
+
+def _catalog_prices(plan: dict, catalog: dict) -> Iterator[Finding]:
+    for index, lot in lots(plan):
+        stated, listed_price = usd(lot.get("price_usd")), catalog_price(catalog, lot)
+        if stated is None or listed_price is None or to_cent(stated) == to_cent(listed_price):
+            continue
+        yield Finding("IV602", MANIFEST, pointer=pointer_of(["plan", "lots", index, "price_usd"]),
+                      message=f"lot {index} ({lot_name(lot)}, {shown(lot.get('days'))} days) costs {fmt_usd(stated)} but "
+                              f"the catalog says {fmt_usd(listed_price)}: check the offer, or update the catalog "
+                              f"([tool.itera-verify.tariffs]) if the price changed")
+
+
+def _observed_within_window(plan: dict, timeline: dict, catalog: dict) -> Iterator[Finding]:
+    observed, window = timeline.get("observed_hours"), lots_window_hours(plan)
+    if not is_number(observed) or window is None or observed <= window[0]:
+        return
+    hours, longest = window
+    longer = longer_lot(catalog, longest, observed)
+    remedy = (f"consider the {longer[0]:g}-day lot ({_price(longer[1])})" if longer else "consider a longer lot") \
+        + " or a reduced protocol"
+    yield Finding("IV603", MANIFEST, pointer="/timeline/observed_hours",
+                  message=f"observed {fmt_hours(observed)} exceeds the {longest['days']:g}-day lot window "
+                          f"({fmt_hours(hours)}) by {fmt_hours(round(observed - hours, 2))}: {remedy}")
+
+
+def _price(amount: Decimal) -> str:
+    """110 USD, 47.14 USD: catalog prices as people quote them."""
+    return f"{amount:.0f} USD" if amount == amount.to_integral_value() else fmt_usd(amount)
+
+
+def _cost_per_accepted(package: Package, plan: dict) -> Iterator[Finding]:
+    decision = section(package.manifest, "decision")
+    stated = decision.get("cost_per_accepted_usd")
+    if stated is None or not is_number(stated):
+        return  # optional; a wrong type is a schema finding
+    pointer = "/decision/cost_per_accepted_usd"
+    accepted = accepted_declared(package)
+    total = total_usd(plan)
+    if not accepted:
+        incurred = f" (cost incurred: {fmt_usd(total)})" if total is not None else ""
+        yield Finding("IV604", MANIFEST, pointer=pointer,
+                      message=f"cost_per_accepted_usd is {fmt_usd(stated)} but nothing was accepted: the ratio is "
+                              f"undefined; remove it and report the cost incurred{incurred} and why nothing was "
+                              f"accepted")
+    elif usd(stated) == 0:
+        yield Finding("IV604", MANIFEST, pointer=pointer,
+                      message="cost_per_accepted_usd is 0: a campaign is never free; state (rental + included "
+                              "other expenses) / accepted runs")
+    elif total is not None:
+        expected = to_cent(total / len(accepted))
+        if to_cent(usd(stated)) != expected:
+            yield Finding("IV604", MANIFEST, pointer=pointer,
+                          message=f"cost_per_accepted_usd is {fmt_usd(stated)} but {fmt_usd(total)} (rental + "
+                                  f"included other expenses) / {len(accepted)} accepted runs is "
+                                  f"{fmt_usd(expected)}")
+
+
+def _deviations_explained(plan: dict, timeline: dict) -> Iterator[Finding]:
+    observed, reserved = timeline.get("observed_hours"), plan.get("reserved_hours")
+    if not is_number(observed) or not is_number(reserved):
+        return
+    explained = unexplained = 0.0
+    for deviation in listed(timeline, "deviations"):
+        if isinstance(deviation, dict) and is_number(deviation.get("hours")):
+            if filled_text(deviation.get("explanation")):
+                explained += deviation["hours"]
+            else:
+                unexplained += deviation["hours"]
+    gap = observed - reserved
+    if abs(gap - explained) <= DEVIATION_TOLERANCE_HOURS:
+        return
+    extra = f" ({unexplained:g} h more listed without an explanation)" if unexplained else ""
+    yield Finding("IV605", MANIFEST, pointer="/timeline/deviations" if "deviations" in timeline else "/timeline",
+                  message=f"observed {fmt_hours(observed)} vs reserved {fmt_hours(reserved)}: "
+                          f"{round(gap, 2):+g} h to explain, explained deviations add up to {round(explained, 2):+g} h"
+                          f"{extra}: add {{\"hours\": {round(gap - explained, 2):g}, \"explanation\": \"...\"}} to "
+                          f"timeline.deviations")
+
+
+def _reserved_within_window(plan: dict) -> Iterator[Finding]:
+    window, reserved = plan.get("window_hours"), plan.get("reserved_hours")
+    if is_number(window) and is_number(reserved) and reserved > window:
+        yield Finding("IV606", MANIFEST, pointer="/plan/reserved_hours",
+                      message=f"reserved {fmt_hours(reserved)} exceeds the window of {fmt_hours(window)} by "
+                              f"{fmt_hours(round(reserved - window, 2))}: reserve at most the window, and keep a "
+                              f"margin")
+    lots_window = lots_window_hours(plan)
+    if is_number(window) and lots_window is not None and window > lots_window[0]:
+        yield Finding("IV606", MANIFEST, pointer="/plan/window_hours",
+                      message=f"window_hours {fmt_hours(window)} exceeds what the lots provide (the "
+                              f"{lots_window[1]['days']:g}-day lot: {fmt_hours(lots_window[0])}): buy a longer lot "
+                              f"or plan within it")
+
+
+def _decision_recorded(package: Package) -> Iterator[Finding]:
+    decision = package.manifest.get("decision")
+    if decision is None:
+        yield Finding("IV607", MANIFEST, pointer="",
+                      message="no decision: add decision.outcome (positive, negative or inconclusive) and "
+                              "decision.summary; a negative result is a valid deliverable")
+        return
+    if not isinstance(decision, dict):
+        return  # a wrong type is a schema finding
+    for key, what in (("outcome", "positive, negative or inconclusive"), ("summary", "the conclusion in words")):
+        if filled_text(decision.get(key)) is None:
+            yield Finding("IV607", MANIFEST, pointer=f"/decision/{key}" if key in decision else "/decision",
+                          message=f"the decision has no {key}: give {what}")
+
+
+def _error_analysis(package: Package) -> Iterator[Finding]:
+    decision = package.manifest.get("decision")
+    if not isinstance(decision, dict):
+        return  # IV607 already says there is no decision
+    ref = decision.get("error_analysis")
+    if filled_text(ref) is None:
+        yield Finding("IV608", MANIFEST, pointer="/decision/error_analysis" if "error_analysis" in decision
+                      else "/decision", message="no error analysis for the decision: write one (e.g. "
+                                                "analysis/errors.md) and name it in decision.error_analysis")
+        return
+    rel = package.normalise_ref(ref)
+    if rel is None:
+        return  # IV205 reports an escaping path
+    if not package.exists(rel):
+        yield Finding("IV608", MANIFEST, pointer="/decision/error_analysis",
+                      message=f"the error analysis {ref} is not in the package: deliver it")
+    elif rel in package.dirs and not package.files_under(rel):
+        yield Finding("IV608", MANIFEST, pointer="/decision/error_analysis",
+                      message=f"the error analysis folder {ref} holds no file")
+
+
+def _accepted_once(package: Package) -> Iterator[Finding]:
+    runs = runs_by_id(package)
+    first_by_name: dict[str, int] = {}
+    first_by_config: dict[str, str] = {}
+    for index, name in accepted_entries(package):
+        pointer = pointer_of(["decision", "accepted", index])
+        if name in first_by_name:
+            yield Finding("IV609", MANIFEST, pointer=pointer,
+                          message=f"decision.accepted names run {name} twice (entries {first_by_name[name]} and "
+                                  f"{index}): each run counts once")
+            continue
+        first_by_name[name] = index
+        config = filled_text(runs.get(name, {}).get("config_sha256"))
+        if config is None:
+            continue
+        config = config.lower()
+        if config in first_by_config:
+            yield Finding("IV609", MANIFEST, pointer=pointer, run=name,
+                          message=f"accepted runs {first_by_config[config]} and {name} have the same "
+                                  f"config_sha256: replaying the same corpus and configuration does not make "
+                                  f"another deliverable; accept one of them")
+        else:
+            first_by_config[config] = name
+
+
+def _plan_declared_first(package: Package, plan: dict) -> Iterator[Finding]:
+    declared, first = parse_time(plan.get("declared_at")), first_run_start(package)
+    if declared is None or first is None or declared <= first[0]:
+        return
+    late = (declared - first[0]).total_seconds() / 3600
+    yield Finding("IV610", MANIFEST, pointer="/plan/declared_at",
+                  message=f"the plan was declared at {plan['declared_at']}, {late:.4g} h after run "
+                          f"{first[1] or first[2]} started: plan and actual are compared as they are; declare the "
+                          f"plan before the first run next time, and never rewrite it")
+
+
+def _pilot_decision(package: Package) -> Iterator[Finding]:
+    timeline = package.manifest.get("timeline")
+    if timeline is not None and not isinstance(timeline, dict):
+        return  # a wrong type is a schema finding
+    decisions = listed(timeline or {}, "decisions")
+    for entry in decisions:
+        if isinstance(entry, dict) and isinstance(entry.get("after"), str) \
+                and entry["after"].strip().lower() == "pilot" and filled_text(entry.get("decision")):
+            return
+    pointer = "/timeline/decisions" if isinstance(timeline, dict) and "decisions" in timeline else \
+        ("/timeline" if timeline is not None else "")
+    yield Finding("IV611", MANIFEST, pointer=pointer,
+                  message='no decision recorded after the pilot: add {"at": ..., "after": "pilot", "decision": '
+                          '"continue | reduce | stop", "note": ...} to timeline.decisions')

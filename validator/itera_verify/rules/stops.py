@@ -1,0 +1,222 @@
+"""IV401–IV407: stop rules. Declared before the first run, applied as declared, and never overruled later."""
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+from .. import readers
+from ..model import Finding, Rule, Severity
+from ..package import MANIFEST, STOPS, Package, pointer_of
+from ._campaign import (accepted_entries, filled_text, first_run_start, indexed_runs, is_number, listed,
+                        parse_time, runs_by_id, section, shown, stop_records, stopped_by_record)
+
+RULES = [
+    Rule("IV401", Severity.ERROR, "stop rules declared late or undated",
+         explain="Stop rules decide when a run is abandoned (NaN loss, a metric under a floor, truncated inputs, "
+                 "no usable resume). Declared after the first run started, they can be bent to fit what "
+                 "happened. Write them, with `stop_rules.declared_at`, before the first run starts.",
+         bad='"stop_rules": {"declared_at": "2026-11-20T10:00:00Z", ...}   (first run started 09:00)',
+         good='"stop_rules": {"declared_at": "2026-11-20T08:30:00Z", ...}   (first run started 09:00)'),
+    Rule("IV402", Severity.ERROR, "stop record without rule or reason",
+         explain="Each stop record in stops.json names the declared rule that fired and says why, in words "
+                 "(what was observed, at which step). A stop without either cannot be told from a run dropped "
+                 "because it looked bad.",
+         bad='{"run": "lora-r64", "rule": "", "at": "2026-11-20T09:40:00Z", "step": 3}',
+         good='{"run": "lora-r64", "rule": "nonfinite-loss", "at": "2026-11-20T09:40:00Z", "step": 3, '
+              '"reason": "train_loss became NaN at step 3"}'),
+    Rule("IV403", Severity.ERROR, "stopped run listed as accepted",
+         explain="A stopped run stays in the cost and never becomes a deliverable. Remove it from "
+                 "`decision.accepted`; rerun it under a new id if it is needed.",
+         bad='"accepted": ["control", "lora-r64"]   (lora-r64 was stopped on NaN loss)',
+         good='"accepted": ["control", "lora-r16"]'),
+    Rule("IV404", Severity.ERROR, "non-finite loss in a run that was not stopped",
+         explain="A `nonfinite_loss` stop rule names a metric (usually the training loss). A NaN or infinite "
+                 "value of it in a run that was not stopped means the rule did not fire as declared: the run's "
+                 "weights may be garbage. Stop the run (status `stopped` and a stop record) or rerun it.",
+         bad='metrics/control.jsonl: {"step": 3, "name": "train_loss", "value": NaN}   (control completed)',
+         good='metrics/control.jsonl: {"step": 3, "name": "train_loss", "value": 2.31}'),
+    Rule("IV405", Severity.ERROR, "accepted run under a declared threshold",
+         explain="A `below_threshold` stop rule sets a floor for a metric. An accepted run whose last value of "
+                 "that metric (at its highest step) is under the floor, or that has no value of it at all, "
+                 "shows nothing that lets it pass. Remove it from `decision.accepted` or deliver the "
+                 "measurements.",
+         bad='{"step": 400, "name": "eval_macro_f1", "value": 0.41}   (floor 0.6, run accepted)',
+         good='{"step": 400, "name": "eval_macro_f1", "value": 0.81}'),
+    Rule("IV406", Severity.ERROR, "stop record names an undeclared rule",
+         explain="A run may only be stopped by a rule declared in `stop_rules.rules` before the first run. A "
+                 "stop under an undeclared rule is a decision made after the fact: declare it next time, and "
+                 "for this campaign say so in the decision.",
+         bad='{"run": "lora-r64", "rule": "too-slow", ...}   (declared: nonfinite-loss, f1-floor)',
+         good='{"run": "lora-r64", "rule": "nonfinite-loss", ...}'),
+    Rule("IV407", Severity.ERROR, "run status disagrees with stops.json",
+         explain="A run with status `stopped` has a stop record in stops.json, and a run with a stop record "
+                 "has status `stopped`. One without the other leaves the reviewer to guess which is true.",
+         bad='{"id": "lora-r64", "status": "stopped"}   and stops.json: {"stops": []}',
+         good='{"id": "lora-r64", "status": "stopped"}   and stops.json: {"stops": [{"run": "lora-r64", ...}]}'),
+]
+
+
+def check(package: Package) -> Iterator[Finding]:
+    if not package.manifest:
+        return  # missing or unparsable manifest: IV101/IV104 say so
+    yield from _declared_in_time(package)
+    yield from _stop_records_complete(package)
+    yield from _stopped_not_accepted(package)
+    yield from _nonfinite_in_unstopped_runs(package)
+    yield from _accepted_above_thresholds(package)
+    yield from _stops_under_declared_rules(package)
+    yield from _status_agrees_with_stops(package)
+
+
+def declared_rules(package: Package) -> list[dict]:
+    return [r for r in listed(section(package.manifest, "stop_rules"), "rules") if isinstance(r, dict)]
+
+
+def metrics_of(package: Package, run: dict) -> readers.MetricsScan | None:
+    ref = run.get("metrics")
+    rel = package.normalise_ref(ref) if isinstance(ref, str) else None
+    return readers.scan_metrics(package, rel) if rel else None
+
+
+def _declared_in_time(package: Package) -> Iterator[Finding]:
+    stop_rules = package.manifest.get("stop_rules")
+    if stop_rules is None and any(True for _ in indexed_runs(package)):
+        yield Finding("IV401", MANIFEST, pointer="",
+                      message="no stop rules declared: write stop_rules (with declared_at) before the first run "
+                              "starts")
+    if not isinstance(stop_rules, dict):
+        return  # a wrong type is a schema finding
+    declared = parse_time(stop_rules.get("declared_at"))
+    if declared is None:
+        yield Finding("IV401", MANIFEST,
+                      pointer="/stop_rules/declared_at" if "declared_at" in stop_rules else "/stop_rules",
+                      message="the stop rules have no declaration time: set stop_rules.declared_at (RFC 3339) "
+                              "to when they were written, before the first run started")
+        return
+    first = first_run_start(package)
+    if first is not None and declared > first[0]:
+        late = (declared - first[0]).total_seconds() / 3600
+        yield Finding("IV401", MANIFEST, pointer="/stop_rules/declared_at",
+                      message=f"the stop rules were declared at {stop_rules['declared_at']}, {late:.4g} h after "
+                              f"run {first[1] or first[2]} started: rules written after the fact can be bent to "
+                              f"fit what happened; declare them before the first run")
+
+
+def _stop_records_complete(package: Package) -> Iterator[Finding]:
+    for index, record in stop_records(package):
+        who = record.get("run") if isinstance(record.get("run"), str) else f"#{index}"
+        for key, what in (("rule", "the id of the declared rule that fired"),
+                          ("reason", "what was observed, in words")):
+            if filled_text(record.get(key)) is None:
+                state = "missing" if key not in record else "blank"
+                yield Finding("IV402", STOPS, pointer=pointer_of(["stops", index, key] if key in record
+                                                                 else ["stops", index]),
+                              message=f"stop record for run {who}: {key} is {state}: give {what}")
+
+
+def _stopped_not_accepted(package: Package) -> Iterator[Finding]:
+    runs = runs_by_id(package)
+    records = stopped_by_record(package)
+    for index, name in accepted_entries(package):
+        run = runs.get(name)
+        if run is not None and run.get("status") == "stopped":
+            why = ""
+            if name in records:
+                reason = filled_text(records[name][1].get("reason"))
+                why = f" ({reason})" if reason else ""
+            yield Finding("IV403", MANIFEST, pointer=pointer_of(["decision", "accepted", index]), run=name,
+                          message=f"run {name} was stopped{why} but is listed as accepted: a stopped run stays in "
+                                  f"the cost and never becomes a deliverable; remove it from decision.accepted")
+        elif name in records:
+            yield Finding("IV403", MANIFEST, pointer=pointer_of(["decision", "accepted", index]), run=name,
+                          message=f"run {name} has a stop record in stops.json but is listed as accepted: a "
+                                  f"stopped run never becomes a deliverable")
+
+
+def _nonfinite_in_unstopped_runs(package: Package) -> Iterator[Finding]:
+    metrics = {(shown(r.get("id")), r["metric"]) for r in declared_rules(package)
+               if r.get("kind") == "nonfinite_loss" and isinstance(r.get("metric"), str)}
+    records = stopped_by_record(package)
+    for index, run, run_id in indexed_runs(package):
+        if run.get("status") == "stopped" or run_id in records:
+            continue
+        scan = metrics_of(package, run)
+        if scan is None:
+            continue
+        for rule_id, metric in sorted(metrics):
+            bad = scan.nonfinite(metric)
+            if not bad:
+                continue
+            step, value, line = bad[0]
+            more = f" ({len(bad)} non-finite values in all)" if len(bad) > 1 else ""
+            yield Finding("IV404", scan.path, line=line, run=run_id,
+                          message=f"run {run_id or index}: {metric} is {_token(value)} at step {step}{more}, yet "
+                                  f"the run was not stopped: stop rule {rule_id} should have fired; mark the run "
+                                  f"stopped with a stop record, or rerun it")
+
+
+def _token(value: float) -> str:
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
+def _accepted_above_thresholds(package: Package) -> Iterator[Finding]:
+    floors = [r for r in declared_rules(package) if r.get("kind") == "below_threshold"
+              and isinstance(r.get("metric"), str) and is_number(r.get("threshold"))]
+    if not floors:
+        return
+    runs = runs_by_id(package)
+    for name in dict.fromkeys(name for _, name in accepted_entries(package)):
+        run = runs.get(name)
+        if run is None or not isinstance(run.get("metrics"), str):
+            continue  # IV305 / the schema say why
+        scan = metrics_of(package, run)
+        for rule in floors:
+            metric, floor = rule["metric"], rule["threshold"]
+            last = scan.last(metric) if scan is not None else None
+            if last is None:
+                where = scan.path if scan is not None else run["metrics"]
+                yield Finding("IV405", where if scan is not None else MANIFEST, run=name,
+                              pointer=None if scan is not None else _run_pointer(package, name, "metrics"),
+                              message=f"accepted run {name} has no value of {metric} in {where}: nothing shows it "
+                                      f"passed the floor {floor:g} of stop rule {shown(rule.get('id'))}")
+            elif not math.isfinite(last[1]) or last[1] < floor:
+                yield Finding("IV405", scan.path, line=last[2], run=name,
+                              message=f"accepted run {name}: last {metric} (step {last[0]}) is {last[1]:g}, under "
+                                      f"the floor {floor:g} of stop rule {shown(rule.get('id'))}: remove it from "
+                                      f"decision.accepted")
+
+
+def _run_pointer(package: Package, run_id: str, key: str) -> str | None:
+    for index, _, candidate in indexed_runs(package):
+        if candidate == run_id:
+            return pointer_of(["runs", index, key])
+    return None
+
+
+def _stops_under_declared_rules(package: Package) -> Iterator[Finding]:
+    declared = [r["id"] for r in declared_rules(package) if isinstance(r.get("id"), str)]
+    for index, record in stop_records(package):
+        rule = filled_text(record.get("rule"))
+        if rule is not None and rule not in declared:  # a blank rule is IV402
+            known = ", ".join(declared) if declared else "none"
+            yield Finding("IV406", STOPS, pointer=pointer_of(["stops", index, "rule"]),
+                          message=f"stop record {index} names rule {rule!r}, which is not a declared stop rule "
+                                  f"(declared: {known}): a stop decided after the fact; say so in the decision")
+
+
+def _status_agrees_with_stops(package: Package) -> Iterator[Finding]:
+    records = stopped_by_record(package)
+    for index, run, run_id in indexed_runs(package):
+        if run_id is None:
+            continue
+        status = run.get("status")
+        if status == "stopped" and run_id not in records:
+            yield Finding("IV407", MANIFEST, pointer=pointer_of(["runs", index, "status"]), run=run_id,
+                          message=f"run {run_id} is stopped but stops.json has no record for it: add "
+                                  f'{{"run": "{run_id}", "rule", "at", "step", "reason"}} to stops.json')
+        elif status == "completed" and run_id in records:
+            record_index = records[run_id][0]
+            yield Finding("IV407", STOPS, pointer=pointer_of(["stops", record_index, "run"]), run=run_id,
+                          message=f"stops.json records a stop of run {run_id}, whose status is completed: a "
+                                  f"stopped run has status stopped (and is not accepted); remove the record if "
+                                  f"the run was not stopped")

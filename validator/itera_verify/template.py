@@ -1,0 +1,174 @@
+"""`itera-verify init OUTDIR`: a template package to start a campaign from.
+
+Every value the campaign must decide is a placeholder `<...>` saying what goes there. Placeholders are chosen
+so that checking the fresh template reports each of them (a schema finding, or the rule the value feeds), and
+nothing else: the findings are the to-do list. Values with one sensible default (the format, the stop rules'
+usual shape, a catalog lot) are filled in.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from .model import UsageError
+
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+PLACEHOLDER = re.compile(r"^\s*<[^<>]*>\s*$")
+
+
+def is_placeholder(value: Any) -> bool:
+    """A template value still waiting to be filled in: a string `<...>`."""
+    return isinstance(value, str) and bool(PLACEHOLDER.match(value))
+
+
+def _fill(what: str) -> str:
+    return f"<{what}>"
+
+
+TIME = "RFC 3339 time with offset, e.g. 2026-11-20T08:00:00Z"
+HOURS = "number of hours"
+
+
+def _run(run_id: str, role: str, params_hint: str) -> dict:
+    return {
+        "id": run_id, "role": role, "category": "indispensable" if role == "control" else
+        _fill("indispensable | useful | exploratory"),
+        "status": _fill("completed | stopped"),
+        "started_at": _fill(TIME + ", when the run started"),
+        "ended_at": _fill(TIME + ", when the run ended"),
+        "params": f"params/{run_id}.json",
+        "config_sha256": _fill(f"sha256sum params/{run_id}.json, recorded when the run starts ({params_hint})"),
+        "metrics": f"metrics/{run_id}.jsonl",
+        "predictions": f"predictions/{run_id}.jsonl",
+    }
+
+
+def template_manifest(campaign_id: str) -> dict:
+    return {
+        "format": "itera-output/1",
+        "campaign_id": campaign_id,
+        "question": _fill("the question this campaign answers, with its success threshold, e.g. Does a LoRA "
+                          "r=16 variant reach macro-F1 >= 0.80 against the full fine-tune control?"),
+        "created_at": _fill(TIME),
+        "corpus": {
+            "name": _fill("corpus name"),
+            "revision": _fill("frozen corpus version: a tag, a commit or a dated snapshot"),
+            "eval_ids": "corpus/eval_ids.txt",
+            "eval_ids_sha256": _fill("sha256sum corpus/eval_ids.txt, once the eval ids are frozen"),
+        },
+        "plan": {
+            "declared_at": _fill(TIME + ", before the first run starts"),
+            "window_hours": 72,
+            "reserved_hours": _fill(HOURS + " the plan commits, at most window_hours, leaving a margin"),
+            "lots": [{"gpu": "RTX 4090", "days": 3, "gpus": 1, "price_usd": 47.14}],
+            "rental_total_usd": 47.14,
+            "other_expenses": [{"label": _fill("e.g. object storage"), "usd": _fill("amount in USD"),
+                                "included": True}],
+        },
+        "stop_rules": {
+            "declared_at": _fill(TIME + ": write the stop rules before the first run starts"),
+            "rules": [
+                {"id": "nonfinite-loss", "kind": "nonfinite_loss", "metric": "train_loss"},
+                {"id": "metric-floor", "kind": "below_threshold", "metric": "eval_macro_f1",
+                 "threshold": _fill("floor under which a run is stopped and never accepted, e.g. 0.6")},
+                {"id": "truncated", "kind": "truncated_input"},
+                {"id": "no-resume", "kind": "no_usable_resume"},
+            ],
+        },
+        "runs": [
+            _run("control", "control", "the run the variants are compared with"),
+            _run("variant-1", "variant", "rename the run and its files to say what it varies"),
+        ],
+        "artifacts": [
+            {"id": "control-model", "run": "control", "kind": "transformers-model", "path": "artifacts/control-model"},
+            {"id": "control-resume", "run": "control", "kind": "resume-checkpoint",
+             "path": "checkpoints/control/checkpoint-N"},
+            {"id": "variant-1-adapter", "run": "variant-1", "kind": "peft-adapter", "path": "artifacts/variant-1",
+             "base": {"name": _fill("hub id of the base model, e.g. org/base-model"),
+                      "revision": _fill("40-hex commit of the base model, never a branch such as main")}},
+        ],
+        "timeline": {
+            "observed_hours": _fill(HOURS + " from the start of preparation to the retrieval of the results"),
+            "deviations": [{"hours": _fill("signed hours, observed - reserved, this deviation explains"),
+                            "explanation": _fill("what took longer or shorter than planned, and why")}],
+            "decisions": [{"at": _fill(TIME), "after": "pilot", "decision": _fill("continue | reduce | stop"),
+                           "note": _fill("what the pilot showed")}],
+        },
+        "decision": {
+            "outcome": _fill("positive | negative | inconclusive"),
+            "summary": _fill("the conclusion in words, with the scores it rests on"),
+            "accepted": [],
+            "error_analysis": "analysis/errors.md",
+        },
+    }
+
+
+def template_reload() -> dict:
+    return {"artifacts": {
+        "control-model": {"loader": "transformers", "class": "AutoModelForCausalLM", "dtype": "float32"},
+        "control-resume": {"loader": "hf-trainer-checkpoint", "class": "AutoModelForCausalLM", "dtype": "float32"},
+        "variant-1-adapter": {"loader": "peft", "class": "AutoModelForCausalLM", "dtype": "float32"},
+    }}
+
+
+def template_params(run_id: str) -> dict:
+    return {"seed": _fill(f"integer seed of run {run_id}"),
+            "note": _fill("every parameter the run uses; hash this file into config_sha256 when the run starts")}
+
+
+README = """\
+# Campaign package template (itera-output/1)
+
+Every `<...>` value in these files is a placeholder: replace it before the run it concerns.
+`itera-verify . --no-reload --no-seal` lists what is still to fill in.
+
+Before the first run starts: the question, the frozen corpus (corpus/eval_ids.txt, its revision and
+sha256), the plan (lots, window, reserved hours, declared_at) and the stop rules (with declared_at).
+
+Per run, as it runs: params/<run>.json (and its sha256 in config_sha256), metrics/<run>.jsonl
+({"step": int, "name": str, "value": number} per line), then predictions/<run>.jsonl (one record per
+eval id). A stopped run gets a record in stops.json, with the rule that fired and the reason.
+
+At the end: artifacts and reload.json, the timeline, the decision and analysis/errors.md.
+"""
+
+FOLDERS = ("params", "metrics", "predictions", "corpus", "analysis")
+
+
+def write_template(outdir, campaign_id: str | None = None) -> list[Path]:
+    """Write the template into OUTDIR (created; refused when it exists and is not empty). Returns the files."""
+    outdir = Path(outdir)
+    if outdir.exists() and (not outdir.is_dir() or any(outdir.iterdir())):
+        raise UsageError(f"{outdir}: exists and is not empty; init writes into a new or empty folder only")
+    campaign_id = campaign_id if campaign_id is not None else _id_from_name(outdir.resolve().name)
+    if not RUN_ID.match(campaign_id):
+        raise UsageError(f"campaign id {campaign_id!r}: use letters, digits, '.', '_' and '-' (it names the archive)")
+    manifest = template_manifest(campaign_id)
+    documents: dict[str, Any] = {
+        "manifest.json": manifest,
+        "stops.json": {"stops": []},
+        "reload.json": template_reload(),
+    }
+    for run in manifest["runs"]:
+        documents[run["params"]] = template_params(run["id"])
+    try:
+        outdir.mkdir(parents=True, exist_ok=True)
+        for folder in FOLDERS:
+            (outdir / folder).mkdir(exist_ok=True)
+        written = []
+        for rel, value in documents.items():
+            path = outdir / rel
+            path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+            written.append(path)
+        (outdir / "README.md").write_text(README, encoding="utf-8")
+        written.append(outdir / "README.md")
+    except OSError as exc:
+        raise UsageError(f"{outdir}: cannot write the template ({exc.strerror})") from exc
+    return written
+
+
+def _id_from_name(name: str) -> str:
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-._")[:128]
+    return cleaned or "campaign"
