@@ -25,7 +25,7 @@ install: $(VENV)/.installed system-tools
 # The zstd command line (interoperability tests) and Chromium (HTML report test), from Debian when missing.
 system-tools:
 	@missing=""; command -v zstd >/dev/null 2>&1 || missing="$$missing zstd"; \
-	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium fonts-dejavu-core"; \
 	if [ -n "$$missing" ]; then \
 	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	    echo "installing$$missing"; (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
