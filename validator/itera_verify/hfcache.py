@@ -14,12 +14,12 @@ def resolve_hf_cache(given: str | os.PathLike | None) -> Path:
     else ~/.cache/huggingface/hub. An explicit folder that does not exist is a usage error.
     """
     if given is not None:
-        path = Path(given).expanduser()
+        path = Path(given).expanduser().absolute()  # reload children run elsewhere: no relative paths
         if not path.is_dir():
             raise UsageError(f"--hf-cache {given}: no such folder")
         return path / "hub" if (path / "hub").is_dir() and not any(path.glob("models--*")) else path
     if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser().absolute()
     if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+        return Path(os.environ["HF_HOME"]).expanduser().absolute() / "hub"
     return Path("~/.cache/huggingface/hub").expanduser()

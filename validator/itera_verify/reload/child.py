@@ -1,0 +1,105 @@
+"""The reload child: `python -m itera_verify.reload.child JOB.json RESULT.json`.
+
+One fresh process per artifact, so a crash, a leak or a hang costs one artifact and nothing else. It reads the
+job, cuts itself off the network, runs one loader and writes what it proved as JSON. It never prints findings.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import sys
+import time
+from pathlib import Path
+
+STARTED = time.monotonic()
+_MODELLING = ("transformers.modeling_utils", "transformers.models.auto.modeling_auto")
+PRE_IMPORTS = {"safetensors": ("safetensors.torch",), "transformers": _MODELLING,
+               "peft": (*_MODELLING, "peft"), "hf-trainer-checkpoint": (*_MODELLING, "peft"),
+               "torch-resume": ("numpy",)}
+
+
+def cut_network() -> None:
+    """HF_HUB_OFFLINE already keeps the libraries quiet; this makes any other attempt fail loudly instead."""
+    def refuse(*_args, **_kwargs):
+        raise OSError("network access is disabled while reloading (itera-verify)")
+
+    original_connect, original_connect_ex = socket.socket.connect, socket.socket.connect_ex
+
+    def connect(self, address):
+        if self.family in (socket.AF_INET, socket.AF_INET6):
+            refuse()
+        return original_connect(self, address)
+
+    def connect_ex(self, address):
+        if self.family in (socket.AF_INET, socket.AF_INET6):
+            refuse()
+        return original_connect_ex(self, address)
+
+    socket.socket.connect, socket.socket.connect_ex = connect, connect_ex
+    socket.getaddrinfo = refuse
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        os.environ[name] = "1"
+
+
+def rss_peak_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
+
+
+def run(job: dict) -> dict:
+    import importlib
+
+    import torch
+
+    from .common import Outcome, Stop, short
+    from .loaders import loader_module
+
+    if job.get("threads"):
+        torch.set_num_threads(int(job["threads"]))
+    device = torch.device(job["device"])
+    if device.type == "cuda":
+        torch.cuda.set_device(device.index or 0)
+        torch.cuda.reset_peak_memory_stats()
+        device = torch.device("cuda", torch.cuda.current_device())
+    for module in PRE_IMPORTS.get(job["loader"], ()):
+        importlib.import_module(module)  # library start-up is process start-up, not reload time
+    outcome = Outcome(job)
+    ready = time.monotonic()
+    try:
+        loader_module(job["loader"]).reload(job, device, outcome)
+    except Stop as stop:
+        if stop.failure:
+            outcome.fail(stop.failure, stop.message, stop.file)
+    except torch.cuda.OutOfMemoryError as exc:
+        outcome.fail("crash", f"out of device memory on {device}: {short(exc, 200)}")
+    except MemoryError:
+        outcome.fail("crash", "out of memory")
+    except Exception as exc:  # a library error we did not foresee is still a failed reload, with its words
+        outcome.fail("load", f"{type(exc).__name__}: {short(exc)}")
+    loaded = time.monotonic()
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else rss_peak_bytes()
+    first = outcome.problems[0] if outcome.problems else {}
+    return {
+        "ok": outcome.ok, "failure": first.get("failure"), "error": first.get("message"),
+        "problems": outcome.problems, "forward": outcome.forward, "facts": outcome.facts,
+        "device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "peak_memory_bytes": int(peak), "peak_rss_bytes": rss_peak_bytes(),
+        "startup_seconds": round(ready - STARTED, 3), "load_seconds": round(loaded - ready, 3),
+    }
+
+
+def main(argv: list[str]) -> int:
+    job_path, result_path = Path(argv[1]), Path(argv[2])
+    cut_network()
+    job = json.loads(job_path.read_text(encoding="utf-8"))
+    result = run(job)
+    partial = result_path.with_suffix(".partial")
+    partial.write_text(json.dumps(result, default=str), encoding="utf-8")
+    os.replace(partial, result_path)  # the parent never reads half a result
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

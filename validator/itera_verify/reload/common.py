@@ -1,0 +1,179 @@
+"""What every loader shares, inside the reload child: the outcome it reports, safe torch.load, tensor checks.
+
+Loaders know their library and report facts; the reload rules turn facts into findings.
+"""
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+from ..pickles import has_pickle_extension, scan_file, sniff
+
+# Failure kinds, mapped to codes by rules/reload.py.
+LOAD, BASE_UNAVAILABLE, MISSING, INCONSISTENT = "load", "base-unavailable", "missing-component", "inconsistent"
+
+DTYPES = {"float32": "float32", "fp32": "float32", "float": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "fp16": "float16", "half": "float16", "float64": "float64"}
+
+
+class Stop(Exception):
+    """A failure after which this loader cannot go on."""
+
+    def __init__(self, failure: str | None, message: str, file: str | Path | None = None):
+        super().__init__(message)
+        self.failure, self.message, self.file = failure, message, file
+
+    @classmethod
+    def recorded(cls) -> "Stop":
+        """Stop after problems already recorded on the outcome."""
+        return cls(None, "")
+
+
+class Outcome:
+    """What one reload proved: its problems (each a failure kind and a message), facts, the forward pass."""
+
+    def __init__(self, job: dict):
+        self.job = job
+        self.problems: list[dict] = []
+        self.facts: dict[str, Any] = {}
+        self.forward: str | None = None
+
+    def fail(self, failure: str, message: str, file: str | Path | None = None) -> None:
+        self.problems.append({"failure": failure, "message": message, "file": self.rel(file) if file else None})
+
+    def rel(self, path: str | Path) -> str:
+        """A path as the user knows it: relative to the package when it lies inside."""
+        root = Path(self.job.get("package_root", "/")).resolve()
+        try:
+            return Path(path).resolve().relative_to(root).as_posix()
+        except ValueError:
+            return str(path)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def torch_dtype(job: dict):
+    """reload.json's `dtype` as a torch dtype; None keeps the stored one ('auto' or absent)."""
+    import torch
+
+    name = job.get("dtype")
+    if name in (None, "", "auto"):
+        return None
+    if str(name).removeprefix("torch.") not in DTYPES:
+        raise Stop(LOAD, f"reload.json dtype {name!r} is not one of {', '.join(sorted(set(DTYPES.values())))}")
+    return getattr(torch, DTYPES[str(name).removeprefix("torch.")])
+
+
+def numpy_rng_globals() -> list:
+    """Exactly the numpy globals RNG states need (SPEC §6), under both numpy 1 and numpy 2 names."""
+    import numpy as np
+
+    core = getattr(np, "_core", None) or np.core
+    reconstruct = core.multiarray._reconstruct
+    dtype_classes = [cls for name in dir(np.dtypes) if name.endswith("DType")
+                     and isinstance(cls := getattr(np.dtypes, name), type)]
+    return [reconstruct, (reconstruct, "numpy.core.multiarray._reconstruct"),
+            (reconstruct, "numpy._core.multiarray._reconstruct"), np.ndarray, np.dtype, *dtype_classes]
+
+
+def scan_or_refuse(path: Path, outcome: Outcome):
+    """Scan a pickle right before it is loaded; refuse anything unsafe, unscannable or not a pickle."""
+    result = scan_file(path)
+    if not result.loadable:
+        raise Stop(LOAD, f"refused to load {outcome.rel(path)}: it {result.refusal()}"
+                   + (" (IV506)" if result.unsafe else ""), path)
+    return result
+
+
+def safe_torch_load(path: Path, outcome: Outcome, device):
+    """torch.load after a clean scan, always weights_only=True; numpy globals only when the file names them."""
+    import contextlib
+
+    import torch
+
+    result = scan_or_refuse(path, outcome)
+    needs_numpy = any(name.startswith("numpy.") for name in result.globals)
+    context = torch.serialization.safe_globals(numpy_rng_globals()) if needs_numpy else contextlib.nullcontext()
+    try:
+        with context:
+            return torch.load(path, map_location=device, weights_only=True)
+    except Exception as exc:  # torch raises many types for damaged files
+        raise Stop(LOAD, f"{outcome.rel(path)} does not load: {short(exc)}", path) from exc
+
+
+def scan_folder(folder: Path, outcome: Outcome) -> None:
+    """Before a library loads from a folder (transformers reads pytorch_model.bin itself), scan its pickles."""
+    for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+        if path.name == "training_args.bin":
+            continue  # never loaded by anyone here; the static IV506 scan judges it
+        if has_pickle_extension(path) or sniff(path) in ("pickle", "zip"):
+            result = scan_file(path)
+            if result.is_pickle and not result.loadable:
+                raise Stop(LOAD, f"refused to load {outcome.rel(path)}: it {result.refusal()}", path)
+
+
+def short(exc: BaseException, limit: int = 400) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def nonfinite_count(tensor) -> int:
+    import torch
+
+    if not (tensor.is_floating_point() or tensor.is_complex()) or tensor.numel() == 0:
+        return 0
+    return int((~torch.isfinite(tensor)).sum().item())
+
+
+def check_parameters(model, outcome: Outcome, label: str) -> None:
+    """Every parameter and buffer materialised (not on the meta device) and finite."""
+    bad, meta, count = [], [], 0
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        count += 1
+        if tensor.device.type == "meta":
+            meta.append(name)
+        elif nonfinite_count(tensor):
+            bad.append(f"{name} ({nonfinite_count(tensor)} non-finite)")
+    outcome.facts[f"{label}_tensors"] = count
+    if meta:
+        raise Stop(LOAD, f"{label}: {len(meta)} tensor(s) never materialised: {', '.join(meta[:5])}")
+    if bad:
+        raise Stop(LOAD, f"{label}: non-finite weights in {', '.join(bad[:5])}"
+                   + (f" and {len(bad) - 5} more" if len(bad) > 5 else ""))
+
+
+def forward_pass(model, device) -> str:
+    """One forward pass on a few token ids; the logits must be finite. Models without token input say so."""
+    import torch
+
+    config = getattr(model, "config", None)
+    vocab = getattr(config, "vocab_size", None)
+    try:
+        accepts_ids = "input_ids" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        accepts_ids = False
+    if not accepts_ids or not isinstance(vocab, int) or vocab < 1:
+        return f"not run: {type(model).__name__} takes no token ids"
+    ids = (torch.arange(8, device=device) % vocab).unsqueeze(0)
+    inputs = {"input_ids": ids}
+    if getattr(config, "is_encoder_decoder", False):
+        inputs["decoder_input_ids"] = ids
+    try:
+        with torch.no_grad():
+            output = model(**inputs)
+    except Exception as exc:
+        raise Stop(LOAD, f"forward pass failed: {short(exc)}") from exc
+    values = getattr(output, "logits", None)
+    if values is None:
+        values = getattr(output, "last_hidden_state", None)
+    if values is None and isinstance(output, (tuple, list)) and output:
+        values = output[0]
+    if not torch.is_tensor(values):
+        return "ran, no tensor output to check"
+    bad = nonfinite_count(values)
+    if bad:
+        raise Stop(LOAD, f"forward pass gave {bad} non-finite value(s) out of {values.numel()}")
+    return f"finite output {tuple(values.shape)} {str(values.dtype).removeprefix('torch.')}"

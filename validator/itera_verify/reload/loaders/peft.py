@@ -1,0 +1,133 @@
+"""Loader `peft`: the adapter file is sound (no empty ZeRO-3 tensors, finite), the base loads from the local hub
+cache at adapter_config.json's revision, the adapter attaches with every key matched, one forward pass."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ..common import (BASE_UNAVAILABLE, LOAD, Outcome, Stop, check_parameters, forward_pass, safe_torch_load,
+                      scan_folder, short, torch_dtype)
+from . import safetensors as safetensors_loader
+from .transformers import check_loading_info, dtype_keyword, model_class
+
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+TASK_CLASSES = {"CAUSAL_LM": "AutoModelForCausalLM", "SEQ_CLS": "AutoModelForSequenceClassification",
+                "SEQ_2_SEQ_LM": "AutoModelForSeq2SeqLM", "TOKEN_CLS": "AutoModelForTokenClassification",
+                "QUESTION_ANS": "AutoModelForQuestionAnswering", "FEATURE_EXTRACTION": "AutoModel"}
+
+
+def read_adapter_config(folder: Path, outcome: Outcome) -> dict:
+    path = folder / "adapter_config.json"
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise Stop(LOAD, f"{outcome.rel(path)} is missing", path) from None
+    except (OSError, ValueError) as exc:
+        raise Stop(LOAD, f"{outcome.rel(path)} does not parse: {short(exc)}", path) from exc
+    if not isinstance(value, dict):
+        raise Stop(LOAD, f"{outcome.rel(path)} is not a JSON object", path)
+    return value
+
+
+def check_adapter_weights(folder: Path, device, outcome: Outcome) -> None:
+    """Every adapter tensor present, non-empty and finite, before PEFT sees the file."""
+    file_outcome = Outcome(outcome.job)
+    safetensors_file, pickle_file = folder / "adapter_model.safetensors", folder / "adapter_model.bin"
+    if safetensors_file.is_file():
+        safetensors_loader.load_file(safetensors_file, device, None, file_outcome)
+    elif pickle_file.is_file():
+        state = safe_torch_load(pickle_file, outcome, device)
+        for name, tensor in (state.items() if isinstance(state, dict) else ()):
+            if hasattr(tensor, "numel"):
+                safetensors_loader.check_tensor(name, tensor, None, pickle_file, file_outcome)
+    else:
+        raise Stop(LOAD, f"{outcome.rel(folder)} holds no adapter_model.safetensors or adapter_model.bin")
+    outcome.problems += file_outcome.problems
+    outcome.facts["adapter_tensors"] = file_outcome.facts.get("tensors", 0)
+    outcome.facts["adapter_parameters"] = file_outcome.facts.get("parameters", 0)
+    empty = file_outcome.facts.get("empty_tensors", [])
+    if empty:
+        # DeepSpeed ZeRO-3 saves partitioned parameters as torch.Size([0]) unless gathered (peft#1443).
+        outcome.fail(LOAD, f"{len(empty)} adapter tensor(s) are empty (torch.Size([0]), a ZeRO-3 save without "
+                           f"gathering): {', '.join(empty[:4])}", safetensors_file)
+    if not file_outcome.facts.get("tensors") and not empty:
+        outcome.fail(LOAD, "the adapter file holds no tensor")
+    if outcome.problems:
+        raise Stop.recorded()  # attaching a broken adapter would only bury these under a size-mismatch error
+
+
+def load_base(config: dict, job: dict, device, outcome: Outcome):
+    """The base model from the local hub cache only, at the revision PEFT itself would use."""
+    name, revision = config.get("base_model_name_or_path"), config.get("revision")
+    outcome.facts["base"] = f"{name}@{revision or 'default branch'}"
+    if not isinstance(name, str) or not name:
+        raise Stop(BASE_UNAVAILABLE, "adapter_config.json names no base model")
+    if not HUB_ID.fullmatch(name):
+        raise Stop(BASE_UNAVAILABLE, f"base {name!r} is a local path, not a hub id: it cannot be verified offline")
+    cache = job.get("hf_cache")
+    from huggingface_hub import try_to_load_from_cache
+
+    config_file = try_to_load_from_cache(name, "config.json", cache_dir=cache,
+                                         revision=revision if isinstance(revision, str) else None)
+    if not isinstance(config_file, str):
+        raise Stop(BASE_UNAVAILABLE, f"base {name}@{revision or 'main'} is not in the local hub cache ({cache}); "
+                                     "unverified is not verified")
+    scan_folder(Path(config_file).parent, outcome)
+    cls = model_class(job.get("class") or TASK_CLASSES.get(config.get("task_type")), None, "AutoModel")
+    dtype = torch_dtype(job)
+    try:
+        model, info = cls.from_pretrained(name, revision=revision, cache_dir=cache, local_files_only=True,
+                                          trust_remote_code=False, output_loading_info=True,
+                                          **({dtype_keyword(): dtype} if dtype is not None else {}))
+    except OSError as exc:  # a snapshot without its weights: still not available offline
+        raise Stop(BASE_UNAVAILABLE, f"base {name}@{revision} does not load from the hub cache: {short(exc)}") from exc
+    except Exception as exc:
+        raise Stop(LOAD, f"base {name}@{revision}: {short(exc)}") from exc
+    check_loading_info(model, info, "base model")
+    return model
+
+
+def attach(base, folder: Path, device, outcome: Outcome, *, trainable: bool = False):
+    """PeftModel with the adapter loaded; the load result must match every adapter key."""
+    from peft import PeftConfig, PeftModel
+
+    try:
+        from peft.auto import MODEL_TYPE_TO_PEFT_MODEL_MAPPING
+    except ImportError:  # older peft
+        from peft.mapping import MODEL_TYPE_TO_PEFT_MODEL_MAPPING
+    try:
+        config = PeftConfig.from_pretrained(str(folder), local_files_only=True)
+        config.inference_mode = not trainable
+        cls = MODEL_TYPE_TO_PEFT_MODEL_MAPPING.get(config.task_type, PeftModel)
+        model = cls(base, config, "default")
+        result = model.load_adapter(str(folder), "default", is_trainable=trainable, torch_device=str(device),
+                                    local_files_only=True)
+    except Exception as exc:
+        raise Stop(LOAD, f"the adapter does not attach to its base: {short(exc)}") from exc
+    problems = []
+    if result.missing_keys:
+        problems.append(f"{len(result.missing_keys)} adapter key(s) missing from the file: "
+                        f"{', '.join(sorted(result.missing_keys)[:4])}")
+    if result.unexpected_keys:
+        problems.append(f"{len(result.unexpected_keys)} key(s) in the file match nothing in the base: "
+                        f"{', '.join(sorted(result.unexpected_keys)[:4])}")
+    if problems:
+        raise Stop(LOAD, "; ".join(problems))
+    model.to(device)
+    if not trainable:
+        model.eval()
+    check_parameters(model, outcome, "model")
+    return model
+
+
+def load_adapter_model(folder: Path, job: dict, device, outcome: Outcome, *, trainable: bool = False):
+    config = read_adapter_config(folder, outcome)
+    check_adapter_weights(folder, device, outcome)
+    base = load_base(config, job, device, outcome)
+    return attach(base, folder, device, outcome, trainable=trainable)
+
+
+def reload(job: dict, device, outcome: Outcome) -> None:
+    model = load_adapter_model(Path(job["path"]), job, device, outcome)
+    outcome.forward = forward_pass(model, device)

@@ -1,0 +1,95 @@
+"""Reload children as operating-system processes: each in its own session, waited for with a timeout, its whole
+process group swept when it ends, and every live one ended at once when the tool is interrupted."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Exit:
+    code: int | None = None
+    timed_out: bool = False
+    interrupted: bool = False
+    usage: Any = None  # resource usage of the child alone (os.wait4), when known
+
+
+def _sweep_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _exited(proc: subprocess.Popen) -> bool:
+    if hasattr(os, "waitid"):  # WNOWAIT: the child stays a zombie, so its group id cannot be reused yet
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    return proc.poll() is not None  # macOS: reaped at once; the sweep then races pid reuse by microseconds
+
+
+class ChildProcesses:
+    """The live reload children of one run; `stop_all` ends them, whichever thread waits for them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: set[int] = set()
+        self.stopping = threading.Event()
+
+    def spawn(self, command: list[str], **popen_options) -> subprocess.Popen | None:
+        """A child in its own session (Ctrl-C in the terminal reaches the tool, which ends the child); None
+        once the run is stopping."""
+        with self._lock:
+            if self.stopping.is_set():
+                return None
+            proc = subprocess.Popen(command, start_new_session=True, stdin=subprocess.DEVNULL, **popen_options)
+            self._live.add(proc.pid)
+        return proc
+
+    def wait(self, proc: subprocess.Popen, timeout: float) -> Exit:
+        """Wait until the child exits, the timeout passes or the run stops; then sweep its group and reap it."""
+        deadline, pause, result = time.monotonic() + timeout, 0.01, Exit()
+        while not _exited(proc):
+            if self.stopping.is_set():
+                result.interrupted = True
+                break
+            if time.monotonic() >= deadline:
+                result.timed_out = True
+                break
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
+        with self._lock:
+            _sweep_group(proc.pid)  # a timeout's victim, or whatever the child left running
+            self._live.discard(proc.pid)
+        if proc.returncode is None:
+            _, status, result.usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+        result.code = proc.returncode
+        return result
+
+    def stop_all(self) -> None:
+        with self._lock:
+            self.stopping.set()
+            for pid in self._live:
+                _sweep_group(pid)
+
+
+@contextlib.contextmanager
+def sigterm_interrupts():
+    """While reloads run, SIGTERM interrupts like Ctrl-C, so the children are ended, not orphaned."""
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt
+
+    installed = False
+    if threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, interrupt)
+        installed = True
+    try:
+        yield
+    finally:
+        if installed:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -1,0 +1,192 @@
+"""IV501–IV503, IV510, IV511: what can be judged about artifacts without loading them."""
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+from ..model import Finding, Rule, Severity
+from ..package import MANIFEST, RELOAD, Package, pointer_of
+
+RULES = [
+    Rule("IV501", Severity.ERROR, "adapter base revision not pinned",
+         explain=(
+             "An adapter is only half a model: the reviewer must load exactly the base it was trained on. A branch "
+             "or tag such as `main` moves; only a 40-hex commit pins the base. Give the commit both in the "
+             "manifest's artifact `base.revision` and in adapter_config.json's `revision` (PEFT saves it when "
+             "the base was loaded with `revision=`)."),
+         bad='"base": {"name": "org/base-model", "revision": "main"}',
+         good='"base": {"name": "org/base-model", "revision": "3f1c2a9e0b7d4c6f8a1e2d3c4b5a69788796a5b4"}'),
+    Rule("IV502", Severity.ERROR, "adapter base is a local path",
+         explain=(
+             "A base given as a path on the training machine (`/workspace/base`, `./models/base`) cannot be "
+             "found by anyone else. Name the base by its hub id at a pinned revision, in the manifest and in "
+             "adapter_config.json's `base_model_name_or_path`."),
+         bad='"base_model_name_or_path": "/workspace/models/base-model"',
+         good='"base_model_name_or_path": "org/base-model"'),
+    Rule("IV503", Severity.ERROR, "manifest and adapter_config.json disagree on the base",
+         explain=(
+             "PEFT loads the base named in adapter_config.json, and never checks it against anything. When the "
+             "manifest names another base or revision, one of them is wrong and the reload proves the other "
+             "one. Make both name the same hub id and the same commit."),
+         bad='manifest: "revision": "3f1c…a5b4"   adapter_config.json: "revision": "9e8d…0c1b"',
+         good='manifest: "revision": "3f1c…a5b4"   adapter_config.json: "revision": "3f1c…a5b4"'),
+    Rule("IV510", Severity.ERROR, "artifact has no fitting reload entry",
+         explain=(
+             "reload.json tells the reviewer (and this tool) how to reload each artifact. Every artifact of the "
+             "manifest needs an entry whose loader fits its kind: safetensors → `safetensors`, "
+             "transformers-model → `transformers`, peft-adapter → `peft`, resume-checkpoint → "
+             "`hf-trainer-checkpoint` (a checkpoint-N folder) or `torch-resume` (one .pt file)."),
+         bad='{"artifacts": {"control-model": {"loader": "peft"}}}   # a transformers-model',
+         good='{"artifacts": {"control-model": {"loader": "transformers", "class": "AutoModelForCausalLM"}}}'),
+    Rule("IV511", Severity.WARNING, "model weights stored as a pickle",
+         explain=(
+             "Pickled weights (`pytorch_model.bin`, `adapter_model.bin`, a .pt state dict) can carry code and "
+             "need a scan before every load; safetensors cannot. Save model weights with "
+             "`save_pretrained(..., safe_serialization=True)` or `safetensors.torch.save_file`. Optimizer, "
+             "scheduler, RNG and torch-resume files are pickles by nature and are not concerned."),
+         bad="artifacts/control-model/pytorch_model.bin",
+         good="artifacts/control-model/model.safetensors"),
+]
+
+PINNED = re.compile(r"[0-9a-f]{40}")
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+LOADERS_FOR_KIND = {
+    "safetensors": {"safetensors"},
+    "transformers-model": {"transformers"},
+    "peft-adapter": {"peft"},
+    "resume-checkpoint": {"hf-trainer-checkpoint", "torch-resume"},
+}
+FOLDER_LOADERS = {"transformers", "peft", "hf-trainer-checkpoint"}
+PICKLE_WEIGHTS = re.compile(r"(pytorch_model.*|adapter_model)\.bin")
+NOT_WEIGHTS = re.compile(r"(training_args\.bin|optimizer.*\.pt|scheduler.*\.pt|scaler.*\.pt|rng_state.*\.pth)")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
+def _text(value) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _is_local_path(name: str) -> bool:
+    return name.startswith(("/", ".", "~", "\\")) or "\\" in name or (len(name) > 1 and name[1] == ":") \
+        or not HUB_ID.fullmatch(name)
+
+
+def _artifact_path(package: Package, artifact: dict) -> str | None:
+    path = _text(artifact.get("path"))
+    return package.normalise_ref(path) if path else None
+
+
+def _adapter_config(package: Package, path: str | None) -> tuple[str, dict] | None:
+    if not path:
+        return None
+    rel = f"{path}/adapter_config.json"
+    value = package.json_value(rel)
+    return (rel, value) if isinstance(value, dict) else None
+
+
+def _base_findings(package: Package, index: int, artifact: dict) -> Iterator[Finding]:
+    """IV501–IV503 for one artifact: its manifest `base` and its adapter_config.json, when it has them."""
+    where = {"run": _text(artifact.get("run")), "artifact": _text(artifact.get("id"))}
+    adapter = _adapter_config(package, _artifact_path(package, artifact))
+    base = artifact.get("base")
+    is_adapter = artifact.get("kind") == "peft-adapter"
+    if not is_adapter and adapter is None and base is None:
+        return
+    name = revision = None
+    if isinstance(base, dict):
+        name, revision = _text(base.get("name")), _text(base.get("revision"))
+    if is_adapter or base is not None:
+        pointer = pointer_of(["artifacts", index, "base", "revision"])
+        if revision is None or not PINNED.fullmatch(revision):
+            shown = "no base revision" if revision is None else f"base revision {revision!r} is not a 40-hex commit"
+            yield Finding("IV501", MANIFEST, pointer=pointer, message=f"{shown}: the base is not pinned", **where)
+        if name and _is_local_path(name):
+            yield Finding("IV502", MANIFEST, pointer=pointer_of(["artifacts", index, "base", "name"]),
+                          message=f"base {name!r} is a local path, not a hub id", **where)
+    if adapter is None:
+        return
+    rel, config = adapter
+    adapter_name, adapter_revision = _text(config.get("base_model_name_or_path")), _text(config.get("revision"))
+    if adapter_revision is None or not PINNED.fullmatch(adapter_revision):
+        shown = "no `revision`" if adapter_revision is None else f"revision {adapter_revision!r} is not a 40-hex commit"
+        yield Finding("IV501", rel, pointer="/revision",
+                      message=f"{shown}: PEFT will load whatever the base's default branch holds", **where)
+    if adapter_name and _is_local_path(adapter_name):
+        yield Finding("IV502", rel, pointer="/base_model_name_or_path",
+                      message=f"base {adapter_name!r} is a local path, not a hub id", **where)
+    if revision and adapter_revision and revision != adapter_revision:
+        yield Finding("IV503", rel, pointer="/revision",
+                      message=f"adapter_config.json pins {adapter_revision}, the manifest {revision}; "
+                              "the reload uses adapter_config.json's", **where)
+    if name and adapter_name and name != adapter_name:
+        yield Finding("IV503", rel, pointer="/base_model_name_or_path",
+                      message=f"adapter_config.json names base {adapter_name!r}, the manifest {name!r}", **where)
+
+
+def _reload_findings(package: Package, artifact: dict, entries: dict) -> Iterator[Finding]:
+    """IV510 for one artifact: an entry exists and its loader fits the artifact's kind and shape."""
+    artifact_id, kind = _text(artifact.get("id")), _text(artifact.get("kind"))
+    if artifact_id is None:
+        return
+    where = {"run": _text(artifact.get("run")), "artifact": artifact_id}
+    entry = entries.get(artifact_id)
+    pointer = pointer_of(["artifacts", artifact_id])
+    if not isinstance(entry, dict):
+        yield Finding("IV510", RELOAD, pointer=pointer,
+                      message=f"artifact {artifact_id!r} has no entry: nobody knows how to reload it", **where)
+        return
+    loader = _text(entry.get("loader"))
+    fitting = LOADERS_FOR_KIND.get(kind or "")
+    if loader is None:
+        yield Finding("IV510", RELOAD, pointer=pointer, message=f"entry for {artifact_id!r} names no loader",
+                      **where)
+    elif fitting is not None and loader not in fitting:
+        yield Finding("IV510", RELOAD, pointer=pointer + "/loader",
+                      message=f"loader {loader!r} does not fit a {kind} artifact (use {' or '.join(sorted(fitting))})",
+                      **where)
+    elif fitting is not None:
+        yield from _shape_finding(package, artifact, loader, pointer, where)
+
+
+def _shape_finding(package: Package, artifact: dict, loader: str, pointer: str, where: dict) -> Iterator[Finding]:
+    path = _artifact_path(package, artifact)
+    if not path or not package.exists(path):
+        return  # IV106 / IV205 report it
+    is_folder = path in package.dirs
+    if loader in FOLDER_LOADERS and not is_folder:
+        yield Finding("IV510", RELOAD, pointer=pointer + "/loader",
+                      message=f"loader {loader!r} needs a folder, {path} is a file", **where)
+    elif loader == "torch-resume" and is_folder:
+        yield Finding("IV510", RELOAD, pointer=pointer + "/loader",
+                      message=f"loader 'torch-resume' needs one .pt file, {path} is a folder", **where)
+
+
+def _pickled_weights(package: Package, artifact: dict) -> list[str]:
+    """Model-weight files stored as pickles inside one artifact (SPEC §6: never optimizer/RNG/resume files)."""
+    path = _artifact_path(package, artifact)
+    if not path or artifact.get("kind") not in ("safetensors", "transformers-model", "peft-adapter",
+                                                 "resume-checkpoint"):
+        return []
+    whole_artifact_is_weights = artifact.get("kind") != "resume-checkpoint"
+    found = []
+    for rel in package.files_under(path):
+        name = rel.rsplit("/", 1)[-1]
+        if PICKLE_WEIGHTS.fullmatch(name):
+            found.append(rel)
+        elif whole_artifact_is_weights and name.lower().endswith(PICKLE_SUFFIXES) and not NOT_WEIGHTS.fullmatch(name):
+            found.append(rel)
+    return found
+
+
+def check(package: Package) -> Iterator[Finding]:
+    spec_entries = package.reload_spec.get("artifacts")
+    listed = package.manifest.get("artifacts")
+    for index, artifact in enumerate(listed if isinstance(listed, list) else []):
+        if not isinstance(artifact, dict):
+            continue
+        yield from _base_findings(package, index, artifact)
+        if isinstance(spec_entries, dict):  # a missing or malformed reload.json is IV101/IV104/IV105
+            yield from _reload_findings(package, artifact, spec_entries)
+        for rel in _pickled_weights(package, artifact):
+            yield Finding("IV511", rel, run=_text(artifact.get("run")), artifact=_text(artifact.get("id")),
+                          message="model weights stored as a pickle; save them as safetensors")

@@ -1,0 +1,45 @@
+"""IV506: every pickle in the package is scanned statically against the allowlist, used by an artifact or not."""
+from __future__ import annotations
+
+from typing import Iterator
+
+from ..model import Finding, Rule, Severity
+from ..package import Package
+from ..pickles import scan_package
+
+RULES = [
+    Rule("IV506", Severity.ERROR, "pickle refers to a global outside the allowlist",
+         explain=(
+             "A pickle is a program: unpickling it imports and calls whatever globals it names. Every file of the "
+             "package that is a pickle or a zip-format torch file (by extension: .pt .pth .bin .ckpt .pkl "
+             ".pickle, or by content) is scanned without being loaded. Only torch's tensor and storage rebuilds, "
+             "dtypes, torch.Size, torch.device, torch.nn.Parameter, collections.OrderedDict, _codecs.encode and "
+             "the numpy globals of RNG states are allowed (a Trainer's training_args.bin may also name the "
+             "transformers and accelerate classes it holds: it is scanned, never loaded). A file naming anything "
+             "else is never loaded, even if no artifact uses it: a delivered package must not carry a payload "
+             "for its reviewer. Save weights as safetensors and optimizer/RNG state with torch.save of tensors "
+             "and plain containers."),
+         bad="torch.save({'weight': w, 'hook': MyCallback()}, 'optimizer.pt')   # names __main__.MyCallback",
+         good="torch.save(optimizer.state_dict(), 'optimizer.pt')   # tensors, numbers and dicts only"),
+]
+
+def _owner(package: Package, rel: str) -> tuple[str | None, str | None]:
+    """(run, artifact) when the file lies inside an artifact's path."""
+    for artifact in package.artifacts():
+        path = package.normalise_ref(artifact.get("path")) if isinstance(artifact.get("path"), str) else None
+        if path and (rel == path or rel.startswith(path.rstrip("/") + "/")):
+            run = artifact.get("run") if isinstance(artifact.get("run"), str) else None
+            art = artifact.get("id") if isinstance(artifact.get("id"), str) else None
+            return run, art
+    return None, None
+
+
+def check(package: Package) -> Iterator[Finding]:
+    for rel, result in scan_package(package).items():
+        if not result.unsafe:
+            continue
+        run, artifact = _owner(package, rel)
+        shown = ", ".join(result.unsafe[:8]) + (f" and {len(result.unsafe) - 8} more" if len(result.unsafe) > 8 else "")
+        yield Finding("IV506", rel, run=run, artifact=artifact,
+                      message=f"pickle names {len(result.unsafe)} global(s) outside the allowlist: {shown}; "
+                              "the file is never loaded")

@@ -1,0 +1,110 @@
+"""IV504, IV505, IV507–IV509: what the reloads proved, turned into findings. Runs after the reload phase."""
+from __future__ import annotations
+
+from typing import Iterator
+
+from ..model import Finding, ReloadResult, Rule, Severity
+from ..package import MANIFEST, Package, pointer_of
+
+PHASE = "reload"
+
+RULES = [
+    Rule("IV504", Severity.ERROR, "artifact failed to reload",
+         explain=(
+             "Every artifact is reloaded for real, in a fresh process, on the chosen device: the header and every "
+             "tensor of a safetensors file, every shard named by an index, from_pretrained with local files only, "
+             "the adapter on its base, one forward pass with finite output. A load error, a missing shard, a "
+             "shape mismatch, missing or unexpected keys, NaN or Inf in weights or output, a crash, an "
+             "out-of-memory kill or a timeout means the artifact cannot be used as delivered. The message says "
+             "which, and which file; re-export the artifact from the training run."),
+         bad="artifacts/control-model/model.safetensors cut short by an interrupted upload",
+         good="model.save_pretrained('artifacts/control-model', safe_serialization=True) and a complete copy"),
+    Rule("IV505", Severity.ERROR, "pinned base model not available offline",
+         explain=(
+             "An adapter can only be verified on its base. The reload looks for the base named in "
+             "adapter_config.json, at its pinned revision, in the local Hugging Face cache (--hf-cache, never the "
+             "network). When it is not there the adapter is unverified, and unverified is not verified. Download "
+             "the base at that revision into the cache (huggingface-cli download ORG/NAME --revision SHA) and "
+             "run again."),
+         bad="adapter_config.json pins 3f1c…a5b4, the cache holds only snapshots/9e8d…0c1b",
+         good="HF cache: models--org--base-model/snapshots/3f1c…a5b4/ with config.json and the weights"),
+    Rule("IV507", Severity.ERROR, "resume checkpoint lacks a component",
+         explain=(
+             "A resume needs the weights, the optimizer state, the LR scheduler state, the RNG states, the step "
+             "reached (trainer_state.json / `step`), the position in the data (`data_state`) and, with fp16 mixed "
+             "precision, the gradient scaler. The Trainer silently restarts the optimizer or scheduler from "
+             "scratch when their file is missing, so the loss of exactness goes unnoticed. Save the full "
+             "checkpoint (Trainer: save_only_model=False)."),
+         bad="checkpoint-400/ with model.safetensors, optimizer.pt, trainer_state.json   # no scheduler.pt, no rng_state.pth",
+         good="checkpoint-400/ with model.safetensors, optimizer.pt, scheduler.pt, rng_state.pth, trainer_state.json"),
+    Rule("IV508", Severity.ERROR, "resume checkpoint is inconsistent",
+         explain=(
+             "The optimizer state must belong to this model at this point of training: no more parameters than "
+             "the model trains, each state shaped like one of them (tied weights such as lm_head count once; "
+             "frozen parameters have no state), and an AdamW step count equal to trainer_state.json's "
+             "global_step (or the `step` of a torch-resume file; an fp16 scaler may have skipped a few). A "
+             "mismatch means files from different runs or different moments were mixed."),
+         bad='trainer_state.json "global_step": 400, optimizer.pt state step 200',
+         good='trainer_state.json "global_step": 400, optimizer.pt state step 400'),
+    Rule("IV509", Severity.ERROR, "accepted run has no artifact that reloaded",
+         explain=(
+             "A run accepted as a deliverable must leave at least one artifact that reloads: otherwise nothing "
+             "delivered backs its numbers. Reported only when the reloads ran (not with --no-reload)."),
+         bad='"accepted": ["lora-r16"]   # its only artifact fails to reload',
+         good='"accepted": ["lora-r16"]   # artifacts/lora-r16 reloads on its pinned base'),
+]
+
+CODE_FOR_FAILURE = {"base-unavailable": "IV505", "missing-component": "IV507", "inconsistent": "IV508"}
+NOT_REPORTED_HERE = {"no-loader", "skipped"}  # IV510 / IV205 already say why nothing ran
+
+
+def _problems(result: ReloadResult) -> list[dict]:
+    listed = result.facts.get("problems") if isinstance(result.facts, dict) else None
+    if isinstance(listed, list) and listed:
+        return [p for p in listed if isinstance(p, dict)]
+    return [{"failure": result.failure, "message": result.error or "failed", "file": None}]
+
+
+def _message(result: ReloadResult, problem: dict) -> str:
+    failure = problem.get("failure") or "load"
+    text = problem.get("message") or "failed"
+    if failure == "timeout":
+        return f"{result.artifact} ({result.loader}) timed out on {result.device}: {text}"
+    if failure == "crash":
+        return f"{result.artifact} ({result.loader}) crashed on {result.device}: {text}"
+    return f"{result.artifact} ({result.loader}): {text}"
+
+
+def failure_findings(package: Package, runs_by_artifact: dict[str, str | None]) -> Iterator[Finding]:
+    for result in package.reloads or []:
+        if result.ok or result.failure in NOT_REPORTED_HERE:
+            continue
+        for problem in _problems(result):
+            code = CODE_FOR_FAILURE.get(problem.get("failure") or "", "IV504")
+            yield Finding(code, problem.get("file") or result.path or None, message=_message(result, problem),
+                          run=runs_by_artifact.get(result.artifact), artifact=result.artifact)
+
+
+def accepted_findings(package: Package, runs_by_artifact: dict[str, str | None]) -> Iterator[Finding]:
+    decision = package.manifest.get("decision")
+    accepted = decision.get("accepted") if isinstance(decision, dict) else None
+    if not isinstance(accepted, list):
+        return
+    known_runs = {r.get("id") for r in package.runs()}
+    reloaded = {runs_by_artifact.get(r.artifact) for r in package.reloads or [] if r.ok}
+    for index, run in enumerate(accepted):
+        if not isinstance(run, str) or run not in known_runs or run in reloaded:
+            continue  # an unknown run id is IV305
+        tried = [r.artifact for r in package.reloads or [] if runs_by_artifact.get(r.artifact) == run]
+        why = f"none of its artifacts reloaded ({', '.join(tried)})" if tried else "it has no artifact at all"
+        yield Finding("IV509", MANIFEST, pointer=pointer_of(["decision", "accepted", index]), run=run,
+                      message=f"accepted run {run!r} has nothing that reloads: {why}")
+
+
+def check(package: Package) -> Iterator[Finding]:
+    if package.reloads is None:
+        return  # --no-reload: nothing was proved, nothing to judge
+    runs_by_artifact = {a.get("id"): a.get("run") if isinstance(a.get("run"), str) else None
+                        for a in package.artifacts() if isinstance(a.get("id"), str)}
+    yield from failure_findings(package, runs_by_artifact)
+    yield from accepted_findings(package, runs_by_artifact)
