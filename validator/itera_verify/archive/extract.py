@@ -1,0 +1,252 @@
+"""Safe extraction of an untrusted tar.zst into a private folder, hashing every member on the way.
+
+Returns facts (what was extracted, what was refused and why, the digests, the stream's fate); the audit
+workflow turns them into findings. Defences:
+
+- names: absolute, `..`, empty or NUL-bearing names are refused, as is anything outside the one top folder;
+- every file is created through folder descriptors opened with O_NOFOLLOW, with O_EXCL: a write can never go
+  through a symbolic link or replace something already extracted, whatever order members come in;
+- links: a symlink whose target is absolute or climbs out of the top folder is refused; once everything is
+  extracted each symlink is resolved for real and removed if it lands outside (chains of inside-looking links);
+  a hard link must name a regular file extracted earlier, and is made with descriptors too;
+- devices, fifos, unknown member types, links or folders announcing data, names seen twice: refused;
+- the top folder's `SEAL/` is never written to disk: SHA256SUMS and verification.json are kept in memory
+  (bounded), other SEAL/ members are hashed only, so the extracted tree is the package as it was sealed.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .errors import ArchiveError
+from .reader import ArchiveReader, Member
+
+SEAL_PREFIX = "SEAL/"
+KEPT = {"SEAL/SHA256SUMS": 64 << 20, "SEAL/verification.json": 64 << 20}
+
+
+@dataclass
+class Extraction:
+    top: str | None = None
+    files: dict[str, str] = field(default_factory=dict)  # name under the top folder -> sha256 (regular files)
+    seal_files: dict[str, bytes] = field(default_factory=dict)  # kept SEAL/ members
+    refused: list[tuple[str, str]] = field(default_factory=list)  # (member name, why)
+    members: int = 0
+    error: ArchiveError | None = None
+    archive_sha256: str = ""
+    archive_bytes: int = 0
+    expanded_bytes: int = 0
+
+
+def member_parts(name: str) -> list[str] | str:
+    """The name's components, or why it is unsafe."""
+    if "\0" in name:
+        return "a NUL byte in the name"
+    if name.startswith("/"):
+        return "an absolute name"
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        return "`..` in the name"
+    if not parts:
+        return "an empty name"
+    return parts
+
+
+def link_escapes(link_parts: list[str], target: str) -> bool:
+    """Whether a symlink at link_parts (top folder first) pointing at target leaves the top folder, lexically."""
+    if target.startswith("/") or "\0" in target or not target:
+        return True
+    depth = 0
+    for part in link_parts[1:-1] + target.split("/"):
+        if part in ("", "."):
+            continue
+        depth = depth - 1 if part == ".." else depth + 1
+        if depth < 0:
+            return True
+    return False
+
+
+class _Tree:
+    """Creation under one root folder through descriptors, never following a link."""
+
+    FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+    def __init__(self, root: str):
+        self.root = root
+        self.root_fd = os.open(root, self.FLAGS)
+        self._cached: tuple[tuple[str, ...], int] | None = None
+
+    def folder(self, parts: list[str], create: bool) -> int:
+        """A descriptor of the folder `parts` (cached: members come sorted, siblings share it)."""
+        key = tuple(parts)
+        if self._cached and self._cached[0] == key:
+            return self._cached[1]
+        fd = os.dup(self.root_fd)
+        try:
+            for part in parts:
+                if create:
+                    try:
+                        os.mkdir(part, 0o700, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                next_fd = os.open(part, self.FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = next_fd
+        except BaseException:
+            os.close(fd)
+            raise
+        if self._cached:
+            os.close(self._cached[1])
+        self._cached = (key, fd)
+        return fd
+
+    def create_file(self, parts: list[str]) -> int:
+        parent = self.folder(parts[:-1], create=True)
+        return os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=parent)
+
+    def close(self) -> None:
+        if self._cached:
+            os.close(self._cached[1])
+            self._cached = None
+        os.close(self.root_fd)
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data:
+        data = data[os.write(fd, data):]
+
+
+class _Extractor:
+    def __init__(self, root: str, result: Extraction, on_bytes: Callable[[int], None]):
+        self.tree = _Tree(root)
+        self.root = root
+        self.result = result
+        self.on_bytes = on_bytes
+        self.seen: set[str] = set()
+        self.symlinks: list[list[str]] = []
+        self.refused_links: set[str] = set()  # a member beneath one would go where the link pointed
+
+    def refuse(self, member: Member, why: str) -> None:
+        self.result.refused.append((member.name, why))
+
+    def add(self, reader: ArchiveReader, member: Member) -> None:
+        parts = member_parts(member.name)
+        if isinstance(parts, str):
+            return self.refuse(member, parts)
+        if self.result.top is None:
+            self.result.top = parts[0]
+        if parts[0] != self.result.top:
+            return self.refuse(member, f"outside the package folder {self.result.top}/")
+        rel = "/".join(parts[1:])
+        if any("/".join(parts[1:depth]) in self.refused_links for depth in range(2, len(parts))):
+            return self.refuse(member, "beneath a link that was refused")
+        if rel in self.seen:
+            return self.refuse(member, "a second member with this name (which one a tool keeps is ambiguous)")
+        self.seen.add(rel)
+        if member.kind != "file" and member.size:
+            return self.refuse(member, f"a {member.kind} announcing {member.size} bytes of data")
+        if rel == "SEAL" or rel.startswith(SEAL_PREFIX):
+            return self._seal_member(reader, member, rel)
+        try:
+            getattr(self, "_" + member.kind.replace("-", "_"), self._unsupported)(reader, member, parts, rel)
+        except OSError as exc:
+            self.refuse(member, f"cannot be extracted safely ({exc.strerror or exc}: a link or file in its way)")
+
+    def _file(self, reader: ArchiveReader, member: Member, parts: list[str], rel: str) -> None:
+        fd = self.tree.create_file(parts)
+        digest = hashlib.sha256()
+        try:
+            for piece in reader.data(member):
+                digest.update(piece)
+                _write_all(fd, piece)
+                self.on_bytes(len(piece))
+        finally:
+            os.close(fd)
+        self.result.files[rel] = digest.hexdigest()
+
+    def _directory(self, reader, member: Member, parts: list[str], rel: str) -> None:
+        self.tree.folder(parts, create=True)
+
+    def _symlink(self, reader, member: Member, parts: list[str], rel: str) -> None:
+        if link_escapes(parts, member.linkname):
+            self.refused_links.add(rel)
+            return self.refuse(member, f"a link leaving the package ({member.linkname})")
+        os.symlink(member.linkname, parts[-1], dir_fd=self.tree.folder(parts[:-1], create=True))
+        self.symlinks.append(parts)
+
+    def _hardlink(self, reader, member: Member, parts: list[str], rel: str) -> None:
+        target = member_parts(member.linkname)
+        if isinstance(target, str) or target[0] != self.result.top:
+            self.refused_links.add(rel)
+            return self.refuse(member, f"a hard link leaving the package ({member.linkname})")
+        target_rel = "/".join(target[1:])
+        if target_rel not in self.result.files:
+            return self.refuse(member, f"a hard link to {member.linkname}, which is not a file extracted before it")
+        source_fd = os.dup(self.tree.folder(target[:-1], create=False))
+        try:
+            os.link(target[-1], parts[-1], src_dir_fd=source_fd, dst_dir_fd=self.tree.folder(parts[:-1], True),
+                    follow_symlinks=False)
+        finally:
+            os.close(source_fd)
+        self.result.files[rel] = self.result.files[target_rel]
+
+    def _unsupported(self, reader, member: Member, parts: list[str], rel: str) -> None:
+        what = {"fifo": "a fifo", "char-device": "a character device", "block-device": "a block device"}
+        self.refuse(member, what.get(member.kind, f"an unsupported member type {member.typeflag!r}"))
+
+    def _seal_member(self, reader: ArchiveReader, member: Member, rel: str) -> None:
+        if member.kind == "directory":
+            return
+        if member.kind != "file":
+            return self.refuse(member, f"a {member.kind} inside SEAL/")
+        limit = KEPT.get(rel)
+        if limit is not None and member.size > limit:
+            return self.refuse(member, f"{member.size} bytes, more than a seal record can be ({limit})")
+        digest, kept = hashlib.sha256(), []
+        for piece in reader.data(member):
+            digest.update(piece)
+            if limit is not None:
+                kept.append(bytes(piece))
+        self.result.files[rel] = digest.hexdigest()
+        if limit is not None:
+            self.result.seal_files[rel] = b"".join(kept)
+
+    def check_symlinks(self) -> None:
+        """Resolve every extracted symlink for real (all of them before removing any: removing one changes
+        where the others lead); remove those that land outside the top folder."""
+        top = os.path.realpath(os.path.join(self.root, self.result.top or ""))
+        paths = [os.path.join(self.root, *parts) for parts in self.symlinks]
+        leaving = [(parts, path) for parts, path in zip(self.symlinks, paths)
+                   if not _within(os.path.realpath(path), top)]
+        for parts, path in leaving:
+            os.unlink(path)
+            self.result.refused.append(("/".join(parts), "a link leaving the package through other links"))
+
+
+def _within(path: str, top: str) -> bool:
+    return path == top or path.startswith(top + os.sep)
+
+
+def safe_extract(fileobj, root: str, *, max_expanded: int | None,
+                 on_bytes: Callable[[int], None] = lambda n: None) -> Extraction:
+    """Extract into `root` (an empty private folder). Never raises for a bad archive: see Extraction.error."""
+    result = Extraction()
+    extractor = _Extractor(root, result, on_bytes)
+    reader = None
+    try:
+        reader = ArchiveReader(fileobj, max_expanded=max_expanded, frames="scan")
+        for member in reader:
+            result.members += 1
+            extractor.add(reader, member)
+        result.archive_sha256, result.archive_bytes = reader.archive_sha256, reader.archive_bytes
+    except ArchiveError as exc:
+        result.error = exc
+    finally:
+        extractor.tree.close()
+        if reader is not None:
+            reader.close()
+            result.expanded_bytes = reader.expanded_bytes
+    extractor.check_symlinks()
+    return result

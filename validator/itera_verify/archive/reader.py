@@ -1,0 +1,391 @@
+"""Streaming tar.zst reader for hostile input: nothing in the archive is trusted.
+
+Three stages run side by side: a thread reads the compressed file (hashing it and following the zstd frame
+structure, so a stream cut inside a frame is caught: the zstd library itself stops silently there), a thread
+decompresses into a small pool of buffers (counting the expanded bytes against a limit, so a decompression
+bomb costs a bounded amount of work and memory), and the caller parses tar headers and receives member data
+as views into those buffers. When the frame boundaries are known (the seal's own archive) or found by walking
+the frame headers (a regular file), frames are decompressed in parallel instead (parallel.py). Headers are
+parsed here (ustar, GNU long names, PAX records); sizes are never trusted beyond what the stream delivers.
+Every problem is an ArchiveError, never a bare library exception.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import queue
+import stat
+import threading
+from dataclasses import dataclass
+from typing import Iterator
+
+import zstandard
+
+from .errors import ArchiveError, Corrupt, NotZstd, TooLarge, Truncated  # noqa: F401 (ArchiveError re-exported)
+from .parallel import FrameParallelExpanded
+from .zstdframes import FrameError, FrameScanner, frame_table
+
+BLOCK = 512
+RAW_CHUNK = 1 << 20
+CHUNK = 2 << 20
+MAX_META = 1 << 20  # a PAX record set or GNU long name larger than this is not a real archive
+
+KINDS = {b"0": "file", b"\0": "file", b"7": "file", b"1": "hardlink", b"2": "symlink", b"3": "char-device",
+         b"4": "block-device", b"5": "directory", b"6": "fifo"}
+
+
+@dataclass
+class Member:
+    name: str
+    kind: str  # file | directory | symlink | hardlink | fifo | char-device | block-device | other
+    size: int
+    mode: int
+    mtime: int
+    linkname: str = ""
+    typeflag: bytes = b"0"
+    offset: int = 0  # position of the header in the expanded stream
+
+
+# ---- stage 1: the compressed bytes ---------------------------------------------------------------------
+class _CompressedSource:
+    """A thread reads the file, hashes it and scans its frames; the decompressor pulls from a bounded queue."""
+
+    def __init__(self, fileobj, stop: threading.Event):
+        self.fileobj = fileobj
+        self.sha256 = hashlib.sha256()
+        self.bytes = 0
+        self.scanner = FrameScanner()
+        self._queue: queue.Queue = queue.Queue(maxsize=8)
+        self._stop = stop
+        self._thread = threading.Thread(target=self._run, name="archive-read", daemon=True)
+        self._thread.start()
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            held = b""  # nothing reaches the decompressor before the scanner saw a whole magic number
+            while chunk := self.fileobj.read(RAW_CHUNK):
+                self.sha256.update(chunk)
+                self.bytes += len(chunk)
+                self.scanner.feed(chunk)
+                if self.bytes < 4:
+                    held += chunk
+                    continue
+                if not self._put(held + chunk if held else chunk):
+                    return
+                held = b""
+            self.scanner.finish()
+            self._put(b"")
+        except FrameError as exc:
+            self._put({"not-zstd": NotZstd, "truncated": Truncated}.get(exc.kind, Corrupt)(str(exc)))
+        except BaseException as exc:
+            self._put(exc)
+
+    def read(self, size: int = -1) -> bytes:
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            self._queue.put(item)  # later reads see the same failure
+            raise item
+        if not item:
+            self._queue.put(item)
+        return item
+
+
+# ---- stage 2: decompression ----------------------------------------------------------------------------
+class _Expanded:
+    """Decompressed bytes, in pooled buffers filled by a thread; raises TooLarge past `limit` bytes."""
+
+    def __init__(self, fileobj, limit: int | None, depth: int = 4):
+        self.limit = limit
+        self.total = 0
+        self._stop = threading.Event()
+        self.source = _CompressedSource(fileobj, self._stop)
+        self._free: queue.Queue = queue.Queue()
+        for _ in range(depth):
+            self._free.put(bytearray(CHUNK))
+        self._ready: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="archive-decompress", daemon=True)
+        self._thread.start()
+        self._buffer: bytearray | None = None
+        self._view = memoryview(b"")
+
+    def _run(self) -> None:
+        try:
+            reader = zstandard.ZstdDecompressor().stream_reader(self.source, read_size=RAW_CHUNK,
+                                                                read_across_frames=True)
+            while not self._stop.is_set():
+                buffer = self._free.get()
+                if buffer is None:
+                    return
+                count = reader.readinto(buffer)
+                if count == 0:
+                    self.source.read()  # re-raises a truncation the scanner found at the end
+                    self._ready.put(None)
+                    return
+                self.total += count
+                if self.limit is not None and self.total > self.limit:
+                    raise TooLarge(f"expands beyond {self.limit} bytes")
+                self._ready.put((buffer, count))
+        except zstandard.ZstdError as exc:
+            self._ready.put(Corrupt(f"zstd: {exc}"))
+        except BaseException as exc:
+            self._ready.put(exc)
+
+    @property
+    def archive_sha256(self) -> str:
+        return self.source.sha256.hexdigest()
+
+    @property
+    def archive_bytes(self) -> int:
+        return self.source.bytes
+
+    def next_view(self) -> memoryview | None:
+        """The next decompressed piece, or None at the end; the previous piece's buffer is recycled."""
+        if self._buffer is not None:
+            self._free.put(self._buffer)
+            self._buffer = None
+        item = self._ready.get()
+        if item is None:
+            self._ready.put(None)
+            return None
+        if isinstance(item, BaseException):
+            self._ready.put(item)
+            raise item
+        self._buffer, count = item
+        return memoryview(self._buffer)[:count]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._free.put(None)
+        while True:  # unblock the decompressor if it waits on the source
+            try:
+                self.source._queue.get_nowait()
+            except queue.Empty:
+                break
+        try:
+            self.source._queue.put_nowait(b"")
+        except queue.Full:
+            pass
+
+
+def _scan(fileobj) -> list[tuple[int, int]] | None:
+    try:
+        fd = fileobj.fileno()
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        return None
+    try:
+        return frame_table(fd)
+    except FrameError as exc:
+        raise {"not-zstd": NotZstd, "truncated": Truncated}.get(exc.kind, Corrupt)(str(exc)) from None
+
+
+# ---- stage 3: tar ----------------------------------------------------------------------------------------
+def _number(field: bytes, what: str) -> int:
+    if field and field[0] & 0x80:  # GNU base-256: the only way to store 8 GiB and more without PAX
+        if field[0] == 0xFF:
+            raise Corrupt(f"negative {what} in a tar header")
+        return int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
+    text = field.split(b"\0", 1)[0].strip(b" ")
+    if not text:
+        return 0
+    try:
+        return int(text, 8)
+    except ValueError:
+        raise Corrupt(f"invalid {what} {text[:20]!r} in a tar header") from None
+
+
+def _text(field: bytes) -> str:
+    return field.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+def _checksum_ok(header: bytes) -> bool:
+    stored = _number(header[148:156], "header checksum")
+    unsigned = sum(header[:148]) + 256 + sum(header[156:])
+    signed = unsigned - sum(b for b in header[:148] + header[156:] if b > 127) * 2  # old tars summed signed bytes
+    return stored in (unsigned, signed)
+
+
+def parse_pax(data: bytes) -> dict[str, str]:
+    """PAX records `<length> <key>=<value>\\n`; malformed records are corruption, not guesses."""
+    records: dict[str, str] = {}
+    pos = 0
+    while pos < len(data):
+        if data[pos:].strip(b"\0") == b"":
+            break
+        space = data.find(b" ", pos, pos + 21)
+        if space < 0 or not data[pos:space].isdigit():
+            raise Corrupt("malformed PAX record")
+        length = int(data[pos:space])
+        record = data[space + 1: pos + length]
+        if length <= space - pos or pos + length > len(data) or not record.endswith(b"\n") or b"=" not in record:
+            raise Corrupt("malformed PAX record")
+        key, _, value = record[:-1].partition(b"=")
+        records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return records
+
+
+class ArchiveReader:
+    """Iterate the members of a tar.zst stream; read a member's data with `data(member)` before moving on.
+
+    `frames`: the (start, end) byte ranges of the file's zstd frames when the caller knows them (the seal
+    reading back what it wrote), or "scan" to find them by walking the frame and block headers of a regular
+    file (the audit): several frames are then decompressed on several threads. Without, or for a single
+    frame, one sequential pass. Raises ArchiveError (from the constructor for a malformed frame structure)."""
+
+    def __init__(self, fileobj, *, max_expanded: int | None = None,
+                 frames: list[tuple[int, int]] | str | None = None):
+        if frames == "scan":
+            frames = _scan(fileobj)
+        if frames and len(frames) > 1:
+            self._expanded = FrameParallelExpanded(fileobj.fileno(), frames, limit=max_expanded)
+        else:
+            self._expanded = _Expanded(fileobj, max_expanded)
+        self._view = memoryview(b"")
+        self._position = 0  # offset in the expanded stream
+        self._unread = 0  # bytes of the current member's data and padding still to skip
+        self._data_left = 0
+        self.members = 0
+
+    # ---- low level -------------------------------------------------------------------------------------
+    def _fill(self) -> bool:
+        if self._view:
+            return True
+        view = self._expanded.next_view()
+        if view is None:
+            return False
+        self._view = view
+        return True
+
+    def _read_exact(self, size: int, what: str) -> bytes:
+        parts, needed = [], size
+        while needed:
+            if not self._fill():
+                raise Truncated(f"the archive ends inside {what} (offset {self._position})")
+            piece = self._view[:needed]
+            parts.append(bytes(piece))
+            self._view = self._view[len(piece):]
+            needed -= len(piece)
+            self._position += len(piece)
+        return b"".join(parts)
+
+    def _skip(self, size: int, what: str) -> None:
+        while size:
+            if not self._fill():
+                raise Truncated(f"the archive ends inside {what} (offset {self._position})")
+            step = min(size, len(self._view))
+            self._view = self._view[step:]
+            size -= step
+            self._position += step
+
+    # ---- members ---------------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Member]:
+        overrides: dict[str, str] = {}
+        while True:
+            if self._unread:
+                self._skip(self._unread, "a member's data")
+                self._unread = self._data_left = 0
+            offset = self._position
+            header = self._read_exact(BLOCK, "a tar header")
+            if header == bytes(BLOCK):
+                self._finish()
+                return
+            if not _checksum_ok(header):
+                raise Corrupt(f"bad tar header checksum at offset {offset}")
+            typeflag = header[156:157]
+            size = _number(header[124:136], "size")
+            if typeflag in (b"x", b"g", b"L", b"K"):
+                overrides.update(self._meta(typeflag, size))
+                continue
+            member = self._member(header, typeflag, size, overrides, offset)
+            overrides = {}
+            has_data = member.kind == "file" or member.kind == "other"
+            self._data_left = member.size if has_data else 0
+            self._unread = self._data_left + (-self._data_left % BLOCK)
+            self.members += 1
+            yield member
+
+    def _meta(self, typeflag: bytes, size: int) -> dict[str, str]:
+        if size > MAX_META:
+            raise Corrupt(f"a {size}-byte tar extended header (more than {MAX_META})")
+        data = self._read_exact(size, "an extended header")
+        self._skip(-size % BLOCK, "an extended header")
+        if typeflag == b"x":
+            return parse_pax(data)
+        if typeflag == b"g":
+            parse_pax(data)  # validated, then ignored: global records must not rename members
+            return {}
+        value = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        return {"path" if typeflag == b"L" else "linkpath": value}
+
+    @staticmethod
+    def _member(header: bytes, typeflag: bytes, size: int, overrides: dict[str, str], offset: int) -> Member:
+        name = _text(header[0:100])
+        if header[257:263] == b"ustar\0" and header[345] != 0:  # POSIX ustar prefix (GNU uses it otherwise)
+            name = _text(header[345:500]) + "/" + name
+        name = overrides.get("path", name)
+        linkname = overrides.get("linkpath", _text(header[157:257]))
+        if "size" in overrides:
+            if not overrides["size"].isdigit():
+                raise Corrupt(f"invalid PAX size {overrides['size'][:20]!r}")
+            size = int(overrides["size"])
+        kind = KINDS.get(typeflag, "other")
+        if typeflag == b"\0" and name.endswith("/"):
+            kind = "directory"
+        mode = _number(header[100:108], "mode") & 0o7777
+        mtime = _number(header[136:148], "mtime")
+        return Member(name, kind, size, mode, mtime, linkname, typeflag, offset)
+
+    def data(self, member: Member) -> Iterator[memoryview]:
+        """The member's bytes as views, each valid until the next one is requested."""
+        while self._data_left:
+            if not self._fill():
+                raise Truncated(f"the archive ends inside {member.name} (offset {self._position})")
+            piece = self._view[: self._data_left]
+            self._view = self._view[len(piece):]
+            self._data_left -= len(piece)
+            self._unread -= len(piece)
+            self._position += len(piece)
+            yield piece
+
+    def _finish(self) -> None:
+        """After the end-of-archive block only zeros may follow (record padding); read them to the end, so a
+        stream truncated or corrupted past the end marker is still caught."""
+        while self._fill():
+            if self._view.tobytes().strip(b"\0"):
+                raise Corrupt(f"data after the end-of-archive marker (offset {self._position})")
+            self._position += len(self._view)
+            self._view = memoryview(b"")
+
+    # ---- facts -----------------------------------------------------------------------------------------
+    @property
+    def archive_sha256(self) -> str:
+        return self._expanded.archive_sha256
+
+    @property
+    def archive_bytes(self) -> int:
+        return self._expanded.archive_bytes
+
+    @property
+    def expanded_bytes(self) -> int:
+        return self._expanded.total
+
+    def close(self) -> None:
+        self._expanded.close()
+
+    def __enter__(self) -> "ArchiveReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,216 @@
+"""The `audit` workflow: a delivered archive is hostile input until proven otherwise.
+
+One streaming pass extracts the archive safely into a private temporary folder (0700, removed afterwards),
+hashing every member; then the members are compared with `SEAL/SHA256SUMS` (IV701 content, IV702 names),
+unsafe members are reported (IV703), every check runs again on the extracted package (and the reloads with
+--reload), and the result is compared with the recorded `SEAL/verification.json`.
+
+How a broken archive reads: a stream cut short is IV702 (the sealed members after the cut are missing); a
+corrupt stream, or a file that is not zstd at all, is IV701 (its bytes are not what was sealed); expanding past
+--max-size is IV705. None of them is a traceback, and after any of them nothing is re-checked (a partial
+package would only produce noise). Default --max-size: 20 × the archive's size, at least 1 GiB — weight
+shards expand about 1.3×, JSONL and text 5-10×, so a real package stays far below, while a bomb (thousands to
+one) is stopped after a bounded amount of work and disk.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from . import __version__
+from .archive import SumsError, parse_sums
+from .archive.extract import Extraction, safe_extract
+from .hfcache import resolve_hf_cache
+from .model import Finding, UsageError
+from .package import discover
+from .progress import NULL_PROGRESS, Progress
+from .report import Report
+from .rules import Selection
+from .seal import termination_unwinds
+from .verify_flow import build_report, check_package
+
+GiB = 1 << 30
+SUMS, RECORD = "SEAL/SHA256SUMS", "SEAL/verification.json"
+STREAM_CODES = {"truncated": "IV702", "too-large": "IV705", "not-zstd": "IV701", "corrupt": "IV701"}
+
+
+def default_max_size(archive_bytes: int) -> int:
+    return max(GiB, 20 * archive_bytes)
+
+
+def audit(archive, *, reload: bool = False, max_size: int | None = None, device: str = "auto", hf_cache=None,
+          timeout: float = 600.0, jobs: int = 1, selection: Selection | None = None,
+          progress: Progress = NULL_PROGRESS) -> Report:
+    """Audit a sealed archive. Raises UsageError (exit 2) when it cannot be read at all."""
+    selection = selection or Selection()
+    path = Path(archive)
+    if not path.exists():
+        raise UsageError(f"{archive}: no such file")
+    if path.is_dir():
+        raise UsageError(f"{archive}: is a folder (give the sealed .tar.zst archive)")
+    resolved_device = None
+    if reload:
+        from .reload import resolve_device
+
+        resolved_device = resolve_device(device)
+    size = path.stat().st_size
+    limit = max_size or default_max_size(size)
+    with termination_unwinds():
+        workdir = tempfile.mkdtemp(prefix="itera-audit-")  # mode 0700: private to this user
+        try:
+            extraction = _extract(path, workdir, limit, progress)
+            report = _recheck(path, workdir, extraction, selection, reload=reload, device=resolved_device,
+                              hf_cache=hf_cache, timeout=timeout, jobs=jobs, progress=progress)
+            archive_findings = _archive_findings(path, extraction, limit)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    archive_sha256 = extraction.archive_sha256 or _file_sha256(path)  # a stream that failed early: hash the file
+    report.archive = {"path": str(path), "sha256": archive_sha256, "bytes": size}
+    report.audit["archive_sha256"] = archive_sha256
+    comparison = _compare_record(extraction, report)
+    report.audit["comparison"] = comparison
+    if comparison.get("recorded_verdict") == "pass" and comparison.get("verdict") == "fail":
+        archive_findings.append(Finding("IV701", f"{extraction.top}/{RECORD}",
+                                        message="the recorded verdict is pass but the re-check fails: the record "
+                                                "does not describe this content"))
+    for finding in archive_findings:
+        finding.severity = selection.severity(finding.code)
+    report.findings[:0] = archive_findings
+    return report
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as source:
+        while chunk := source.read(4 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _extract(path: Path, workdir: str, limit: int, progress: Progress) -> Extraction:
+    progress.start("audit", f"reading {path.name}", total=None, unit="B")
+    try:
+        with open(path, "rb", buffering=0) as source:
+            return safe_extract(source, workdir, max_expanded=limit,
+                                on_bytes=lambda n: progress.advance("audit", n))
+    except PermissionError as exc:
+        raise UsageError(f"{path}: permission denied") from exc
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    finally:
+        progress.finish("audit")
+
+
+def _recheck(path: Path, workdir: str, extraction: Extraction, selection: Selection, *, reload: bool,
+             device: str | None, hf_cache, timeout: float, jobs: int, progress: Progress) -> Report:
+    """Every check again on the extracted package; skipped when the stream itself failed."""
+    facts = {"archive": str(path), "archive_bytes": path.stat().st_size,
+             "archive_sha256": extraction.archive_sha256 or None,
+             "expanded_bytes": extraction.expanded_bytes, "members": extraction.members,
+             "files": sum(1 for name in extraction.files if not name.startswith("SEAL/")),
+             "top_folder": extraction.top, "stream": "ok" if extraction.error is None else extraction.error.kind,
+             "refused_members": len(extraction.refused), "rechecked": False}
+    package_root = Path(workdir) / (extraction.top or "")
+    if extraction.error is not None or extraction.top is None or package_root.is_symlink() \
+            or not package_root.is_dir():
+        report = Report(package=str(path), mode="audit", reloaded=False, strict=selection.strict)
+        report.audit = facts
+        return report
+    package = discover(package_root)
+    package.hf_cache = resolve_hf_cache(hf_cache)
+    findings, reloads = check_package(package, selection, reload=reload, device=device or "cpu", timeout=timeout,
+                                      jobs=jobs, progress=progress)
+    report = build_report(package, findings, reloads, selection, mode="audit", reloaded=reload, device=device)
+    report.package = str(path)  # the archive, never the temporary folder
+    report.audit = {**facts, "rechecked": True}
+    return report
+
+
+def _archive_findings(path: Path, extraction: Extraction, limit: int) -> list[Finding]:
+    findings = [Finding("IV703", name, message=f"unsafe member: {why}; not extracted")
+                for name, why in extraction.refused]
+    error = extraction.error
+    if error is not None:
+        what = {"too-large": f"the archive expands beyond {limit} bytes (--max-size); stopped there",
+                "truncated": f"the archive is truncated: {error}; the members after that point are missing",
+                "not-zstd": f"not a sealed archive: {error}"}.get(error.kind, f"the archive is corrupt: {error}")
+        findings.append(Finding(STREAM_CODES[error.kind], path.name, message=what))
+        return findings
+    findings += _detached_checksum(path, extraction)
+    findings += _sums_findings(extraction)
+    return findings
+
+
+def _detached_checksum(path: Path, extraction: Extraction) -> list[Finding]:
+    """`<archive>.sha256` beside the archive, when there is one, must name this archive's bytes."""
+    beside = path.with_name(path.name + ".sha256")
+    try:
+        recorded = beside.read_text(encoding="utf-8", errors="replace").split()[:1]
+    except OSError:
+        return []
+    if recorded and recorded[0].lower().lstrip("\\") == extraction.archive_sha256:
+        return []
+    return [Finding("IV701", path.name, message=f"the archive's SHA-256 does not match {beside.name}")]
+
+
+def _sums_findings(extraction: Extraction) -> list[Finding]:
+    """IV701 per member whose digest differs from SHA256SUMS; IV702 per name in one set and not the other."""
+    if SUMS not in extraction.seal_files:
+        return [Finding("IV702", f"{extraction.top}/{SUMS}", message="SEAL/SHA256SUMS is missing: nothing in the "
+                                                                     "archive can be verified")]
+    try:
+        listed = parse_sums(extraction.seal_files[SUMS])
+    except SumsError as exc:
+        return [Finding("IV701", f"{extraction.top}/{SUMS}", line=exc.line,
+                        message=f"SEAL/SHA256SUMS is malformed: {exc}")]
+    top = extraction.top
+    refused = {name.split("/", 1)[-1] for name, _ in extraction.refused}
+    present = {name: digest for name, digest in extraction.files.items() if name != SUMS}
+    findings = []
+    for name in sorted(listed):
+        if name in present:
+            if present[name] != listed[name]:
+                findings.append(Finding("IV701", f"{top}/{name}", message=(
+                    f"content differs from SEAL/SHA256SUMS (sha256 {present[name][:12]}…, "
+                    f"listed {listed[name][:12]}…)")))
+        elif name not in refused:
+            findings.append(Finding("IV702", f"{top}/{name}",
+                                    message="listed in SEAL/SHA256SUMS but missing from the archive"))
+    for name in sorted(set(present) - set(listed)):
+        findings.append(Finding("IV702", f"{top}/{name}", message="in the archive but not listed in SEAL/SHA256SUMS"))
+    if RECORD not in extraction.seal_files and RECORD not in listed:
+        findings.append(Finding("IV702", f"{top}/{RECORD}", message="SEAL/verification.json is missing"))
+    return findings
+
+
+def _compare_record(extraction: Extraction, report: Report) -> dict:
+    """What the archive says was verified, next to what the re-check finds now (before archive findings)."""
+    comparison: dict = {"verdict": report.verdict if report.audit.get("rechecked") else None,
+                        "version": __version__}
+    raw = extraction.seal_files.get(RECORD)
+    if raw is None:
+        return {**comparison, "recorded": False}
+    try:
+        recorded = json.loads(raw)
+        if not isinstance(recorded, dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, RecursionError) as exc:
+        return {**comparison, "recorded": False, "error": f"not a readable report ({exc})"}
+    recorded_codes = sorted({f.get("code") for f in recorded.get("findings") or [] if isinstance(f, dict)} - {None})
+    current_codes = sorted({f.code for f in report.findings})
+    comparison.update({
+        "recorded": True, "recorded_verdict": recorded.get("verdict"), "recorded_version": recorded.get("version"),
+        "recorded_campaign_id": recorded.get("campaign_id"), "recorded_reloaded": recorded.get("reloaded"),
+        "codes_only_recorded": [c for c in recorded_codes if c not in current_codes],
+        "codes_only_now": [c for c in current_codes if c not in recorded_codes] if report.audit.get("rechecked")
+        else [],
+    })
+    comparison["matches"] = bool(report.audit.get("rechecked")) and comparison["recorded_verdict"] == \
+        comparison["verdict"] and not comparison["codes_only_recorded"] and not comparison["codes_only_now"]
+    return comparison
+
+
+__all__ = ["audit", "default_max_size"]
