@@ -28,6 +28,7 @@ class FileEntry:
     mtime_ns: int
     inode: int
     device: int
+    ctime_ns: int = 0  # a rewrite that restores size and mtime (utime) still moves the ctime
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,7 @@ def _walk(package: Package, folder: Path, prefix: str, real_root: str) -> None:
             package.dirs.add(rel)
             _walk(package, Path(entry.path), rel + "/", real_root)
         elif stat.S_ISREG(st.st_mode):
-            package.files[rel] = FileEntry(rel, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+            package.files[rel] = FileEntry(rel, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_ctime_ns)
         else:
             kind = "fifo" if stat.S_ISFIFO(st.st_mode) else "socket" if stat.S_ISSOCK(st.st_mode) else "device"
             package.specials[rel] = kind
