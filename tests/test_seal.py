@@ -369,15 +369,10 @@ def test_archive_damaged_on_disk_before_the_read_back_is_never_published(tmp_pat
 
 
 def test_rewrite_restoring_size_and_mtime_is_IV704_when_discovery_records_the_ctime(package_dir, tmp_path):
-    """No check hashed the weights; the inode change time still moves (until discovery records ctime_ns in
-    FileEntry, the entries are given one here)."""
-    from types import SimpleNamespace
-
+    """No check hashed the weights; the inode change time still moves."""
     package = discover(package_dir)
     rel = "artifacts/control-model/model.safetensors"
-    for name, entry in package.files.items():
-        ctime = os.stat(package.abspath(name)).st_ctime_ns
-        package.files[name] = SimpleNamespace(**entry.__dict__, ctime_ns=ctime)
+    assert package.files[rel].ctime_ns == os.stat(package.abspath(rel)).st_ctime_ns
     weights = package_dir / rel
     stat = weights.stat()
     time_before = stat.st_ctime_ns
