@@ -140,22 +140,29 @@ def test_predictions_without_eval_ids_only_parse(tmp_path):
     assert scan.records == 2 and scan.duplicate_count == 0 and scan.errors[0].line == 3
 
 
-def test_predictions_scan_memory_does_not_grow_with_the_file(tmp_path):
-    """50 000 records (about 2.5 MB) against 10 eval ids: the scan must not hold the records."""
-    lines = [json.dumps({"id": f"other-{i:06d}", "prediction": "positive", "label": "negative"})
-             for i in range(50_000)]
-    package = _package(tmp_path, {"ids.txt": "\n".join(f"e{i}" for i in range(10)) + "\n",
-                                  "p.jsonl": "\n".join(lines) + "\n"})
+def _predictions_peak(tmp_path, records: int) -> tuple[int, int]:
+    lines = (json.dumps({"id": f"other-{i:06d}", "prediction": "positive", "label": "negative"})
+             for i in range(records))
+    folder = tmp_path / str(records)
+    package = _package(folder, {"ids.txt": "\n".join(f"e{i}" for i in range(10)) + "\n",
+                                "p.jsonl": "\n".join(lines) + "\n"})
     eval_ids = readers.read_eval_ids(package, "ids.txt")
-    size = (tmp_path / "p.jsonl").stat().st_size
     tracemalloc.start()
     try:
         scan = readers.scan_predictions(package, "p.jsonl", eval_ids)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert scan.records == 50_000 and scan.unexpected_count == 50_000 and len(scan.unexpected) == 5
-    assert peak < size / 10, f"peak {peak} bytes for a {size}-byte file"
+    assert scan.records == records and scan.unexpected_count == records and len(scan.unexpected) == 5
+    return peak, (folder / "p.jsonl").stat().st_size
+
+
+def test_predictions_scan_memory_does_not_grow_with_the_file(tmp_path):
+    """50 000 then 200 000 records against 10 eval ids: the scan must not hold the records."""
+    small_peak, _ = _predictions_peak(tmp_path, 50_000)
+    large_peak, large_size = _predictions_peak(tmp_path, 200_000)
+    assert large_peak < 1.5 * small_peak, f"peak grew from {small_peak} to {large_peak} bytes with the file"
+    assert large_peak < large_size / 10, f"peak {large_peak} bytes for a {large_size}-byte file"
 
 
 def test_generic_csv_and_jsonl(tmp_path):

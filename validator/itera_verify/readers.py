@@ -165,6 +165,42 @@ def _parse_json_line(raw: bytes) -> tuple[Any, tuple[int | None, str] | None]:
         return None, (None, "invalid JSON: nesting too deep")
 
 
+BATCH_LINES = 4096
+BATCH_BYTES = 128 << 10  # memory stays bounded by the batch, whatever the file or line size
+
+
+def _parsed_lines(package, rel: str) -> Iterator[tuple[int, Any, tuple[int | None, str] | None]]:
+    """(line number, value, None) or (line number, None, (column, message)) for every non-blank JSONL line.
+
+    One json.loads over "[line,line,...]" per batch costs a fraction of one call per line; a batch that fails,
+    or whose element count differs from its line count (a line holding two values, or one value spread over
+    two lines), is parsed again line by line, so every error keeps its own line and column."""
+    batch: list[tuple[int, bytes]] = []
+    batch_bytes = 0
+    for number, raw in _lines(package, rel):
+        batch.append((number, raw))
+        batch_bytes += len(raw)
+        if len(batch) == BATCH_LINES or batch_bytes >= BATCH_BYTES:
+            yield from _parse_batch(batch)
+            batch, batch_bytes = [], 0
+    if batch:
+        yield from _parse_batch(batch)
+
+
+def _parse_batch(batch: list[tuple[int, bytes]]) -> Iterator[tuple[int, Any, tuple[int | None, str] | None]]:
+    try:
+        values = json.loads(b"[" + b",".join(raw for _, raw in batch) + b"]")
+    except (ValueError, RecursionError):
+        values = None
+    if isinstance(values, list) and len(values) == len(batch):
+        for (number, _), value in zip(batch, values):
+            yield number, value, None
+        return
+    for number, raw in batch:
+        value, error = _parse_json_line(raw)
+        yield number, value, error
+
+
 # ---------------------------------------------------------------------------------------------- metrics
 
 def scan_metrics(package, rel: str) -> MetricsScan | None:
@@ -192,9 +228,8 @@ def _add_point(scan: MetricsScan, step: int, name: str, value: float, line: int)
 
 def _metrics_jsonl(package, rel: str, scan: MetricsScan) -> None:
     seen_line = False
-    for number, raw in _lines(package, rel):
+    for number, record, error in _parsed_lines(package, rel):
         seen_line = True
-        record, error = _parse_json_line(raw)
         if error:
             scan.add_error(number, *error)
             continue
@@ -309,9 +344,8 @@ def _scan_generic(package, rel: str) -> GenericScan:
         scan.header_only = width is not None and scan.records == 0 and scan.error_count == 0
         return scan
     seen_line = False
-    for number, raw in _lines(package, rel):
+    for number, _, error in _parsed_lines(package, rel):
         seen_line = True
-        _, error = _parse_json_line(raw)
         if error:
             scan.add_error(number, *error)
         else:
@@ -373,13 +407,10 @@ def _scan_predictions(package, rel: str, eval_ids: EvalIds | None) -> Prediction
     scan.eval_id_count = len(predicted)
     judge = eval_ids is not None
     seen_line = False
-    for number, raw in _lines(package, rel):
+    for number, record, error in _parsed_lines(package, rel):
         seen_line = True
-        try:
-            record = json.loads(raw)  # bytes in: the common case skips a separate decode
-        except (ValueError, RecursionError):
-            _, error = _parse_json_line(raw)
-            scan.add_error(number, *(error or (None, "invalid JSON")))
+        if error:
+            scan.add_error(number, *error)
             continue
         if not isinstance(record, dict):
             scan.add_error(number, None, 'a predictions record is an object {"id": str, "prediction": ...}')

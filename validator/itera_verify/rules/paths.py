@@ -11,7 +11,7 @@ import yaml
 
 from ..jsonpos import line_of, pointer_lines
 from ..layout import references
-from ..model import Finding, Rule, Severity
+from ..model import Finding, Rule, Severity, UsageError
 from ..package import MANIFEST, RELOAD, Package, pointer_of
 
 RULES = [
@@ -46,6 +46,7 @@ TEXT_SUFFIXES = {"jsonl", "csv", "tsv", "txt", "md", "rst", "log", "py", "sh", "
 PICKLE_SUFFIXES = {"bin", "pt", "pth", "pkl", "pickle", "ckpt"}
 MAX_BINARY_SCAN = 64 << 20  # pickled configs are small; weights files are not searched byte by byte
 MAX_DOCUMENT = 256 << 20
+BLOCK = 8 << 20
 PER_FILE = 5  # findings shown per file before a count
 _BOUNDARY_BEFORE = r"(?<![A-Za-z0-9._~-])"
 _BOUNDARY_AFTER = r"(?=[/\\\s\"'`,;:)\]}>]|$)"
@@ -68,9 +69,29 @@ def tmp_regex(package: Package) -> re.Pattern[str]:
     return re.compile(rf"{_BOUNDARY_BEFORE}(?:{alternatives}){_BOUNDARY_AFTER}|(?i:{_WINDOWS_TMP})")
 
 
+class TmpMatcher:
+    """The temporary-directory regex, behind a literal prefilter: `in` on bytes runs at memory speed, the
+    regex with its look-behind does not, and almost no block of a clean package holds any anchor at all."""
+
+    def __init__(self, package: Package):
+        self.text = tmp_regex(package)
+        self.bytes = re.compile(self.text.pattern.encode("utf-8"))
+        anchors = {p.rsplit("/", 1)[-1].lower() for p in tmp_prefixes(package)} | {"temp"}
+        self.anchors = tuple(a for a in anchors if a)
+        self.byte_anchors = tuple(a.encode("utf-8") for a in self.anchors)
+
+    def may_match_text(self, text: str) -> bool:
+        lowered = text.lower()
+        return any(anchor in lowered for anchor in self.anchors)
+
+    def may_match_bytes(self, data: bytes) -> bool:
+        lowered = data.lower()
+        return any(anchor in lowered for anchor in self.byte_anchors)
+
+
 def check(package: Package) -> Iterator[Finding]:
-    text_pattern = tmp_regex(package)
-    bytes_pattern = re.compile(text_pattern.pattern.encode("utf-8"))
+    matcher = TmpMatcher(package)
+    text_pattern = matcher.text
     root = os.path.realpath(package.root)
     for rel in sorted(package.files):
         entry = package.files[rel]
@@ -79,13 +100,13 @@ def check(package: Package) -> Iterator[Finding]:
         name = rel.rsplit("/", 1)[-1]
         suffix = name.rsplit(".", 1)[-1].lower() if "." in name else ""
         if suffix in ("json", "yaml", "yml") and entry.size <= MAX_DOCUMENT:
-            yield from _document_values(package, rel, suffix, text_pattern, root)
+            yield from _document_values(package, rel, suffix, matcher, root)
         elif suffix == "safetensors":
             yield from _safetensors_metadata(package, rel, text_pattern)
         elif suffix in PICKLE_SUFFIXES and entry.size <= MAX_BINARY_SCAN:
-            yield from _binary(package, rel, bytes_pattern)
+            yield from _binary(package, rel, matcher)
         elif suffix in TEXT_SUFFIXES:
-            yield from _text_lines(package, rel, bytes_pattern)
+            yield from _text_lines(package, rel, matcher)
     yield from _links(package, text_pattern)
     yield from _escaping_references(package)
 
@@ -111,12 +132,16 @@ def _strings(value: Any, path: list) -> Iterator[tuple[list, str]]:
             yield from _strings(item, [*path, index])
 
 
-def _document_values(package: Package, rel: str, suffix: str, pattern: re.Pattern, root: str) -> Iterator[Finding]:
+def _document_values(package: Package, rel: str, suffix: str, matcher: TmpMatcher, root: str) -> Iterator[Finding]:
+    pattern = matcher.text
     if suffix == "json":
         doc = package.document(rel)
         if doc is None or not doc.ok:
             return
-        value, text = doc.value, doc.text
+        text = doc.text
+        if not _may_hold_paths(text, matcher):
+            return  # most documents name no path at all: skip walking their values
+        value = doc.value
     else:
         try:
             text = package.read_bytes(rel).decode("utf-8")
@@ -145,6 +170,18 @@ def _document_values(package: Package, rel: str, suffix: str, pattern: re.Patter
                       message=f"absolute path outside the package: {_short(string)}")
 
 
+_VALUE_MAY_BE_ABSOLUTE = re.compile(r'"(?:/|\\/|[A-Za-z]:(?:\\\\|/|\\/))')
+
+
+def _may_hold_paths(text: str, matcher: TmpMatcher) -> bool:
+    """A cheap look at the raw JSON text: could any string value be a temporary or absolute path?
+
+    JSON may escape "/" as "\\/" and may escape any character as \\uXXXX, so those texts are always walked."""
+    if "\\u" in text:
+        return True
+    return bool(_VALUE_MAY_BE_ABSOLUTE.search(text) or matcher.may_match_text(text))
+
+
 def _points_outside(value: str, root: str) -> bool:
     if _ABSOLUTE_WINDOWS.match(value):
         return True
@@ -157,23 +194,53 @@ def _short(value: str) -> str:
     return json.dumps(value if len(value) <= 120 else value[:117] + "...")
 
 
-def _text_lines(package: Package, rel: str, pattern: re.Pattern[bytes]) -> Iterator[Finding]:
+def _text_lines(package: Package, rel: str, matcher: TmpMatcher) -> Iterator[Finding]:
     def hits() -> Iterator[Finding]:
-        for number, line in package.iter_lines(rel):
-            match = pattern.search(line)
-            if match:
-                start = max(0, match.start() - 20)
-                snippet = line[start:match.end() + 40].decode("utf-8", "replace")
-                yield Finding("IV201", rel, line=number, column=match.start() + 1,
-                              message=f"temporary-directory path in text: …{snippet}…")
+        for number, column, line in _search_lines(package, rel, matcher):
+            start = max(0, column - 21)
+            snippet = line[start:column + 59].decode("utf-8", "replace")
+            yield Finding("IV201", rel, line=number, column=column,
+                          message=f"temporary-directory path in text: …{snippet}…")
     yield from _limited(hits(), rel, "temporary-directory paths")
 
 
-def _binary(package: Package, rel: str, pattern: re.Pattern[bytes]) -> Iterator[Finding]:
+def _search_lines(package: Package, rel: str, matcher: TmpMatcher) -> Iterator[tuple[int, int, bytes]]:
+    """(line number, 1-based column, line) of each line holding a match, searching whole blocks at a time:
+    a per-line loop in Python costs more than the regex itself on a large metrics or predictions file."""
+    line_base = 1
+    carry = b""
+    try:
+        with open(package.abspath(rel), "rb") as fh:
+            while True:
+                chunk = fh.read(BLOCK)
+                block = carry + chunk
+                cut = block.rfind(b"\n") + 1 if chunk else len(block)
+                complete, carry = block[:cut], block[cut:]
+                position = 0
+                matches = matcher.bytes.finditer(complete) if matcher.may_match_bytes(complete) else ()
+                for match in matches:
+                    if match.start() < position:
+                        continue  # one finding per line
+                    line_start = complete.rfind(b"\n", 0, match.start()) + 1
+                    line_end = complete.find(b"\n", match.start())
+                    line_end = len(complete) if line_end < 0 else line_end
+                    number = line_base + complete.count(b"\n", 0, line_start)
+                    yield number, match.start() - line_start + 1, complete[line_start:line_end].rstrip(b"\r")
+                    position = line_end
+                line_base += complete.count(b"\n")
+                if not chunk:
+                    return
+    except OSError as exc:
+        raise UsageError(f"{rel}: cannot read ({exc.strerror})") from exc
+
+
+def _binary(package: Package, rel: str, matcher: TmpMatcher) -> Iterator[Finding]:
     """Pickled configs (training_args.bin) keep their strings as plain bytes: an output_dir under /tmp shows."""
     data = package.read_bytes(rel)
+    if not matcher.may_match_bytes(data):
+        return
     seen = set()
-    for match in pattern.finditer(data):
+    for match in matcher.bytes.finditer(data):
         end = match.end()
         while end < len(data) and end - match.start() < 120 and 32 <= data[end] < 127 and data[end] not in b"\"'":
             end += 1
