@@ -186,3 +186,13 @@ def test_malformed_manifest_shapes_do_not_crash_identity_rules(tmp_path):
     write_tiny_package(tmp_path / "tiny", edit)
     found = codes(static_findings(tmp_path / "tiny"))
     assert "IV306" in found  # the revision is not a string
+
+
+def test_eval_id_listed_twice_is_IV306(package_dir):
+    from fixtures.edit import refresh_hashes
+
+    ids = (package_dir / "corpus" / "eval_ids.txt").read_text().splitlines()
+    (package_dir / "corpus" / "eval_ids.txt").write_text("\n".join(ids + [ids[0]]) + "\n")
+    refresh_hashes(package_dir)
+    found = [f for f in static_findings(package_dir) if f.code == "IV306"]
+    assert [f.path for f in found] == ["corpus/eval_ids.txt"] and ids[0] in found[0].message

@@ -223,6 +223,11 @@ def _corpus_frozen(package: Package) -> Iterator[Finding]:
         yield Finding("IV306", MANIFEST, pointer=pointer,
                       message=f"{rel} hashes to {actual[:12]}… but corpus.eval_ids_sha256 records "
                               f"{recorded.strip()[:12]}…: the eval ids changed after the corpus was frozen")
+    eval_ids = readers.read_eval_ids(package, rel)
+    if eval_ids is not None and eval_ids.duplicate_count:
+        # A frozen corpus names each example once: a repeated id weighs that example twice in every score.
+        yield Finding("IV306", rel, message=f"{eval_ids.duplicate_count} eval ids listed more than once "
+                                            f"(first: {', '.join(eval_ids.duplicates[:5])}): each example once")
 
 
 def _control_indispensable(package: Package) -> Iterator[Finding]:
