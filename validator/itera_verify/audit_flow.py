@@ -199,7 +199,9 @@ def _compare_record(extraction: Extraction, report: Report) -> dict:
             raise ValueError("not a JSON object")
     except (ValueError, RecursionError) as exc:
         return {**comparison, "recorded": False, "error": f"not a readable report ({exc})"}
-    recorded_codes = sorted({f.get("code") for f in recorded.get("findings") or [] if isinstance(f, dict)} - {None})
+    findings = recorded.get("findings") if isinstance(recorded.get("findings"), list) else []
+    # A hostile record may hold anything where a code should be: only strings count.
+    recorded_codes = sorted({f["code"] for f in findings if isinstance(f, dict) and isinstance(f.get("code"), str)})
     current_codes = sorted({f.code for f in report.findings})
     comparison.update({
         "recorded": True, "recorded_verdict": recorded.get("verdict"), "recorded_version": recorded.get("version"),
