@@ -36,7 +36,8 @@ def sealed(built, tmp_path_factory) -> Path:
 
 
 def entries_of(archive: Path) -> list[tuple[tarfile.TarInfo, bytes | None]]:
-    data = zstandard.ZstdDecompressor().decompress(archive.read_bytes(), max_output_size=1 << 30)
+    with open(archive, "rb") as fh:  # the seal writes several frames when a file is large: read them all
+        data = zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True).read()
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         return [(info, tar.extractfile(info).read() if info.isfile() else None) for info in tar.getmembers()]
 
@@ -335,3 +336,49 @@ def test_extraction_folder_is_private_and_removed(sealed, monkeypatch, private_t
     monkeypatch.setattr(audit_flow, "safe_extract", spy)
     assert audit(sealed).verdict == "pass"
     assert seen["mode"] == 0o700 and seen["root"].parent == private_tmp and not seen["root"].exists()
+
+
+def _package_with_large_shard(built, folder: Path) -> Path:
+    import torch
+
+    from fixtures.artifacts import write_safetensors
+
+    shutil.copytree(built["package"], folder / "pkg", symlinks=True)
+    write_safetensors(folder / "pkg" / "artifacts" / "big.safetensors", {"w": torch.randn(5 << 20)},
+                      metadata={"note": "20 MiB of tensor data"})
+    from itera_verify import verify
+
+    report = verify(folder / "pkg", reload=False, output=folder / f"{CAMPAIGN}.tar.zst")
+    assert report.sealed, [f.to_json() for f in report.findings]
+    return folder / f"{CAMPAIGN}.tar.zst"
+
+
+def test_extraction_can_leave_tensor_payloads_as_holes_yet_hashes_every_byte(built, tmp_path):
+    from itera_verify.archive.extract import safe_extract
+    from itera_verify.audit_flow import safetensors_header
+
+    archive = _package_with_large_shard(built, tmp_path)
+    original = (tmp_path / "pkg" / "artifacts" / "big.safetensors").read_bytes()
+    root = tmp_path / "out"
+    root.mkdir()
+    with open(archive, "rb") as source:
+        extraction = safe_extract(source, str(root), max_expanded=1 << 30, keep_prefix=safetensors_header)
+    extracted = root / CAMPAIGN / "artifacts" / "big.safetensors"
+    header_end = 8 + int.from_bytes(original[:8], "little")
+    assert extracted.stat().st_size == len(original)
+    assert extracted.read_bytes()[:header_end] == original[:header_end]
+    assert extracted.stat().st_blocks * 512 < len(original) // 2, "the tensor payload was written"
+    assert extraction.files["artifacts/big.safetensors"] == hashlib.sha256(original).hexdigest()
+
+
+def test_a_flipped_byte_in_tensor_data_not_written_by_the_audit_is_still_IV701(built, tmp_path):
+    archive = _package_with_large_shard(built, tmp_path)
+    name = f"{CAMPAIGN}/artifacts/big.safetensors"
+    entries = entries_of(archive)
+    tampered = []
+    for info, data in entries:
+        if info.name == name:
+            data = data[:-100] + bytes([data[-100] ^ 1]) + data[-99:]
+        tampered.append((info, data))
+    report = audit(write_archive(tmp_path / "tampered.tar.zst", tampered))
+    assert ("IV701", name) in archive_findings(report)

@@ -61,7 +61,7 @@ def audit(archive, *, reload: bool = False, max_size: int | None = None, device:
     with termination_unwinds():
         workdir = tempfile.mkdtemp(prefix="itera-audit-")  # mode 0700: private to this user
         try:
-            extraction = _extract(path, workdir, limit, progress)
+            extraction = _extract(path, workdir, limit, progress, keep_prefix=None if reload else safetensors_header)
             report = _recheck(path, workdir, extraction, selection, reload=reload, device=resolved_device,
                               hf_cache=hf_cache, timeout=timeout, jobs=jobs, progress=progress)
             archive_findings = _archive_findings(path, extraction, limit)
@@ -90,11 +90,23 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _extract(path: Path, workdir: str, limit: int, progress: Progress) -> Extraction:
+TENSOR_PAYLOAD_MIN = 16 << 20
+
+
+def safetensors_header(name: str, size: int, first_bytes: bytes) -> int | None:
+    """Without --reload no check reads tensor data: of a large safetensors file only the 8-byte length and the
+    JSON header are written (the metadata checks read them); every byte is still hashed against SHA256SUMS."""
+    if not name.endswith(".safetensors") or size < TENSOR_PAYLOAD_MIN or len(first_bytes) < 8:
+        return None
+    header_length = int.from_bytes(first_bytes[:8], "little")
+    return 8 + header_length if header_length <= 100_000_000 else None
+
+
+def _extract(path: Path, workdir: str, limit: int, progress: Progress, keep_prefix=None) -> Extraction:
     progress.start("audit", f"reading {path.name}", total=None, unit="B")
     try:
         with open(path, "rb", buffering=0) as source:
-            return safe_extract(source, workdir, max_expanded=limit,
+            return safe_extract(source, workdir, max_expanded=limit, keep_prefix=keep_prefix,
                                 on_bytes=lambda n: progress.advance("audit", n))
     except PermissionError as exc:
         raise UsageError(f"{path}: permission denied") from exc
