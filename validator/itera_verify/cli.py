@@ -131,7 +131,8 @@ _verbose = click.option("-v", "--verbose", is_flag=True, help="More detail (pass
 @click.option("--select", help="Only these codes or prefixes (comma-separated, e.g. IV1,IV303).")
 @click.option("--ignore", help="Skip these codes or prefixes.")
 @click.option("--hf-cache", type=click.Path(path_type=Path), help="Hugging Face hub cache holding the base models.")
-@click.option("--timeout", type=click.FloatRange(min=1), default=None, help="Seconds per reload (default 600).")
+@click.option("--timeout", type=click.FloatRange(min=1, max=7 * 86400), default=None,
+              help="Seconds per reload (default 600).")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, help="Parallel CPU reloads.")
 @click.option("--level", type=click.IntRange(1, 19), default=3, help="zstd level (default 3).")
 @click.option("--threads", type=click.IntRange(min=0), default=0, help="zstd threads (0 = all cores).")
@@ -168,7 +169,7 @@ def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, r
               help="Refuse to expand beyond this many bytes (default: 20 × the archive size, at least 1 GiB).")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto")
 @click.option("--hf-cache", type=click.Path(path_type=Path))
-@click.option("--timeout", type=click.FloatRange(min=1), default=600.0)
+@click.option("--timeout", type=click.FloatRange(min=1, max=7 * 86400), default=600.0)
 @click.option("--jobs", type=click.IntRange(min=1), default=1)
 @_format_option
 @_report_option

@@ -32,13 +32,19 @@ def find_config(start: Path) -> tuple[Path, dict] | None:
         own = folder / "itera-verify.toml"
         if own.is_file():
             data = _read_toml(own)
-            return own, data.get("tool", {}).get("itera-verify", data)
+            return own, _tool_table(data, data)
         pyproject = folder / "pyproject.toml"
         if pyproject.is_file():
-            table = _read_toml(pyproject).get("tool", {}).get("itera-verify")
+            table = _tool_table(_read_toml(pyproject), None)
             if table is not None:
                 return pyproject, table
     return None
+
+
+def _tool_table(data: dict, default):
+    """`[tool.itera-verify]` when the file has one (a `tool` that is not a table has none)."""
+    tool = data.get("tool")
+    return tool.get("itera-verify", default) if isinstance(tool, dict) else default
 
 
 def _read_toml(path: Path) -> dict:
@@ -50,7 +56,8 @@ def _read_toml(path: Path) -> dict:
 
 def load_config(start: Path | None = None, explicit: Path | None = None) -> Config:
     if explicit is not None:
-        found = (explicit, _read_toml(explicit).get("tool", {}).get("itera-verify", _read_toml(explicit)))
+        data = _read_toml(explicit)
+        found = (explicit, _tool_table(data, data))
     else:
         found = find_config((start or Path.cwd()).resolve())
     if found is None:
@@ -107,7 +114,8 @@ def parse_config(table: Any, source: Path | None = None) -> Config:
             raise UsageError(f"{where}: device must be auto, cuda or cpu")
         config.device = table["device"]
     if "timeout" in table:
-        if not isinstance(table["timeout"], (int, float)) or table["timeout"] <= 0:
+        timeout = table["timeout"]
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
             raise UsageError(f"{where}: timeout must be a positive number of seconds")
         config.timeout = float(table["timeout"])
     return config

@@ -97,6 +97,8 @@ class Package:
         """A reference as a package-relative path, or None when it is absolute or escapes with `..`."""
         if not isinstance(ref, str) or not ref or ref.startswith(("/", "\\")) or (len(ref) > 1 and ref[1] == ":"):
             return None
+        if "\0" in ref:
+            return None  # no file system path holds a NUL byte
         parts: list[str] = []
         for part in ref.replace("\\", "/").split("/"):
             if part in ("", "."):

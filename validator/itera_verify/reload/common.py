@@ -125,7 +125,10 @@ def nonfinite_count(tensor) -> int:
 
     if not (tensor.is_floating_point() or tensor.is_complex()) or tensor.numel() == 0:
         return 0
-    return int((~torch.isfinite(tensor)).sum().item())
+    try:
+        return int((~torch.isfinite(tensor)).sum().item())
+    except (NotImplementedError, RuntimeError):  # float8 types: widen first, a NaN stays a NaN
+        return int((~torch.isfinite(tensor.float())).sum().item())
 
 
 def check_parameters(model, outcome: Outcome, label: str) -> None:

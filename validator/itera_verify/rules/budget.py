@@ -254,6 +254,10 @@ def _cost_per_accepted(package: Package, plan: dict) -> Iterator[Finding]:
         yield Finding("IV604", MANIFEST, pointer=pointer,
                       message="cost_per_accepted_usd is 0: a campaign is never free; state (rental + included "
                               "other expenses) / accepted runs")
+    elif usd(stated) is None:
+        yield Finding("IV604", MANIFEST, pointer=pointer,
+                      message=f"cost_per_accepted_usd is {stated!r}: not a usable amount in USD; state (rental + "
+                              f"included other expenses) / accepted runs")
     elif total is not None:
         expected = to_cent(total / len(accepted))
         if to_cent(usd(stated)) != expected:
