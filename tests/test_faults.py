@@ -396,3 +396,18 @@ def _full_disk_through_the_writer(package: Path, dest: Path):
     finally:
         seal_module._open_output = real_open
     return result.exit_code, result.stderr, sorted(p.name for p in dest.iterdir())
+
+
+# ---- a timeout that never expires --------------------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_timeout_that_can_never_expire_is_refused_with_exit_2(built, tmp_path, value):
+    """A hung reload child is only stopped by its timeout: `nan` never compares past a deadline and `inf` never
+    arrives, so either would let one hung artifact hold the rented machine forever."""
+    from tests.helpers import run_cli
+
+    result = run_cli(built["package"], "--no-reload", "--no-seal", "--timeout", value, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2, result.stdout[-1000:]
+    assert "Traceback" not in result.stderr and "timeout" in error_line(result.stderr).lower()
+    (tmp_path / "itera-verify.toml").write_text(f"timeout = {value}\n")
+    result = run_cli(built["package"], "--no-reload", "--no-seal", cwd=tmp_path, timeout=120)
+    assert result.returncode == 2 and "timeout" in error_line(result.stderr).lower(), result.stderr[-1000:]

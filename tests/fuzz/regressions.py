@@ -68,6 +68,9 @@ REGRESSIONS: dict[str, list[tuple[str, object]]] = {
     "manifest.json": [
         ("a 5000-digit integer", _manifest_with(b"9" * 5000, "timeline", "observed_hours")),
         ("a lot of 10**400 days", _manifest_with(b"1" + b"0" * 400, "plan", "lots", 0, "days")),
+        ("a cost per accepted run of 1e308", _manifest_with(b"1e308", "decision", "cost_per_accepted_usd")),
+        ("a lot of 9.99e307 days", _manifest_with(b"9.99e307", "plan", "lots", 0, "days")),
+        ("a NUL byte as an artifact's path", _manifest_with(b'"\\u0000"', "artifacts", 2, "path")),
     ],
     "safetensors header": [
         ("a header nested 100,000 deep", _safetensors(DEEP)),

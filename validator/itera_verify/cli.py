@@ -1,6 +1,7 @@
 """Command line: argument parsing, configuration, presentation and exit codes. No checks live here."""
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -23,6 +24,13 @@ def _codes(value: str | None) -> tuple[str, ...]:
     if bad:
         raise click.BadParameter(f"unknown rule code {bad[0]!r} (see `itera-verify rules`)")
     return codes
+
+
+def _finite_seconds(ctx, param, value):
+    """NaN passes every range comparison and would let a hung reload hold the machine forever."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a number of seconds")
+    return value
 
 
 def _report_targets(values: tuple[str, ...], default_format: str) -> list[tuple[str, Path]]:
@@ -131,7 +139,7 @@ _verbose = click.option("-v", "--verbose", is_flag=True, help="More detail (pass
 @click.option("--select", help="Only these codes or prefixes (comma-separated, e.g. IV1,IV303).")
 @click.option("--ignore", help="Skip these codes or prefixes.")
 @click.option("--hf-cache", type=click.Path(path_type=Path), help="Hugging Face hub cache holding the base models.")
-@click.option("--timeout", type=click.FloatRange(min=1, max=7 * 86400), default=None,
+@click.option("--timeout", type=click.FloatRange(min=1, max=7 * 86400), default=None, callback=_finite_seconds,
               help="Seconds per reload (default 600).")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, help="Parallel CPU reloads.")
 @click.option("--level", type=click.IntRange(1, 19), default=3, help="zstd level (default 3).")
@@ -169,7 +177,7 @@ def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, r
               help="Refuse to expand beyond this many bytes (default: 20 × the archive size, at least 1 GiB).")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto")
 @click.option("--hf-cache", type=click.Path(path_type=Path))
-@click.option("--timeout", type=click.FloatRange(min=1, max=7 * 86400), default=600.0)
+@click.option("--timeout", type=click.FloatRange(min=1, max=7 * 86400), default=600.0, callback=_finite_seconds)
 @click.option("--jobs", type=click.IntRange(min=1), default=1)
 @_format_option
 @_report_option
