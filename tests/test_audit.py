@@ -382,3 +382,11 @@ def test_a_flipped_byte_in_tensor_data_not_written_by_the_audit_is_still_IV701(b
         tampered.append((info, data))
     report = audit(write_archive(tmp_path / "tampered.tar.zst", tampered))
     assert ("IV701", name) in archive_findings(report)
+
+
+def test_member_names_nested_past_path_max_are_IV703_not_a_crash(sealed, tmp_path):
+    deep = "/".join(["d" * 200] * 24)  # about 4,800 characters: more than PATH_MAX once extracted
+    entries = with_extra(sealed, member(f"{CAMPAIGN}/{deep}/x.txt", data=b"x"))
+    report = audit(write_archive(tmp_path / "deep.tar.zst", entries, resum=True))
+    assert report.verdict == "fail"
+    assert "IV703" in {f.code for f in report.findings}

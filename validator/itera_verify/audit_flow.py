@@ -126,12 +126,21 @@ def _recheck(path: Path, workdir: str, extraction: Extraction, selection: Select
              "top_folder": extraction.top, "stream": "ok" if extraction.error is None else extraction.error.kind,
              "refused_members": len(extraction.refused), "rechecked": False}
     package_root = Path(workdir) / (extraction.top or "")
-    if extraction.error is not None or extraction.top is None or package_root.is_symlink() \
-            or not package_root.is_dir():
+    package, unwalkable = None, None
+    try:
+        if extraction.error is None and extraction.top is not None and not package_root.is_symlink() \
+                and package_root.is_dir():
+            package = discover(package_root)
+    except (OSError, UsageError) as exc:  # e.g. names nested past PATH_MAX: hostile, not checkable
+        unwalkable = str(exc)[:300]
+    if package is None:
         report = Report(package=str(path), mode="audit", reloaded=False, strict=selection.strict)
         report.audit = facts
+        if unwalkable:
+            report.findings.append(Finding("IV703", extraction.top, severity=selection.severity("IV703"),
+                                           message=f"the extracted package cannot be walked ({unwalkable}): "
+                                                   "unsafe member names"))
         return report
-    package = discover(package_root)
     package.hf_cache = resolve_hf_cache(hf_cache)
     findings, reloads = check_package(package, selection, reload=reload, device=device or "cpu", timeout=timeout,
                                       jobs=jobs, progress=progress)
