@@ -14,6 +14,7 @@ import concurrent.futures as futures
 import multiprocessing
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,8 +31,6 @@ def build_base(workdir: Path) -> tuple[Path, Path]:
     """The example package and its hub cache, built once per work folder (reused by later runs)."""
     package, hf_cache = workdir / "package", workdir / "hf-cache"
     if not (package / "manifest.json").is_file():
-        import shutil
-
         sys.path.insert(0, str(ROOT))
         from transformers.utils import logging as hf_logging
 
@@ -70,7 +69,8 @@ def fuzz_reader(name: str, examples: int, package: str, hf_cache: str) -> dict:
     if not reader.available():
         stats["skipped"] = True
         return stats
-    workspace = Workspace(Path(package), Path(hf_cache), Path(tempfile.mkdtemp(prefix="itera-fuzz-")))
+    scratch = Path(tempfile.mkdtemp(prefix="fuzz-workspace-"))
+    workspace = Workspace(Path(package), Path(hf_cache), scratch)
     started = time.monotonic()
 
     @seed(SEED)
@@ -93,6 +93,8 @@ def fuzz_reader(name: str, examples: int, package: str, hf_cache: str) -> dict:
         run()
     except Exception as error:  # noqa: BLE001 — the generator's own fault: reported, the other readers go on
         stats["harness_error"] = "".join(traceback.format_exception(error))[-3000:]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     stats["seconds"] = round(time.monotonic() - started, 1)
     return stats
 

@@ -89,6 +89,7 @@ REGRESSIONS: dict[str, list[tuple[str, object]]] = {
     "audit (archive)": [
         ("an empty file", b""),
         ("an archive holding only SEAL/SHA256SUMS", _tar_zst([(f"{CAMPAIGN}/SEAL/SHA256SUMS", b"")])),
+        ("a top folder name longer than NAME_MAX", _tar_zst([("a" * 300 + "/manifest.json", b"{}")])),
     ],
     "safetensors loader (reload child)": [
         ("a valid float8 tensor", _safetensors({"w": {"dtype": "F8_E4M3", "shape": [1], "data_offsets": [0, 1]}},
