@@ -121,6 +121,14 @@ def _memo(package) -> dict:
     return cache
 
 
+def _once(package, key: tuple, read):
+    """Read the file `key[1]` once per package, whichever check asks first; None when it is not a file."""
+    cache = _memo(package)
+    if key not in cache:
+        cache[key] = read() if package.is_file(key[1]) else None
+    return cache[key]
+
+
 def _lines(package, rel: str) -> Iterator[tuple[int, bytes]]:
     """Non-blank lines; the first one without a UTF-8 byte-order mark (editors on Windows add one)."""
     for number, raw in package.iter_lines(rel):
@@ -205,11 +213,7 @@ def _parse_batch(batch: list[tuple[int, bytes]]) -> Iterator[tuple[int, Any, tup
 
 def scan_metrics(package, rel: str) -> MetricsScan | None:
     """Read a metrics file (`.jsonl`, or `.csv` with the header step,name,value); None when it is not a file."""
-    key = ("metrics", rel)
-    cache = _memo(package)
-    if key not in cache:
-        cache[key] = _scan_metrics(package, rel) if package.is_file(rel) else None
-    return cache[key]
+    return _once(package, ("metrics", rel), lambda: _scan_metrics(package, rel))
 
 
 def _scan_metrics(package, rel: str) -> MetricsScan:
@@ -322,11 +326,7 @@ def _metrics_csv(package, rel: str, scan: MetricsScan) -> None:
 
 def scan_generic(package, rel: str) -> GenericScan | None:
     """Any other JSONL (one JSON value per line) or CSV (rows as wide as the header) file."""
-    key = ("generic", rel)
-    cache = _memo(package)
-    if key not in cache:
-        cache[key] = _scan_generic(package, rel) if package.is_file(rel) else None
-    return cache[key]
+    return _once(package, ("generic", rel), lambda: _scan_generic(package, rel))
 
 
 def _scan_generic(package, rel: str) -> GenericScan:
@@ -358,11 +358,7 @@ def _scan_generic(package, rel: str) -> GenericScan:
 
 def read_eval_ids(package, rel: str) -> EvalIds | None:
     """The frozen eval ids, one per line, surrounding spaces ignored; None when `rel` is not a file."""
-    key = ("eval_ids", rel)
-    cache = _memo(package)
-    if key not in cache:
-        cache[key] = _read_eval_ids(package, rel) if package.is_file(rel) else None
-    return cache[key]
+    return _once(package, ("eval_ids", rel), lambda: _read_eval_ids(package, rel))
 
 
 def _read_eval_ids(package, rel: str) -> EvalIds:
@@ -389,10 +385,7 @@ def scan_predictions(package, rel: str, eval_ids: EvalIds | None) -> Predictions
     """One streaming pass over a predictions file, against the frozen eval ids (coverage is not judged when
     `eval_ids` is None). None when `rel` is not a file."""
     key = ("predictions", rel, eval_ids.path if eval_ids is not None else None)
-    cache = _memo(package)
-    if key not in cache:
-        cache[key] = _scan_predictions(package, rel, eval_ids) if package.is_file(rel) else None
-    return cache[key]
+    return _once(package, key, lambda: _scan_predictions(package, rel, eval_ids))
 
 
 def _sample(samples: list, item, count: int) -> None:
