@@ -148,27 +148,31 @@ def _document_values(package: Package, rel: str, suffix: str, matcher: TmpMatche
             value = yaml.safe_load(text)
         except (UnicodeDecodeError, yaml.YAMLError):
             return  # IV104 reports it
-    lines: dict | None = None
     tmp_hits, outside_hits = [], []
     for path, string in _strings(value, []):
         if pattern.search(string):
             tmp_hits.append((path, string))
         elif _points_outside(string, root):
             outside_hits.append((path, string))
-    for path, string in tmp_hits[:PER_FILE]:
+    line_cache: list[dict] = []  # pointer -> line, computed once and only when a JSON document has a finding
+
+    def located(path: list) -> tuple[str, int | None]:
         pointer = pointer_of(path)
-        lines = lines if lines is not None or suffix != "json" else pointer_lines(text)
-        line = line_of(text, pointer, lines) if suffix == "json" else None
+        if suffix != "json":
+            return pointer, None
+        if not line_cache:
+            line_cache.append(pointer_lines(text))
+        return pointer, line_of(text, pointer, line_cache[0])
+
+    for path, string in tmp_hits[:PER_FILE]:
+        pointer, line = located(path)
         yield Finding("IV201", rel, pointer=pointer, line=line, message=f"temporary-directory path {_short(string)}")
     if len(tmp_hits) > PER_FILE:
         yield Finding("IV201", rel, message=f"{len(tmp_hits) - PER_FILE} more temporary-directory paths in this file")
     for path, string in outside_hits[:PER_FILE]:
-        pointer = pointer_of(path)
-        lines = lines if lines is not None or suffix != "json" else pointer_lines(text)
-        line = line_of(text, pointer, lines) if suffix == "json" else None
+        pointer, line = located(path)
         yield Finding("IV202", rel, pointer=pointer, line=line,
                       message=f"absolute path outside the package: {_short(string)}")
-
 
 _VALUE_MAY_BE_ABSOLUTE = re.compile(r'"(?:/|\\/|[A-Za-z]:(?:\\\\|/|\\/))')
 
