@@ -190,3 +190,58 @@ def test_absurd_numbers_are_line_errors_not_crashes(tmp_path):
     assert scan.series["loss"] == [(2, math.inf, 4)]  # 1e400 reads as Infinity, like the token
     assert [e.line for e in readers.scan_metrics(package, "m.csv").errors] == [2, 3]
     assert all(len(e.message) < 250 for e in scan.errors)
+
+
+# ---- the block validator (simdjson) must agree with the line-by-line json.loads path exactly ----------------
+
+_LINES = [b'{"id": "ex-1", "x": [1, 2.5, -3e2]}', b"[]", b'"text"', b"  {\"a\": null}  ", b"", b"   ", b"\r",
+          b"NaN", b'{"v": Infinity}', b"1" + b"0" * 30, b"{bad", b'{"a": 1} {"b": 2}', b'"\\ud800"', b"1e400",
+          b"\xff\xfe", b"\xef\xbb\xbf[1]", b'{"a":', b"1}", b"[" * 20 + b"]" * 20, b'"caf\xc3\xa9"', b"tru"]
+
+
+_SIMDJSON = readers._validator
+
+
+def _both_paths(tmp_path, monkeypatch, content: bytes):
+    """(records, blank_only, errors) through the fast path and through json.loads alone."""
+    results = []
+    for validator in (_SIMDJSON, lambda: None):
+        monkeypatch.setattr(readers, "_validator", validator)
+        scan = readers.scan_generic(_package(tmp_path, {"g.jsonl": content}), "g.jsonl")
+        results.append((scan.records, scan.blank_only, scan.error_count, scan.errors))
+    return results
+
+
+def test_block_validation_agrees_with_json_loads_line_by_line(tmp_path, monkeypatch):
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    assert readers._validator() is not None, "pysimdjson is a dependency"
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.lists(st.sampled_from(_LINES), max_size=30), st.sampled_from([b"\n", b"\r\n"]), st.booleans())
+    def agree(lines, newline, trailing):
+        content = newline.join(lines) + (newline if trailing and lines else b"")
+        fast, slow = _both_paths(tmp_path, monkeypatch, content)
+        assert fast == slow, content
+
+    agree()
+
+
+def test_block_validation_across_block_boundaries_and_long_lines(tmp_path, monkeypatch):
+    monkeypatch.setattr(readers, "VALIDATE_BLOCK", 64)
+    monkeypatch.setattr(readers, "LONG_LINE", 256)
+    good = b'{"id": "ex-0001", "tokens": ["a", "b", "c"]}'
+    content = b"\n".join([good] * 40 + [b"{bad"] + [good] * 5 + [b'"' + b"x" * 600 + b'"', b"[1,"] + [good] * 3)
+    fast, slow = _both_paths(tmp_path, monkeypatch, content)
+    assert fast == slow
+    assert fast[0] == 49 and [e.line for e in fast[3]] == [41, 48]
+
+
+def test_a_clean_large_jsonl_is_validated_without_line_by_line_parsing(tmp_path, monkeypatch):
+    """The clean case never reaches json.loads: the speed of a large generic JSONL comes from here."""
+    calls = []
+    monkeypatch.setattr(readers, "_parse_json_line", lambda raw: calls.append(raw) or (None, None))
+    monkeypatch.setattr(readers.json, "loads", lambda *a, **k: calls.append(a) or [])
+    content = b"".join(b'{"id": "ex-%05d", "logits": [0.1, -2.5]}\n' % i for i in range(50_000))
+    scan = readers.scan_generic(_package(tmp_path, {"g.jsonl": content}), "g.jsonl")
+    assert (scan.records, scan.error_count, calls) == (50_000, 0, [])

@@ -8,10 +8,13 @@ by the number of eval ids, so a 2-million-line file costs what its id list costs
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator
+
+from .model import UsageError
 
 MAX_KEPT_ERRORS = 1000  # a garbage file must not cost one object per line; `error_count` keeps the total
 SAMPLE = 5  # how many ids a message shows
@@ -129,10 +132,17 @@ def _once(package, key: tuple, read):
     return cache[key]
 
 
+BOM = b"\xef\xbb\xbf"
+
+
 def _lines(package, rel: str) -> Iterator[tuple[int, bytes]]:
     """Non-blank lines; the first one without a UTF-8 byte-order mark (editors on Windows add one)."""
-    for number, raw in package.iter_lines(rel):
-        if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+    return _non_blank(package.iter_lines(rel))
+
+
+def _non_blank(numbered: Iterator[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
+    for number, raw in numbered:
+        if number == 1 and raw.startswith(BOM):
             raw = raw[3:]
         if raw.strip():
             yield number, raw
@@ -178,14 +188,17 @@ BATCH_BYTES = 128 << 10  # memory stays bounded by the batch, whatever the file 
 
 
 def _parsed_lines(package, rel: str) -> Iterator[tuple[int, Any, tuple[int | None, str] | None]]:
-    """(line number, value, None) or (line number, None, (column, message)) for every non-blank JSONL line.
+    """(line number, value, None) or (line number, None, (column, message)) for every non-blank JSONL line."""
+    return _parse_numbered(_lines(package, rel))
 
-    One json.loads over "[line,line,...]" per batch costs a fraction of one call per line; a batch that fails,
+
+def _parse_numbered(lines: Iterator[tuple[int, bytes]]) -> Iterator[tuple[int, Any, tuple[int | None, str] | None]]:
+    """One json.loads over "[line,line,...]" per batch costs a fraction of one call per line; a batch that fails,
     or whose element count differs from its line count (a line holding two values, or one value spread over
     two lines), is parsed again line by line, so every error keeps its own line and column."""
     batch: list[tuple[int, bytes]] = []
     batch_bytes = 0
-    for number, raw in _lines(package, rel):
+    for number, raw in lines:
         batch.append((number, raw))
         batch_bytes += len(raw)
         if len(batch) == BATCH_LINES or batch_bytes >= BATCH_BYTES:
@@ -344,7 +357,7 @@ def _scan_generic(package, rel: str) -> GenericScan:
         scan.header_only = width is not None and scan.records == 0 and scan.error_count == 0
         return scan
     seen_line = False
-    for number, _, error in _parsed_lines(package, rel):
+    for number, _, error in _validated_lines(package, rel):
         seen_line = True
         if error:
             scan.add_error(number, *error)
@@ -352,6 +365,74 @@ def _scan_generic(package, rel: str) -> GenericScan:
             scan.records += 1
     scan.blank_only = not seen_line
     return scan
+
+
+# ---------------------------------------------------------------------------------------------- validation only
+
+VALIDATE_BLOCK = 4 << 20
+LONG_LINE = 64 << 20  # past this without a newline, the block path gives way to the line-by-line one
+
+
+def _validator():
+    """simdjson validates without building Python objects, about 15x faster than json.loads on a large JSONL.
+    Optional: without it, every line goes through json.loads as before."""
+    try:
+        import simdjson
+    except ImportError:  # pragma: no cover - a platform without a pysimdjson wheel
+        return None
+    return simdjson.Parser()
+
+
+def _validated_lines(package, rel: str) -> Iterator[tuple[int, None, tuple[int | None, str] | None]]:
+    """Like _parsed_lines without the values, for files whose values nobody needs (any other JSONL).
+
+    Whole blocks of complete lines are validated at once as one array ("[l1,l2,...]"). simdjson is strict
+    (RFC 8259): what it accepts, json.loads accepts too. A block it refuses (a blank line, NaN, a big integer, a
+    real error) is parsed line by line by json.loads, which alone decides and places every error; so the
+    outcome is exactly that of the line-by-line path, only faster on the common, clean case."""
+    parser = _validator()
+    if parser is None:
+        yield from ((number, None, error) for number, _, error in _parsed_lines(package, rel))
+        return
+    consumed = 0  # lines before the current block
+    carry = b""
+    try:
+        with open(package.abspath(rel), "rb") as fh:
+            while True:
+                chunk = fh.read(VALIDATE_BLOCK)
+                block = carry + chunk
+                if chunk and b"\n" not in chunk:  # no line ends in this chunk
+                    if len(block) >= LONG_LINE:
+                        rest = _non_blank(itertools.islice(package.iter_lines(rel), consumed, None))
+                        yield from ((number, None, error) for number, _, error in _parse_numbered(rest))
+                        return
+                    carry = block
+                    continue
+                cut = block.rfind(b"\n") + 1 if chunk else len(block)
+                complete, carry = block[:cut], block[cut:]
+                if complete:
+                    count = complete.count(b"\n") + (not complete.endswith(b"\n"))
+                    if _block_is_valid(parser, complete, count, first=consumed == 0):
+                        yield from ((consumed + n, None, None) for n in range(1, count + 1))
+                    else:
+                        numbered = enumerate((line.rstrip(b"\r") for line in complete.split(b"\n")[:count]),
+                                             consumed + 1)
+                        yield from ((number, None, error) for number, _, error in _parse_numbered(_non_blank(numbered)))
+                    consumed += count
+                if not chunk:
+                    return
+    except OSError as exc:
+        raise UsageError(f"{rel}: cannot read ({exc.strerror})") from exc
+
+
+def _block_is_valid(parser, complete: bytes, count: int, *, first: bool) -> bool:
+    body = complete[:-1] if complete.endswith(b"\n") else complete
+    if first and body.startswith(BOM):
+        body = body[3:]
+    try:
+        return len(parser.parse(b"[" + body.replace(b"\n", b",") + b"]")) == count
+    except Exception:  # noqa: BLE001 - any refusal, whatever its kind, sends the block to json.loads
+        return False
 
 
 # ---------------------------------------------------------------------------------------------- eval ids
