@@ -257,9 +257,17 @@ def sniff(path: str | os.PathLike) -> str | None:
     opcode, as protocol 0/1 and headerless pickles do) or None."""
     try:
         with open(path, "rb") as fh:
-            head = fh.read(16)
+            head = fh.read(SNIFF_BYTES)
     except OSError:
         return None
+    return sniff_head(head, path)
+
+
+SNIFF_BYTES = 16
+
+
+def sniff_head(head: bytes, path: str | os.PathLike) -> str | None:
+    """sniff() on the first SNIFF_BYTES bytes already read."""
     if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= pickle.HIGHEST_PROTOCOL:
         return "pickle"
     if head.startswith(ZIP_MAGIC):
@@ -330,6 +338,11 @@ def scan_package(package) -> dict[str, ScanResult]:
     stay on the package so the reload step refuses what the scan refused, without scanning twice."""
     results: dict[str, ScanResult] = package.settings.setdefault(SCAN_SETTING, {})
     for rel in sorted(package.files):
-        if rel not in results and is_pickle_or_torch_zip(package.abspath(rel)):
-            results[rel] = scan_file(package.abspath(rel))
+        if rel in results:
+            continue
+        path = package.abspath(rel)
+        # The first bytes of a document the checks already read come from memory: no second open per file.
+        head = package.cached_head(rel, SNIFF_BYTES)
+        if has_pickle_extension(path) or (sniff(path) if head is None else sniff_head(head, path)) is not None:
+            results[rel] = scan_file(path)
     return results

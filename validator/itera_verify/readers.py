@@ -357,12 +357,11 @@ def _scan_generic(package, rel: str) -> GenericScan:
         scan.header_only = width is not None and scan.records == 0 and scan.error_count == 0
         return scan
     seen_line = False
-    for number, _, error in _validated_lines(package, rel):
+    for number, records, error in _validated_lines(package, rel):
         seen_line = True
         if error:
             scan.add_error(number, *error)
-        else:
-            scan.records += 1
+        scan.records += records
     scan.blank_only = not seen_line
     return scan
 
@@ -383,8 +382,9 @@ def _validator():
     return simdjson.Parser()
 
 
-def _validated_lines(package, rel: str) -> Iterator[tuple[int, None, tuple[int | None, str] | None]]:
-    """Like _parsed_lines without the values, for files whose values nobody needs (any other JSONL).
+def _validated_lines(package, rel: str) -> Iterator[tuple[int, int, tuple[int | None, str] | None]]:
+    """(first line, records, None) for a run of valid lines, (line, 0, (column, message)) for an invalid one:
+    _parsed_lines without the values, for files whose values nobody needs (any other JSONL).
 
     Whole blocks of complete lines are validated at once as one array ("[l1,l2,...]"). simdjson is strict
     (RFC 8259): what it accepts, json.loads accepts too. A block it refuses (a blank line, NaN, a big integer, a
@@ -392,7 +392,7 @@ def _validated_lines(package, rel: str) -> Iterator[tuple[int, None, tuple[int |
     outcome is exactly that of the line-by-line path, only faster on the common, clean case."""
     parser = _validator()
     if parser is None:
-        yield from ((number, None, error) for number, _, error in _parsed_lines(package, rel))
+        yield from _counted(_parsed_lines(package, rel))
         return
     consumed = 0  # lines before the current block
     carry = b""
@@ -404,7 +404,7 @@ def _validated_lines(package, rel: str) -> Iterator[tuple[int, None, tuple[int |
                 if chunk and b"\n" not in chunk:  # no line ends in this chunk
                     if len(block) >= LONG_LINE:
                         rest = _non_blank(itertools.islice(package.iter_lines(rel), consumed, None))
-                        yield from ((number, None, error) for number, _, error in _parse_numbered(rest))
+                        yield from _counted(_parse_numbered(rest))
                         return
                     carry = block
                     continue
@@ -413,16 +413,20 @@ def _validated_lines(package, rel: str) -> Iterator[tuple[int, None, tuple[int |
                 if complete:
                     count = complete.count(b"\n") + (not complete.endswith(b"\n"))
                     if _block_is_valid(parser, complete, count, first=consumed == 0):
-                        yield from ((consumed + n, None, None) for n in range(1, count + 1))
+                        yield consumed + 1, count, None
                     else:
                         numbered = enumerate((line.rstrip(b"\r") for line in complete.split(b"\n")[:count]),
                                              consumed + 1)
-                        yield from ((number, None, error) for number, _, error in _parse_numbered(_non_blank(numbered)))
+                        yield from _counted(_parse_numbered(_non_blank(numbered)))
                     consumed += count
                 if not chunk:
                     return
     except OSError as exc:
         raise UsageError(f"{rel}: cannot read ({exc.strerror})") from exc
+
+
+def _counted(parsed) -> Iterator[tuple[int, int, tuple[int | None, str] | None]]:
+    return ((number, 0 if error else 1, error) for number, _, error in parsed)
 
 
 def _block_is_valid(parser, complete: bytes, count: int, *, first: bool) -> bool:
