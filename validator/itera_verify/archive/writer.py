@@ -4,7 +4,10 @@ Why not `tarfile`: its stream mode copies and slices buffers (seconds per GiB). 
 built directly (ustar when the name fits, `tarfile`'s PAX encoding otherwise: long or non-ASCII names, sizes
 of 8 GiB and more), data goes straight from the read buffer into the hash and the zstd compressor.
 
-Compression: zstd, multi-threaded, frames with a content checksum. The level is chosen per large file from a
+Compression: zstd frames of at most FRAME_SPAN input bytes, each with a content checksum, compressed whole on a
+pool of threads (one compressor per thread) and written in order. Why not zstd's own multi-threading: it
+drains its workers at every frame end, and frames are what lets the read-back and the audit decompress in
+parallel; independent frames keep every core busy on both sides. The level is chosen per large file from a
 1 MiB sample: when level 1 compresses the sample within 1 % of the requested level, the file goes into level-1
 frames. bf16/fp16 weights are the case this is for (no repeated strings, only the exponent bytes compress:
 level 1 gives exactly the ratio of level 3 at about half the CPU); plain JSONL often qualifies too. Small
@@ -18,6 +21,8 @@ import os
 import queue
 import tarfile
 import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -31,7 +36,7 @@ FAST_MIN_SIZE = 8 << 20  # smaller files are not worth a frame of their own
 SAMPLE = 1 << 20
 FAST_TOLERANCE = 1.01  # use the fast profile when it is within 1 % of the requested level on a sample
 FAST_LEVEL = 1
-FRAME_SPAN = 32 << 20  # end a frame after this much input: frames decompress in parallel when read back
+FRAME_SPAN = 8 << 20  # input bytes per frame: frames compress, and decompress when read back, in parallel
 
 REGULAR, DIRECTORY, SYMLINK, HARDLINK = b"0", b"5", b"2", b"1"
 _TARFILE_TYPES = {REGULAR: tarfile.REGTYPE, DIRECTORY: tarfile.DIRTYPE, SYMLINK: tarfile.SYMTYPE,
@@ -93,12 +98,12 @@ def worker_count(threads: int) -> int:
 class _Output:
     """The compressed side, written by a thread of its own: copying into the page cache costs as much as
     hashing, and the compressor should not wait for it. A short write is retried; a failure (a full disk) is
-    raised by the next write() or by flush(). At most 8 pieces (about 8 MiB) wait in the queue."""
+    raised by the next write() or by flush(). At most 2 frames wait in the queue."""
 
     def __init__(self, fileobj):
         self.fileobj = fileobj
         self.bytes = 0
-        self._pending: queue.Queue = queue.Queue(maxsize=8)
+        self._pending: queue.Queue = queue.Queue(maxsize=2)
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="archive-write", daemon=True)
         self._thread.start()
@@ -146,44 +151,88 @@ class _Output:
             self._thread.join()
 
 
+class _FrameCompressor:
+    """Whole frames compressed on `workers` threads. A ZstdCompressor is not thread-safe: each thread keeps
+    its own, one per profile. compress() releases the GIL, so the threads run side by side."""
+
+    def __init__(self, levels: dict[str, int], workers: int):
+        self._levels = levels
+        self._local = threading.local()
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="archive-compress")
+
+    def _compress(self, profile: str, data: memoryview) -> bytes:
+        compressors = getattr(self._local, "compressors", None)
+        if compressors is None:
+            compressors = self._local.compressors = {
+                name: zstandard.ZstdCompressor(level=level, write_checksum=True) for name, level in self._levels.items()}
+        return compressors[profile].compress(data)
+
+    def submit(self, profile: str, data: memoryview) -> Future:
+        return self._pool.submit(self._compress, profile, data)
+
+    def shutdown(self, *, cancel: bool = False) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=cancel)
+
+
 class ArchiveWriter:
-    """Write members in the order given; the caller sorts them. Returns each file's SHA-256."""
+    """Write members in the order given; the caller sorts them. Returns each file's SHA-256.
+
+    The tar stream is copied into frame buffers of FRAME_SPAN bytes; a full buffer (or a change of profile)
+    goes to the compressor pool, and compressed frames reach the output in order. Memory is bounded by the
+    buffers: `workers + 2` frames in flight, whatever the archive's size."""
 
     def __init__(self, fileobj, *, level: int = 3, threads: int = 0):
         self.output = _Output(fileobj)
         self.level = level
-        workers = worker_count(threads)
-        self._compressors = {
-            "normal": zstandard.ZstdCompressor(level=level, threads=workers, write_checksum=True),
-            "fast": zstandard.ZstdCompressor(level=FAST_LEVEL, threads=workers, write_checksum=True),
-        }
+        self.workers = worker_count(threads)
+        self._compressor = _FrameCompressor({"normal": level, "fast": FAST_LEVEL}, self.workers)
         self._samplers = {"normal": zstandard.ZstdCompressor(level=level),
                           "fast": zstandard.ZstdCompressor(level=FAST_LEVEL)}
-        self._writers: dict = {}
         self._profile: str | None = None
-        self._frame_input = 0
+        self._buffer: bytearray | None = None
+        self._filled = 0
+        self._free: list[bytearray] = []
+        self._allocated = 0
+        self._in_flight: deque[tuple[Future, bytearray]] = deque()
         self.tar_bytes = 0
         self.frames: list[tuple[int, int]] = []  # (start, end) of each zstd frame in the file
         self.fast_files = 0
 
-    # ---- compression profile -------------------------------------------------------------------------
+    # ---- frames --------------------------------------------------------------------------------------
     def _use(self, profile: str) -> None:
         """Switch profile; a switch ends the current frame (a frame has one set of parameters)."""
-        if profile == self._profile:
-            return
-        self._end_frame()
-        if profile not in self._writers:
-            self._writers[profile] = self._compressors[profile].stream_writer(
-                self.output, write_size=1 << 20, closefd=False)
-        self._profile = profile
+        if profile != self._profile:
+            self._end_frame()
+            self._profile = profile
+
+    def _take_buffer(self) -> bytearray:
+        if not self._free and self._allocated < self.workers + 2:
+            self._allocated += 1
+            return bytearray(FRAME_SPAN)
+        while not self._free:
+            self._emit_oldest()
+        return self._free.pop()
 
     def _end_frame(self) -> None:
-        if self._profile is not None:
-            start = self.frames[-1][1] if self.frames else 0
-            self._writers[self._profile].flush(zstandard.FLUSH_FRAME)
-            self.frames.append((start, self.output.bytes))
-            self._profile = None
-            self._frame_input = 0
+        if self._buffer is None:
+            return
+        buffer, filled = self._buffer, self._filled
+        self._buffer, self._filled = None, 0
+        if not filled:
+            self._free.append(buffer)
+            return
+        self._in_flight.append((self._compressor.submit(self._profile, memoryview(buffer)[:filled]), buffer))
+        while len(self._in_flight) > self.workers:
+            self._emit_oldest()
+
+    def _emit_oldest(self) -> None:
+        """Hand the oldest frame to the output once compressed; its buffer is free again."""
+        future, buffer = self._in_flight.popleft()
+        compressed = future.result()
+        start = self.output.bytes
+        self.output.write(compressed)
+        self.frames.append((start, self.output.bytes))
+        self._free.append(buffer)
 
     def _profile_for(self, size: int, first) -> str:
         if self.level <= FAST_LEVEL or size < FAST_MIN_SIZE or first is None or len(first) < SAMPLE:
@@ -195,14 +244,18 @@ class ArchiveWriter:
 
     def _write(self, data) -> None:
         if self._profile is None:
-            self._use("normal")
-        elif self._frame_input >= FRAME_SPAN:
-            profile = self._profile
-            self._end_frame()
-            self._use(profile)
-        self._writers[self._profile].write(data)
-        self.tar_bytes += len(data)
-        self._frame_input += len(data)
+            self._profile = "normal"
+        view = memoryview(data).cast("B")
+        self.tar_bytes += len(view)
+        while view:
+            if self._buffer is None:
+                self._buffer, self._filled = self._take_buffer(), 0
+            step = min(len(self._buffer) - self._filled, len(view))
+            self._buffer[self._filled:self._filled + step] = view[:step]
+            self._filled += step
+            view = view[step:]
+            if self._filled == len(self._buffer):
+                self._end_frame()
 
     # ---- members -------------------------------------------------------------------------------------
     def add_directory(self, name: str, *, mode: int = 0o755, mtime: int = 0) -> None:
@@ -254,12 +307,17 @@ class ArchiveWriter:
         try:
             self._write(END_OF_ARCHIVE)
             self._end_frame()
+            while self._in_flight:
+                self._emit_oldest()
             self.output.flush()
         finally:
+            self._compressor.shutdown()
             self.output.close()
 
     def abandon(self) -> None:
-        """Stop the output thread without finishing the archive (after an error)."""
+        """Stop the compressor threads and the output thread without finishing the archive (after an error)."""
+        self._compressor.shutdown(cancel=True)
+        self._in_flight.clear()
         self.output.close()
 
 
