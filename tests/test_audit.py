@@ -390,3 +390,34 @@ def test_member_names_nested_past_path_max_are_IV703_not_a_crash(sealed, tmp_pat
     report = audit(write_archive(tmp_path / "deep.tar.zst", entries, resum=True))
     assert report.verdict == "fail"
     assert "IV703" in {f.code for f in report.findings}
+
+
+# ---- where the private folder goes ------------------------------------------------------------------------
+def test_private_folder_goes_to_memory_only_when_nobody_chose_a_temporary_folder(sealed, tmp_path, monkeypatch):
+    from itera_verify import audit_flow
+
+    if not audit_flow.MEMORY_SCRATCH.is_dir() or not os.access(audit_flow.MEMORY_SCRATCH, os.W_OK):
+        pytest.skip("no writable /dev/shm here")
+    for name in ("TMPDIR", "TEMP", "TMP"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", "/tmp")
+    assert audit_flow.scratch_folder(sealed) == "/dev/shm"  # our archive: every frame declares its size
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert audit_flow.scratch_folder(sealed) is None  # the user's choice wins
+    monkeypatch.delenv("TMPDIR")
+    monkeypatch.setattr(audit_flow, "_available_memory", lambda: 1024)
+    assert audit_flow.scratch_folder(sealed) is None  # would not fit
+
+
+def test_a_stream_without_declared_sizes_is_never_extracted_into_memory(tmp_path, monkeypatch):
+    """zstd from a pipe does not know the size: nothing bounds the expansion ahead, so the disk it is."""
+    from itera_verify import audit_flow
+
+    streamed = tmp_path / "piped.tar.zst"
+    with open(streamed, "wb") as out, zstandard.ZstdCompressor().stream_writer(out) as writer:
+        writer.write(b"\0" * (1 << 20))
+    monkeypatch.setattr(tempfile, "tempdir", "/tmp")
+    for name in ("TMPDIR", "TEMP", "TMP"):
+        monkeypatch.delenv(name, raising=False)
+    assert audit_flow.scratch_folder(streamed) is None
+    assert audit_flow.declared_content_size(os.open(streamed, os.O_RDONLY)) is None

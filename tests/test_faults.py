@@ -109,32 +109,40 @@ def test_weights_unreadable_are_never_sealed_and_exit_2(built, shared_dir, tag):
 
 
 SEAL_HOOK = textwrap.dedent("""
-    # Runs the real command line; the progress sink changes one file when the seal starts (after every check).
+    # Runs the real command line. The seal begins beside the checks: "deny" makes one file unreadable when it
+    # begins; the other actions change one file once every check has run, before the seal is finished.
     import contextlib, os, sys
-    from itera_verify import cli
+    from itera_verify import cli, verify_flow
     from itera_verify.progress import Progress
     target, action = sys.argv[1], sys.argv[2]
     class Hook(Progress):
         def start(self, key, description, total=None, unit=""):
-            if key == "seal":
-                if action == "deny":
-                    os.chmod(target, 0)
-                elif action == "delete":
-                    os.unlink(target)
-                elif action == "grow":
-                    with open(target, "ab") as fh:
-                        fh.write(b"\\n")
-                elif action == "replace":
-                    data = open(target, "rb").read()
-                    os.unlink(target)
-                    open(target, "wb").write(data)
-                elif action == "rewrite-same-size-and-mtime":
-                    st = os.stat(target)
-                    with open(target, "r+b") as fh:
-                        first = fh.read(1)
-                        fh.seek(0)
-                        fh.write(bytes([first[0] ^ 1]))
-                    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+            if key == "seal" and action == "deny":
+                os.chmod(target, 0)
+    real_build_report = verify_flow.build_report
+    def build_report_then_change(*args, **kwargs):
+        change()
+        return real_build_report(*args, **kwargs)
+    verify_flow.build_report = build_report_then_change
+    def change():
+        if action == "deny":
+            return
+        if action == "delete":
+            os.unlink(target)
+        elif action == "grow":
+            with open(target, "ab") as fh:
+                fh.write(b"\\n")
+        elif action == "replace":
+            data = open(target, "rb").read()
+            os.unlink(target)
+            open(target, "wb").write(data)
+        elif action == "rewrite-same-size-and-mtime":
+            st = os.stat(target)
+            with open(target, "r+b") as fh:
+                first = fh.read(1)
+                fh.seek(0)
+                fh.write(bytes([first[0] ^ 1]))
+            os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert hasattr(cli, "_make_progress"), "the CLI's progress factory moved: this hook needs updating"
     cli._make_progress = lambda quiet, verbose: contextlib.nullcontext(Hook())
     sys.argv = ["itera-verify", *sys.argv[3:]]
@@ -260,7 +268,7 @@ def big_file_package(built, root: Path, megabytes: int = 48) -> Path:
     with open(package / "analysis" / "raw-scores.dat", "wb") as fh:
         fh.write(b"DATA")  # no pickle, zip or numpy magic: a plain data file
         for _ in range(megabytes):
-            fh.write(os.urandom(1 << 20))
+            fh.write(os.urandom(1 << 19).hex().encode())  # hex text: level 19 searches it slowly (random bytes it skips)
     return package
 
 

@@ -226,20 +226,55 @@ def test_vanished_file_is_IV704(package_dir, tmp_path):
     assert [(f.code, f.path) for f in refused.value.findings] == [("IV704", "analysis/errors.md")]
 
 
-def test_changed_file_in_the_cli_is_IV704_exit_1(package_dir, tmp_path, monkeypatch):
+def _checks_then(monkeypatch, action):
+    """verify's checks, followed by `action` while the seal begun beside them is still open."""
     from itera_verify import verify_flow
 
-    real_seal = seal_module.seal_package
+    real_checks = verify_flow.check_package
 
-    def seal_after_a_change(package, *args, **kwargs):
-        (package_dir / "metrics" / "control.jsonl").write_text("{}\n")
-        return real_seal(package, *args, **kwargs)
+    def checks_then_action(*args, **kwargs):
+        result = real_checks(*args, **kwargs)
+        action()
+        return result
 
-    monkeypatch.setattr(seal_module, "seal_package", seal_after_a_change)
+    monkeypatch.setattr(verify_flow, "check_package", checks_then_action)
+    return verify_flow
+
+
+def test_a_file_changed_while_the_checks_ran_beside_the_seal_is_IV704(package_dir, tmp_path, monkeypatch):
+    """The seal starts before the checks; a file rewritten after the seal read it but before the checks ended
+    would make the report describe bytes the archive does not hold: refused, nothing published."""
+    target = package_dir / "metrics" / "control.jsonl"
+    verify_flow = _checks_then(monkeypatch, lambda: target.write_bytes(target.read_bytes()))  # same bytes, new ctime
     report = verify_flow.verify(package_dir, reload=False, output=tmp_path / "x.tar.zst")
     assert report.verdict == "fail" and not report.sealed
     assert ("IV704", "metrics/control.jsonl") in [(f.code, f.path) for f in report.findings]
     assert no_leftovers(tmp_path, tmp_path / "x.tar.zst")
+
+
+def test_a_seal_begun_beside_failing_checks_leaves_nothing(package_dir, tmp_path):
+    from itera_verify import verify_flow
+
+    (package_dir / "stops.json").write_text("{}")
+    out = tmp_path / "out"
+    out.mkdir()
+    report = verify_flow.verify(package_dir, reload=False, output=out / "x.tar.zst")
+    assert report.verdict == "fail" and not report.sealed and report.seal_skipped
+    assert list(out.iterdir()) == []  # no archive, no partial file
+
+
+def test_ctrl_c_during_the_checks_removes_the_seal_begun_beside_them(package_dir, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def interrupt():
+        assert [p for p in out.iterdir() if p.name.endswith(".partial")], "the seal had begun"
+        raise KeyboardInterrupt
+
+    verify_flow = _checks_then(monkeypatch, interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        verify_flow.verify(package_dir, reload=False, output=out / "x.tar.zst")
+    assert list(out.iterdir()) == []
 
 
 # ---- a full disk -------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -23,6 +24,7 @@ from pathlib import Path
 from . import __version__
 from .archive import SumsError, parse_sums
 from .archive.extract import Extraction, safe_extract
+from .archive.zstdframes import declared_content_size
 from .hfcache import resolve_hf_cache
 from .model import Finding, UsageError
 from .package import discover
@@ -59,7 +61,7 @@ def audit(archive, *, reload: bool = False, max_size: int | None = None, device:
     size = path.stat().st_size
     limit = max_size or default_max_size(size)
     with termination_unwinds():
-        workdir = tempfile.mkdtemp(prefix="itera-audit-")  # mode 0700: private to this user
+        workdir = tempfile.mkdtemp(prefix="itera-audit-", dir=scratch_folder(path))  # mode 0700: private
         try:
             extraction = _extract(path, workdir, limit, progress, keep_prefix=None if reload else safetensors_header)
             report = _recheck(path, workdir, extraction, selection, reload=reload, device=resolved_device,
@@ -80,6 +82,44 @@ def audit(archive, *, reload: bool = False, max_size: int | None = None, device:
         finding.severity = selection.severity(finding.code)
     report.findings[:0] = archive_findings
     return report
+
+
+MEMORY_SCRATCH = Path("/dev/shm")
+SYSTEM_TEMP = ("/tmp", "/var/tmp", "/usr/tmp")
+
+
+def scratch_folder(archive: Path) -> str | None:
+    """Where the private extraction folder goes; None: the temporary folder the user or system chose.
+
+    Memory (/dev/shm) when nobody chose a temporary folder (no TMPDIR, TEMP or TMP; Python's default), every
+    zstd frame declares its content size, and twice their sum fits both the tmpfs and the available memory.
+    The extraction lives a minute and is deleted: on a disk, creating thousands of files and writing gigabytes
+    only to remove them costs more than the audit's own work (GNU tar -x of the 2 GiB benchmark archive takes
+    9.4 s on ext4 with discard; the whole audit reads and re-checks it in about 5 s in memory)."""
+    if any(os.environ.get(name) for name in ("TMPDIR", "TEMP", "TMP")) or tempfile.gettempdir() not in SYSTEM_TEMP:
+        return None
+    if not MEMORY_SCRATCH.is_dir() or not os.access(MEMORY_SCRATCH, os.W_OK | os.X_OK):
+        return None
+    try:
+        with open(archive, "rb", buffering=0) as source:
+            declared = declared_content_size(source.fileno())
+        room = os.statvfs(MEMORY_SCRATCH)
+    except OSError:
+        return None
+    if declared is None or room.f_bavail * room.f_frsize < 2 * declared or _available_memory() < 2 * declared:
+        return None
+    return str(MEMORY_SCRATCH)
+
+
+def _available_memory() -> int:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _file_sha256(path: Path) -> str:

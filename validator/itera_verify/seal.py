@@ -161,7 +161,7 @@ def termination_unwinds():
 
 
 # ---- the streaming pass -----------------------------------------------------------------------------------
-def _open_file(package: Package, entry: _Entry, feed, progress: Progress):
+def _open_file(package: Package, entry: _Entry, feed, progress: Progress, stop: threading.Event):
     """The first piece of one file from the reader thread, after checking the open file is the one discovery
     saw (size, modification time, inode); sets the member's mode. Returns the file's pieces."""
     recorded = package.files[entry.rel]
@@ -174,11 +174,13 @@ def _open_file(package: Package, entry: _Entry, feed, progress: Progress):
     if not _same_file(recorded, opened):
         raise _Changed(entry.rel, _what_changed(recorded, opened))
     entry.mode = 0o755 if opened.st_mode & 0o111 else 0o644
-    return _pieces(entry, piece, feed, progress)
+    return _pieces(entry, piece, feed, progress, stop)
 
 
-def _pieces(entry: _Entry, piece, feed, progress: Progress):
+def _pieces(entry: _Entry, piece, feed, progress: Progress, stop: threading.Event):
     while True:
+        if stop.is_set():
+            raise _Cancelled()  # a large file is not read to its end once the seal is abandoned
         if len(piece.data):
             progress.advance("seal", len(piece.data))
             yield piece.data
@@ -220,9 +222,13 @@ def _still_same(package: Package, rel: str) -> str | None:
     return None
 
 
-def _write_members(package: Package, campaign_id: str, plan: list[_Entry], extra: dict[str, bytes], writer,
-                   progress: Progress) -> tuple[dict[str, str], list[tuple]]:
-    """Write everything; returns SHA256SUMS content by name and the expected member list for the read-back."""
+class _Cancelled(Exception):
+    """The seal was abandoned (the checks found an error, or the run was interrupted)."""
+
+
+def _write_package_members(package: Package, campaign_id: str, plan: list[_Entry], writer, progress: Progress,
+                           stop: threading.Event) -> tuple[dict[str, str], list[tuple]]:
+    """Every package member, in order; returns the digests by path and the member list for the read-back."""
     files = [e for e in plan if e.kind == "file"]
     feeder = FileFeeder([(str(package.abspath(e.rel)), e.size) for e in files])
     feed = iter(feeder)
@@ -230,6 +236,8 @@ def _write_members(package: Package, campaign_id: str, plan: list[_Entry], extra
     expected: list[tuple] = []
     try:
         for entry in plan:
+            if stop.is_set():
+                raise _Cancelled()
             name = f"{campaign_id}/{entry.rel}" if entry.rel else campaign_id
             if entry.kind == "directory":
                 writer.add_directory(name, mode=entry.mode, mtime=entry.mtime)
@@ -239,20 +247,20 @@ def _write_members(package: Package, campaign_id: str, plan: list[_Entry], extra
                 expected.append((name, "symlink", 0, entry.target))
             else:
                 try:
-                    pieces = _open_file(package, entry, feed, progress)
+                    pieces = _open_file(package, entry, feed, progress, stop)
                     writer.add_file(name, entry.size, pieces, mode=entry.mode, mtime=entry.mtime, hash_data=False)
-                    digest = entry.sha256
                 except SizeChanged as exc:
                     raise _Changed(entry.rel, f"its size changed while it was sealed ({exc})") from None
-                checked = package.digests.get(entry.rel)
-                if checked is not None and checked != digest:
-                    raise _Changed(entry.rel, "its content differs from what the checks read")
-                if (reason := _still_same(package, entry.rel)) is not None:
-                    raise _Changed(entry.rel, reason.replace("after the check", "while it was sealed"))
-                digests[entry.rel] = digest
-                expected.append((name, "file", entry.size, digest))
+                digests[entry.rel] = entry.sha256
+                expected.append((name, "file", entry.size, entry.sha256))
     finally:
         feeder.close()
+    return digests, expected
+
+
+def _write_seal_members(writer, campaign_id: str, digests: dict[str, str], expected: list[tuple],
+                        extra: dict[str, bytes]) -> None:
+    """SEAL/ last: SHA256SUMS is the product of the pass, then the workflow's own members; then the end."""
     now = int(time.time())
     writer.add_directory(f"{campaign_id}/{SEAL_DIR}", mtime=now)
     expected.append((f"{campaign_id}/{SEAL_DIR}/", "directory", 0, ""))
@@ -263,7 +271,18 @@ def _write_members(package: Package, campaign_id: str, plan: list[_Entry], extra
         digest = writer.add_bytes(f"{campaign_id}/{member}", data, mtime=now)
         expected.append((f"{campaign_id}/{member}", "file", len(data), digest))
     writer.close()
-    return digests, expected
+
+
+def _unchanged_since_discovery(package: Package, digests: dict[str, str]) -> None:
+    """After the pass (and the checks, which may have run beside it): every file still has the size, times and
+    inode discovery recorded, so what the checks read is what was sealed; and a digest a check computed equals
+    the sealed one. Raises _Changed for the first that differs."""
+    for rel in sorted(package.files):
+        checked = package.digests.get(rel)
+        if checked is not None and rel in digests and checked != digests[rel]:
+            raise _Changed(rel, "its content differs from what the checks read")
+        if (reason := _still_same(package, rel)) is not None:
+            raise _Changed(rel, reason.replace("after the check", "while it was sealed"))
 
 
 def _refuse_changed(package: Package, changed: _Changed) -> SealRefused:
@@ -276,57 +295,133 @@ def _refuse_changed(package: Package, changed: _Changed) -> SealRefused:
 
 
 # ---- the seal ---------------------------------------------------------------------------------------------
+class Sealing:
+    """One seal of `package` into `destination` (SPEC §3), in two steps so that the checks can run beside it:
+    start() streams the package members into the partial archive on a thread; finish(members) adds SEAL/,
+    reads the archive back, and publishes it; cancel() drops it (the partial file is removed).
+
+    Checking a destination or a plan that cannot work raises here, before anything is written: UsageError
+    (exit 2) or SealRefused (findings)."""
+
+    def __init__(self, package: Package, campaign_id: str, destination: Path, *, overwrite: bool = False,
+                 level: int = 3, threads: int = 0, progress: Progress = NULL_PROGRESS):
+        destination = Path(destination)
+        if not campaign_id or campaign_id in (".", "..") or any(c in campaign_id for c in "/\\\0"):
+            raise UsageError(f"{campaign_id!r} cannot name the archive's top folder")
+        _check_destination(package, destination, overwrite)
+        self.package, self.campaign_id, self.destination = package, campaign_id, destination
+        self.overwrite, self.level, self.threads, self.progress = overwrite, level, threads, progress
+        self.plan = plan_members(package)
+        self.partial = partial_path(destination)
+        self.sums_partial = partial_path(destination, ".sha256")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._output = self._writer = None
+        self._result: tuple | None = None
+        self._failure: BaseException | None = None
+        self._done = False
+
+    def start(self) -> "Sealing":
+        remove_stale_partials(self.destination)
+        self.started = time.monotonic()
+        self.progress.start("seal", f"sealing {self.destination.name}", total=sum(e.size for e in self.plan),
+                            unit="B")
+        try:
+            self._output = _open_output(self.partial)
+            self._writer = ArchiveWriter(self._output, level=self.level, threads=self.threads)
+            self._thread = threading.Thread(target=self._write_package, name="seal", daemon=True)
+            self._thread.start()
+        except OSError as exc:
+            self.cancel()
+            raise UsageError(f"{self.destination}: cannot write the archive ({exc.strerror or exc})") from exc
+        except BaseException:  # Ctrl-C or SIGTERM right after the partial file appeared
+            self.cancel()
+            raise
+        return self
+
+    def _write_package(self) -> None:
+        try:
+            self._result = _write_package_members(self.package, self.campaign_id, self.plan, self._writer,
+                                                  self.progress, self._stop)
+        except BaseException as exc:  # handed to finish(), never lost in the thread
+            self._failure = exc
+
+    def finish(self, members: dict[str, bytes]) -> dict:
+        """Add SEAL/ (`members`: SEAL/<name> -> bytes), verify, publish. Returns the report's `archive` object.
+        Raises SealRefused (IV704 ...) or UsageError (disk full, unreadable file); the partial file is gone then."""
+        if any(not name.startswith(SEAL_DIR + "/") or name == SUMS for name in members):
+            raise ValueError("extra members must be SEAL/<name> and not SEAL/SHA256SUMS")
+        try:
+            with termination_unwinds():
+                self._thread.join()
+                if self._failure is not None:
+                    raise self._failure
+                digests, expected = self._result
+                _unchanged_since_discovery(self.package, digests)
+                _write_seal_members(self._writer, self.campaign_id, digests, expected, members)
+                self._output.flush()
+                os.fsync(self._output.fileno())
+                self.progress.finish("seal")
+                sealed_at = time.monotonic()
+                archive_sha256, archive_bytes = _read_back(self.partial, expected, self._writer.frames,
+                                                           self.progress)
+                published_at = time.monotonic()
+                write_checksum_file(self.sums_partial, archive_sha256, self.destination.name)
+                publish(self.partial, self.destination, self.overwrite)
+                checksum_file = self.destination.with_name(self.destination.name + ".sha256")
+                os.replace(self.sums_partial, checksum_file)
+                fsync_folder(self.destination.parent)
+                self._done = True
+        except _Changed as changed:
+            raise _refuse_changed(self.package, changed) from None
+        except FileExistsError:
+            raise UsageError(f"{self.destination}: already exists (use --overwrite to replace it)") from None
+        except OSError as exc:
+            raise UsageError(f"{self.destination}: cannot write the archive ({exc.strerror or exc})") from exc
+        finally:
+            if not self._done:
+                self.cancel()
+        writer = self._writer
+        return {
+            "path": str(self.destination), "sha256": archive_sha256, "bytes": archive_bytes,
+            "sha256_file": str(checksum_file),
+            "members": len(expected), "files": len(digests), "uncompressed_bytes": writer.tar_bytes,
+            "level": self.level, "threads": worker_count(self.threads), "fast_files": writer.fast_files,
+            "frames": len(writer.frames),
+            "seconds": round(time.monotonic() - self.started, 3), "write_seconds": round(sealed_at - self.started, 3),
+            "verify_seconds": round(published_at - sealed_at, 3),
+        }
+
+    def cancel(self) -> None:
+        """Stop the pass and remove the partial files; safe to call at any point, more than once."""
+        self._stop.set()
+        if not self._done:  # first: an interrupted run must not leave it even if the threads take a moment
+            for leftover in (self.partial, self.sums_partial):
+                leftover.unlink(missing_ok=True)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        if self._writer is not None:
+            self._writer.abandon()
+        if self._output is not None:
+            self._output.close()
+        self.progress.finish("seal")
+
+
 def seal_package(package: Package, campaign_id: str, members: dict[str, bytes], destination: Path, *,
                  overwrite: bool = False, level: int = 3, threads: int = 0,
                  progress: Progress = NULL_PROGRESS) -> dict:
-    """Seal `package` into `destination` (SPEC §3). Returns the report's `archive` object.
+    """Seal `package` into `destination` in one go (SPEC §3). Returns the report's `archive` object.
     Raises SealRefused (findings) or UsageError (exit 2: destination exists, disk full, unreadable file)."""
-    started = time.monotonic()
-    destination = Path(destination)
-    if not campaign_id or campaign_id in (".", "..") or any(c in campaign_id for c in "/\\\0"):
-        raise UsageError(f"{campaign_id!r} cannot name the archive's top folder")
-    _check_destination(package, destination, overwrite)
     if any(not name.startswith(SEAL_DIR + "/") or name == SUMS for name in members):
         raise ValueError("extra members must be SEAL/<name> and not SEAL/SHA256SUMS")
-    plan = plan_members(package)
-    remove_stale_partials(destination)
-    partial, sums_partial = partial_path(destination), partial_path(destination, ".sha256")
-    progress.start("seal", f"sealing {destination.name}", total=sum(e.size for e in plan), unit="B")
+    sealing = Sealing(package, campaign_id, destination, overwrite=overwrite, level=level, threads=threads,
+                      progress=progress)
     with termination_unwinds():
-        done = False
         try:
-            writing_at = time.monotonic()
-            writer, digests, expected = _write_partial(package, campaign_id, plan, members, partial, level, threads,
-                                                       progress)
-            progress.finish("seal")
-            sealed_at = time.monotonic()
-            archive_sha256, archive_bytes = _read_back(partial, expected, writer.frames, progress)
-            published_at = time.monotonic()
-            write_checksum_file(sums_partial, archive_sha256, destination.name)
-            publish(partial, destination, overwrite)
-            os.replace(sums_partial, destination.with_name(destination.name + ".sha256"))
-            fsync_folder(destination.parent)
-            done = True
-        except _Changed as changed:
-            raise _refuse_changed(package, changed) from None
-        except FileExistsError:
-            raise UsageError(f"{destination}: already exists (use --overwrite to replace it)") from None
-        except OSError as exc:
-            raise UsageError(f"{destination}: cannot write the archive ({exc.strerror or exc})") from exc
+            sealing.start()
+            return sealing.finish(members)
         finally:
-            progress.finish("seal")
-            if not done:
-                for leftover in (partial, sums_partial):
-                    leftover.unlink(missing_ok=True)
-    return {
-        "path": str(destination), "sha256": archive_sha256, "bytes": archive_bytes,
-        "sha256_file": str(destination.with_name(destination.name + ".sha256")),
-        "members": len(expected), "files": len(digests), "uncompressed_bytes": writer.tar_bytes,
-        "level": level, "threads": worker_count(threads), "fast_files": writer.fast_files,
-        "frames": len(writer.frames),
-        "seconds": round(time.monotonic() - started, 3), "write_seconds": round(sealed_at - writing_at, 3),
-        "verify_seconds": round(published_at - sealed_at, 3),
-    }
+            sealing.cancel()  # a no-op once published
 
 
 def _read_back(partial: Path, expected: list[tuple], frames, progress: Progress) -> tuple[str, int]:
@@ -337,20 +432,3 @@ def _read_back(partial: Path, expected: list[tuple], frames, progress: Progress)
         raise UsageError(f"read-back verification of the archive failed: {exc}; nothing was sealed") from exc
     finally:
         progress.finish("seal-verify")
-
-
-def _write_partial(package: Package, campaign_id: str, plan: list[_Entry], members: dict[str, bytes],
-                   partial: Path, level: int, threads: int, progress: Progress):
-    """The streaming pass into the partial file, flushed and synced."""
-    output = _open_output(partial)
-    writer = None
-    try:
-        writer = ArchiveWriter(output, level=level, threads=threads)
-        digests, expected = _write_members(package, campaign_id, plan, members, writer, progress)
-        output.flush()
-        os.fsync(output.fileno())
-    finally:
-        if writer is not None:
-            writer.abandon()
-        output.close()
-    return writer, digests, expected

@@ -69,36 +69,70 @@ def verify(path, *, device: str = "auto", reload: bool = True, seal: bool = True
     package.tmp_patterns = tuple(tmp_patterns)
     if tariffs is not None:
         package.settings["tariffs"] = tariffs
-    findings, reloads = check_package(package, selection, reload=reload, device=resolved_device or "cpu",
-                                      timeout=timeout, jobs=jobs, progress=progress)
-    report = build_report(package, findings, reloads, selection, mode="verify", reloaded=reload,
-                          device=resolved_device)
-    if not seal:
-        report.seal_skipped = "--no-seal"
-    elif report.blocking():
-        report.seal_skipped = "findings at error level" + (" (or warnings with --strict)" if selection.strict else "")
-    else:
-        seal_report(package, report, selection, output=output, overwrite=overwrite, level=level, threads=threads,
-                    progress=progress)
+    from .seal import termination_unwinds
+
+    seal_options = dict(output=output, overwrite=overwrite, level=level, threads=threads, progress=progress)
+    with termination_unwinds():  # SIGTERM unwinds like Ctrl-C: a seal begun beside the checks is removed
+        sealing = start_sealing(package, **seal_options) if seal else None
+        try:
+            findings, reloads = check_package(package, selection, reload=reload, device=resolved_device or "cpu",
+                                              timeout=timeout, jobs=jobs, progress=progress)
+            report = build_report(package, findings, reloads, selection, mode="verify", reloaded=reload,
+                                  device=resolved_device)
+            if not seal:
+                report.seal_skipped = "--no-seal"
+            elif report.blocking():
+                report.seal_skipped = ("findings at error level"
+                                       + (" (or warnings with --strict)" if selection.strict else ""))
+            else:
+                seal_report(package, report, selection, sealing=sealing, **seal_options)
+        finally:
+            if sealing is not None:
+                sealing.cancel()  # nothing to undo once published; otherwise the partial archive goes
     report.elapsed_seconds = time.monotonic() - started
     return report
 
 
+def start_sealing(package: Package, *, output, overwrite: bool, level: int, threads: int, progress: Progress):
+    """Begin the seal before the checks, on its own threads: reading, hashing and compressing the package
+    overlaps the checks (which mostly run on one core), and the result is thrown away unless they pass. None
+    when the seal cannot start this early (no campaign id yet, a destination or an entry that would refuse):
+    seal_report then seals after the checks, and reports such a problem the way it always has."""
+    from .seal import SealRefused, Sealing
+
+    campaign_id = package.manifest.get("campaign_id")
+    if not isinstance(campaign_id, str):
+        return None
+    try:
+        sealing = Sealing(package, campaign_id, default_archive_path(package, campaign_id, output),
+                          overwrite=overwrite, level=level, threads=threads, progress=progress)
+        return sealing.start()
+    except (UsageError, SealRefused, OSError, ValueError):
+        return None
+
+
 def seal_report(package: Package, report: Report, selection: Selection, *, output, overwrite: bool, level: int,
-                threads: int, progress: Progress) -> None:
-    """Seal the package with the report inside; a file changed since the check turns into IV704 findings."""
+                threads: int, progress: Progress, sealing=None) -> None:
+    """Seal the package with the report inside; a file changed since the check turns into IV704 findings.
+    `sealing`: a seal started beside the checks, finished here with the report; None seals now."""
     from .seal import SealRefused, seal_package
 
     campaign_id = report.campaign_id or package.root.resolve().name
     destination = default_archive_path(package, campaign_id, output)
+    if sealing is not None and (sealing.campaign_id, sealing.destination) != (campaign_id, destination):
+        sealing.cancel()
+        sealing = None
     report.sealed = True  # what the sealed verification.json says: this package was sealed after these checks
     members = {
         "SEAL/verification.json": renderer("json")(report, {}).encode("utf-8"),
         "SEAL/report.html": renderer("html")(report, {}).encode("utf-8"),
     }
     try:
-        report.archive = seal_package(package, campaign_id, members, destination, overwrite=overwrite,
-                                      level=level, threads=threads, progress=progress)
+        if sealing is not None:
+            report.archive = sealing.finish(members)
+        else:
+            report.archive = seal_package(package, campaign_id, members, destination, overwrite=overwrite,
+                                          level=level, threads=threads, progress=progress)
     except SealRefused as refused:
         report.sealed = False
         for finding in refused.findings:

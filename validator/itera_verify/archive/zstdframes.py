@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+import zstandard
+
 ZSTD_MAGIC = 0xFD2FB528
 SKIPPABLE_MASK, SKIPPABLE_MAGIC = 0xFFFFFFF0, 0x184D2A50
 MAX_BLOCK = 128 << 10
@@ -165,3 +167,25 @@ def frame_table(fd: int, *, max_blocks: int = 1_000_000) -> list[tuple[int, int]
     if not frames:
         raise FrameError("not-zstd", "empty file (not a zstd stream)")
     return frames
+
+
+def declared_content_size(fd: int) -> int | None:
+    """The sum of the content sizes the frames of the file declare, read from their headers; None when a frame
+    declares none (a stream compressed from a pipe) or the file is not a well-formed zstd stream. libzstd
+    refuses a frame that expands past its declared size, so the sum bounds what decompression can produce."""
+    try:
+        frames = frame_table(fd)
+    except FrameError:
+        return None
+    if frames is None:
+        return None
+    total = 0
+    for start, _ in frames:
+        head = os.pread(fd, 18, start)  # magic, descriptor, window, dictionary id, content size: at most 18
+        if int.from_bytes(head[:4], "little") != ZSTD_MAGIC:
+            return None
+        size = zstandard.frame_content_size(head)
+        if size < 0:
+            return None
+        total += size
+    return total
