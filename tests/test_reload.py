@@ -31,14 +31,14 @@ CHECKPOINT = "checkpoints/control/checkpoint-4"
 RESUME = "checkpoints/lora-r16/resume.pt"
 
 
-def reload(package_dir, hf_cache, *only, timeout=300, jobs=2, judge_runs=False):
+def reload(package_dir, hf_cache, *only, timeout=300, jobs=2, judge_runs=False, prefetch=None):
     """Reload some artifacts like the workflow does; (results by artifact, their findings).
 
     With a subset of artifacts, accepted runs (IV509) are judged only when the test asks for it."""
     package = discover(package_dir)
     package.hf_cache = Path(hf_cache)
     package.reloads = run_reloads(package, device="cpu", timeout=timeout, jobs=jobs, progress=NULL_PROGRESS,
-                                  only=set(only) or None)
+                                  only=set(only) or None, prefetch=prefetch)
     findings = [f for f in reload_rules.check(package) if f.code != "IV509" or judge_runs or not only]
     return {r.artifact: r for r in package.reloads}, findings
 
@@ -247,9 +247,12 @@ def misbehave(tmp_path, monkeypatch):
     return arm
 
 
-def test_hanging_reload_times_out_as_IV504_and_the_next_artifact_still_reloads(package_dir, hf_cache, misbehave):
+@pytest.mark.parametrize("prefetch", [False, True], ids=["side-by-side", "one-at-a-time-prefetched"])
+def test_hanging_reload_times_out_as_IV504_and_the_next_artifact_still_reloads(package_dir, hf_cache, misbehave,
+                                                                              prefetch):
     pid_file = misbehave("control-model", "hang")
-    results, findings = reload(package_dir, hf_cache, "control-model", "lora-r16-resume", timeout=20, jobs=1)
+    results, findings = reload(package_dir, hf_cache, "control-model", "lora-r16-resume", timeout=20, jobs=1,
+                               prefetch=prefetch)
     assert results["control-model"].failure == "timeout" and 20 <= results["control-model"].seconds < 40
     assert codes_for(findings, "control-model") == ["IV504"] and "timed out" in findings[0].message
     assert results["lora-r16-resume"].ok
@@ -311,3 +314,23 @@ def test_no_reload_means_no_reload_findings(package_dir):
     shutil.rmtree(package_dir / ADAPTER)
     package = discover(package_dir)
     assert list(reload_rules.check(package)) == []  # reloads is None: nothing was proved or disproved
+
+
+# --- one at a time, the next child importing meanwhile (the GPU path, run here on the CPU) -------------------
+
+def test_prefetched_reloads_overlap_start_up_and_prove_the_same(package_dir, hf_cache):
+    """GPU reloads run one at a time; the next child imports torch and transformers while the current one loads,
+    and waits for its turn before it touches the device. Same results, less wall time."""
+    import tempfile
+
+    before = {p.name for p in Path(tempfile.gettempdir()).glob("itera-reload-*")}
+    artifacts = ("control-model", "lora-r16-adapter", "lora-r16-resume")
+    results, findings = reload(package_dir, hf_cache, *artifacts, jobs=1, prefetch=True)
+    assert findings == [] and all(results[a].ok for a in artifacts), {a: results[a].error for a in artifacts}
+    first, second, third = (results[a] for a in artifacts)
+    assert second.facts["started_at"] < first.facts["ended_at"], "the next child started only after the first"
+    assert third.facts["started_at"] < second.facts["ended_at"]
+    for result in (second, third):
+        assert result.facts["gate_wait_seconds"] >= 0
+        assert result.seconds < result.facts["ended_at"] - result.facts["started_at"] + 1  # its wait is not its time
+    assert {p.name for p in Path(tempfile.gettempdir()).glob("itera-reload-*")} == before  # folders removed

@@ -2,6 +2,9 @@
 
 One fresh process per artifact, so a crash, a leak or a hang costs one artifact and nothing else. It reads the
 job, cuts itself off the network, runs one loader and writes what it proved as JSON. It never prints findings.
+A gated child (GPU reloads, which run one at a time) imports its libraries, then waits for one byte on its
+standard input before it touches the device: the parent starts the next child while the current one loads,
+so library start-up overlaps the previous reload instead of adding to it.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-STARTED = time.monotonic()
+STARTED, STARTED_AT = time.monotonic(), time.time()
 _MODELLING = ("transformers.modeling_utils", "transformers.models.auto.modeling_auto")
 PRE_IMPORTS = {"safetensors": ("safetensors.torch",), "transformers": _MODELLING,
                "peft": (*_MODELLING, "peft"), "hf-trainer-checkpoint": (*_MODELLING, "peft"),
@@ -58,13 +61,17 @@ def run(job: dict) -> dict:
 
     if job.get("threads"):
         torch.set_num_threads(int(job["threads"]))
+    for module in PRE_IMPORTS.get(job["loader"], ()):
+        importlib.import_module(module)  # library start-up is process start-up, not reload time
+    imported = time.monotonic()
+    if job.get("gated") and not sys.stdin.buffer.read(1):
+        return None  # the parent closed the gate without a go: nothing to do
+    let_through = time.monotonic()
     device = torch.device(job["device"])
     if device.type == "cuda":
         torch.cuda.set_device(device.index or 0)
         torch.cuda.reset_peak_memory_stats()
         device = torch.device("cuda", torch.cuda.current_device())
-    for module in PRE_IMPORTS.get(job["loader"], ()):
-        importlib.import_module(module)  # library start-up is process start-up, not reload time
     outcome = Outcome(job)
     ready = time.monotonic()
     try:
@@ -86,7 +93,9 @@ def run(job: dict) -> dict:
         "problems": outcome.problems, "forward": outcome.forward, "facts": outcome.facts,
         "device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "peak_memory_bytes": int(peak), "peak_rss_bytes": rss_peak_bytes(),
-        "startup_seconds": round(ready - STARTED, 3), "load_seconds": round(loaded - ready, 3),
+        "startup_seconds": round((imported - STARTED) + (ready - let_through), 3),
+        "gate_wait_seconds": round(let_through - imported, 3), "load_seconds": round(loaded - ready, 3),
+        "started_at": STARTED_AT, "ended_at": time.time(),
     }
 
 
@@ -95,6 +104,8 @@ def main(argv: list[str]) -> int:
     cut_network()
     job = json.loads(job_path.read_text(encoding="utf-8"))
     result = run(job)
+    if result is None:
+        return 0
     partial = result_path.with_suffix(".partial")
     partial.write_text(json.dumps(result, default=str), encoding="utf-8")
     os.replace(partial, result_path)  # the parent never reads half a result

@@ -45,7 +45,8 @@ class ChildProcesses:
         with self._lock:
             if self.stopping.is_set():
                 return None
-            proc = subprocess.Popen(command, start_new_session=True, stdin=subprocess.DEVNULL, **popen_options)
+            popen_options.setdefault("stdin", subprocess.DEVNULL)
+            proc = subprocess.Popen(command, start_new_session=True, **popen_options)
             self._live.add(proc.pid)
         return proc
 

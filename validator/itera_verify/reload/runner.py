@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -125,29 +126,81 @@ def _died(code: int | None, log: Path) -> str:
     return f"the reload process exited with code {code} without a result" + (f": {tail}" if tail else "")
 
 
+class _Child:
+    """One reload child and its private folder. Gated: it imports its libraries, then waits for let_through()
+    before it touches the device (see child.py); the timeout runs from there."""
+
+    def __init__(self, job: dict, children: ChildProcesses, *, gated: bool = False):
+        self.job, self.children, self.gated = dict(job, gated=gated), children, gated
+        self.work = Path(tempfile.mkdtemp(prefix="itera-reload-"))
+        self.job_file, self.result_file, self.log = (self.work / "job.json", self.work / "result.json",
+                                                     self.work / "child.log")
+        self.job_file.write_text(json.dumps(self.job), encoding="utf-8")
+        self.started = time.monotonic()
+        with open(self.log, "wb") as log_handle:  # the child keeps its own descriptor
+            self.proc = children.spawn([sys.executable, "-m", "itera_verify.reload.child", str(self.job_file),
+                                        str(self.result_file)],
+                                       stdin=subprocess.PIPE if gated else subprocess.DEVNULL, stdout=log_handle,
+                                       stderr=subprocess.STDOUT, cwd=self.work, env=child_env(self.job, str(self.work)))
+
+    def let_through(self) -> None:
+        if self.gated and self.proc is not None:
+            try:
+                self.proc.stdin.write(b"g")
+                self.proc.stdin.close()
+            except OSError:  # it died while importing: finish() reports how
+                pass
+
+    def finish(self, timeout: float) -> ReloadResult:
+        """Wait (timeout from now), then what the child proved or how it failed; the folder is removed."""
+        job = self.job
+        result = ReloadResult(job["artifact"], job["loader"], kind=job["kind"], path=job["rel"], device=job["device"])
+        try:
+            end = self.children.wait(self.proc, timeout) if self.proc is not None else Exit(interrupted=True)
+            result.seconds = time.monotonic() - self.started
+            if end.usage is not None and job["device"] == "cpu":
+                result.peak_memory_bytes = end.usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+            if end.interrupted:
+                result.failure, result.error = "crash", "interrupted"
+            elif end.timed_out:
+                result.failure = "timeout"
+                result.error = f"no result after {timeout:g} s; the reload process was stopped"
+            elif end.code != 0 or not self.result_file.is_file():
+                result.failure, result.error = "crash", _died(end.code, self.log)
+            else:
+                _merge(result, json.loads(self.result_file.read_text(encoding="utf-8")))
+                result.seconds -= result.facts.get("gate_wait_seconds") or 0  # waiting for its turn is not its time
+        finally:
+            self.discard()
+        return result
+
+    def discard(self) -> None:
+        """End the child if it still runs (its group swept) and remove its folder; safe to repeat."""
+        if self.proc is not None and self.proc.returncode is None:
+            if self.gated and self.proc.stdin and not self.proc.stdin.closed:
+                self.proc.stdin.close()
+            self.children.wait(self.proc, 0)
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
 def run_child(job: dict, timeout: float, children: ChildProcesses) -> ReloadResult:
-    result = ReloadResult(job["artifact"], job["loader"], kind=job["kind"], path=job["rel"], device=job["device"])
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="itera-reload-") as work:
-        job_file, result_file, log = Path(work, "job.json"), Path(work, "result.json"), Path(work, "child.log")
-        job_file.write_text(json.dumps(job), encoding="utf-8")
-        with open(log, "wb") as log_handle:
-            proc = children.spawn([sys.executable, "-m", "itera_verify.reload.child", str(job_file), str(result_file)],
-                                  stdout=log_handle, stderr=subprocess.STDOUT, cwd=work, env=child_env(job, work))
-            end = children.wait(proc, timeout) if proc is not None else Exit(interrupted=True)
-        result.seconds = time.monotonic() - started
-        if end.usage is not None and job["device"] == "cpu":
-            result.peak_memory_bytes = end.usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-        if end.interrupted:
-            result.failure, result.error = "crash", "interrupted"
-        elif end.timed_out:
-            result.failure = "timeout"
-            result.error = f"no result after {timeout:g} s; the reload process was stopped"
-        elif end.code != 0 or not result_file.is_file():
-            result.failure, result.error = "crash", _died(end.code, log)
-        else:
-            _merge(result, json.loads(result_file.read_text(encoding="utf-8")))
-    return result
+    return _Child(job, children).finish(timeout)
+
+
+def _one_at_a_time(jobs: list[dict], timeout: float, children: ChildProcesses):
+    """(index, result) in order, one reload at a time, the next child importing while the current one runs."""
+    waiting: _Child | None = None
+    try:
+        for position, job in enumerate(jobs):
+            current = waiting or _Child(job, children, gated=True)
+            waiting = None
+            current.let_through()
+            if position + 1 < len(jobs):
+                waiting = _Child(jobs[position + 1], children, gated=True)
+            yield position, current.finish(timeout)
+    finally:
+        if waiting is not None:
+            waiting.discard()
 
 
 def _merge(result: ReloadResult, reported: dict) -> None:
@@ -157,7 +210,8 @@ def _merge(result: ReloadResult, reported: dict) -> None:
     if result.peak_memory_bytes is None or result.device != "cpu":
         result.peak_memory_bytes = reported.get("peak_memory_bytes")
     facts = dict(reported.get("facts") or {})
-    for key in ("startup_seconds", "load_seconds", "peak_rss_bytes", "device_name"):
+    for key in ("startup_seconds", "gate_wait_seconds", "load_seconds", "peak_rss_bytes", "device_name", "started_at",
+                "ended_at"):
         if reported.get(key) is not None:
             facts[key] = reported[key]
     if reported.get("problems"):
@@ -166,8 +220,10 @@ def _merge(result: ReloadResult, reported: dict) -> None:
 
 
 def run_reloads(package: Package, *, device: str, timeout: float, jobs: int, progress,
-                only: set[str] | None = None) -> list[ReloadResult]:
-    """Every manifest artifact (or those named in `only`), each in its own child; results in manifest order."""
+                only: set[str] | None = None, prefetch: bool | None = None) -> list[ReloadResult]:
+    """Every manifest artifact (or those named in `only`), each in its own child; results in manifest order.
+    prefetch (default: on a GPU): one at a time, the next child importing its libraries while the current one
+    runs; on a machine where importing torch and transformers takes 10-20 s, that is most of a small reload."""
     parallel = max(1, jobs) if device == "cpu" else 1  # one GPU, one reload at a time
     threads = max(1, (os.cpu_count() or 1) // parallel) if parallel > 1 else 0
     chosen = [a for a in package.artifacts() if only is None or a.get("id") in only]
@@ -178,12 +234,20 @@ def run_reloads(package: Package, *, device: str, timeout: float, jobs: int, pro
         progress.advance("reload")
     pending = {i: p for i, p in enumerate(plans) if isinstance(p, dict)}
     children = ChildProcesses()
+    if prefetch is None:
+        prefetch = device != "cpu"
     with sigterm_interrupts(), ThreadPoolExecutor(max_workers=parallel) as pool:
-        futures = {pool.submit(run_child, job, timeout, children): i for i, job in pending.items()}
         try:
-            for future in as_completed(futures):
-                results[futures[future]] = future.result()
-                progress.advance("reload")
+            if prefetch and parallel == 1:
+                indexes = list(pending)
+                for position, result in _one_at_a_time([pending[i] for i in indexes], timeout, children):
+                    results[indexes[position]] = result
+                    progress.advance("reload")
+            else:
+                futures = {pool.submit(run_child, job, timeout, children): i for i, job in pending.items()}
+                for future in as_completed(futures):
+                    results[futures[future]] = future.result()
+                    progress.advance("reload")
         except BaseException:
             children.stop_all()  # Ctrl-C or SIGTERM: end every child now, not after its timeout
             raise
