@@ -44,14 +44,17 @@ run() {
     "$PY" - "$WORK/report.json" <<'EOF'
 import json, sys
 report = json.load(open(sys.argv[1]))
-print(f"{'artifact':<20}{'loader':<24}{'device':<9}{'ok':<5}{'total s':>9}{'load s':>9}{'start-up s':>12}{'peak MiB':>10}")
+print(f"{'artifact':<20}{'loader':<24}{'device':<9}{'ok':<5}{'total s':>9}{'load s':>9}{'start-up s':>12}"
+      f"{'waited s':>10}{'peak MiB':>10}")
 for r in report.get("reloads", []):
     facts = r.get("facts", {})
     peak = r.get("peak_memory_bytes") or 0
     print(f"{r['artifact']:<20}{r['loader']:<24}{r['device']:<9}{'yes' if r['ok'] else 'NO':<5}{r['seconds']:>9.2f}"
-          f"{facts.get('load_seconds', float('nan')):>9.2f}{facts.get('startup_seconds', float('nan')):>12.2f}{peak / 2**20:>10.1f}")
+          f"{facts.get('load_seconds', float('nan')):>9.2f}{facts.get('startup_seconds', float('nan')):>12.2f}"
+          f"{facts.get('gate_wait_seconds', 0):>10.2f}{peak / 2**20:>10.1f}")
     if not r["ok"]:
         print(f"    {r.get('failure')}: {r.get('error')}")
+print("(waited: imported and ready while the previous artifact held the GPU; not part of its total)")
 names = {r.get("facts", {}).get("device_name") for r in report.get("reloads", [])} - {None}
 print(f"device name reported by the reload children: {', '.join(sorted(names)) or '?'}")
 print(f"verdict: {report.get('verdict')}; findings: {[f['code'] for f in report.get('findings', [])]}")
