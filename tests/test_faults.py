@@ -65,6 +65,8 @@ def tag() -> str:
 
 def copy_package(built, dest: Path) -> Path:
     shutil.copytree(built["package"], dest, symlinks=True)
+    # Readable by all, so that `nobody` meets exactly the entry a test denies (the libraries write some 0600).
+    subprocess.run(["chmod", "-R", "a+rX", str(dest)], check=True)
     return dest
 
 

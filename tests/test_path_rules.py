@@ -159,3 +159,20 @@ def test_reference_with_harmless_dot_dot_stays_inside(package_dir):
     rel = first_params(package_dir)
     edit_manifest(package_dir, lambda m: m["runs"][0].__setitem__("params", "metrics/../" + rel))
     assert not only(static_findings(package_dir), "IV205")
+
+
+def test_a_safetensors_file_that_cannot_be_read_is_exit_2_even_without_reload(package_dir, monkeypatch):
+    """Its header is read for metadata paths: a read failure is unreadable input, never a silent pass."""
+    from itera_verify.model import UsageError
+    from itera_verify.rules import paths
+
+    real_open = open
+
+    def refusing_open(path, *args, **kwargs):
+        if str(path).endswith("control-model/model.safetensors"):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(paths, "open", refusing_open, raising=False)
+    with pytest.raises(UsageError, match="artifacts/control-model/model.safetensors: cannot read"):
+        static_findings(package_dir)

@@ -271,8 +271,10 @@ def _safetensors_metadata(package: Package, rel: str, pattern: re.Pattern[str]) 
             if length > 100_000_000:
                 return  # the reload reports an invalid header
             header = json.loads(fh.read(length))
-    except (OSError, struct.error, ValueError, RecursionError):
-        return  # the reload reports an unreadable header
+    except OSError as exc:  # a file that cannot be read is unreadable input, with or without --no-reload
+        raise UsageError(f"{rel}: cannot read ({exc.strerror or exc})") from exc
+    except (struct.error, ValueError, RecursionError):
+        return  # the reload reports a header that does not parse
     metadata = header.get("__metadata__") if isinstance(header, dict) else None
     for key, value in (metadata.items() if isinstance(metadata, dict) else []):
         if isinstance(value, str) and pattern.search(value):
