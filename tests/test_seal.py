@@ -421,3 +421,24 @@ def test_rewrite_restoring_size_and_mtime_is_IV704_when_discovery_records_the_ct
     with pytest.raises(SealRefused) as refused:
         seal_package(package, CAMPAIGN, {}, tmp_path / "x.tar.zst")
     assert [(f.code, f.path) for f in refused.value.findings] == [("IV704", rel)]
+
+
+def test_ctrl_c_while_the_seal_thread_starts_leaves_nothing(package_dir, tmp_path, monkeypatch):
+    """Ctrl-C can land between the partial file's creation and its thread's start."""
+    import threading
+
+    out = tmp_path / "out"
+    out.mkdir()
+
+    real_start = threading.Thread.start
+
+    def interrupted_start(self):
+        if self.name == "seal":  # the seal's own thread; the writer's threads start as usual
+            raise KeyboardInterrupt
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", interrupted_start)
+    sealing = seal_module.Sealing(discover(package_dir), CAMPAIGN, out / "x.tar.zst")
+    with pytest.raises(KeyboardInterrupt):
+        sealing.start()
+    assert list(out.iterdir()) == []

@@ -398,8 +398,9 @@ class Sealing:
         if not self._done:  # first: an interrupted run must not leave it even if the threads take a moment
             for leftover in (self.partial, self.sums_partial):
                 leftover.unlink(missing_ok=True)
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
+        thread = self._thread
+        if thread is not None and thread.ident is not None and thread is not threading.current_thread():
+            thread.join()  # (ident is None: interrupted before the thread ever started)
         if self._writer is not None:
             self._writer.abandon()
         if self._output is not None:
