@@ -334,3 +334,32 @@ def test_prefetched_reloads_overlap_start_up_and_prove_the_same(package_dir, hf_
         assert result.facts["gate_wait_seconds"] >= 0
         assert result.seconds < result.facts["ended_at"] - result.facts["started_at"] + 1  # its wait is not its time
     assert {p.name for p in Path(tempfile.gettempdir()).glob("itera-reload-*")} == before  # folders removed
+
+
+def test_ctrl_c_during_prefetched_reloads_ends_the_waiting_child_too(package_dir, hf_cache, monkeypatch):
+    import tempfile
+
+    from itera_verify.reload import process, runner
+
+    spawned = []
+    real_init, real_wait = runner._Child.__init__, process.ChildProcesses.wait
+
+    def remember(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        spawned.append(self)
+
+    def interrupted_once(self, proc, timeout):
+        if not getattr(interrupted_once, "done", False) and len(spawned) == 2:
+            interrupted_once.done = True
+            raise KeyboardInterrupt  # Ctrl-C while the first child reloads and the second waits, imported
+        return real_wait(self, proc, timeout)
+
+    monkeypatch.setattr(runner._Child, "__init__", remember)
+    monkeypatch.setattr(process.ChildProcesses, "wait", interrupted_once)
+    before = {p.name for p in Path(tempfile.gettempdir()).glob("itera-reload-*")}
+    with pytest.raises(KeyboardInterrupt):
+        reload(package_dir, hf_cache, "control-model", "lora-r16-resume", jobs=1, prefetch=True)
+    assert len(spawned) == 2
+    for child in spawned:
+        assert child.proc.wait(timeout=10) is not None  # ended (killed), not left running
+    assert {p.name for p in Path(tempfile.gettempdir()).glob("itera-reload-*")} == before
