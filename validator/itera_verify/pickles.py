@@ -288,9 +288,10 @@ def has_pickle_extension(path: str | os.PathLike) -> bool:
     return str(path).lower().endswith(PICKLE_EXTENSIONS)
 
 
-def is_pickle_or_torch_zip(path: str | os.PathLike) -> bool:
-    """Worth scanning: a pickle extension, or the first bytes of a pickle, a zip or a numpy array."""
-    return has_pickle_extension(path) or sniff(path) is not None
+def is_pickle_or_torch_zip(path: str | os.PathLike, head: bytes | None = None) -> bool:
+    """Worth scanning: a pickle extension, or the first bytes of a pickle, a zip or a numpy array. `head`: the
+    first SNIFF_BYTES bytes when already in memory (the file is then not opened)."""
+    return has_pickle_extension(path) or (sniff(path) if head is None else sniff_head(head, path)) is not None
 
 
 def category_of(path: str | os.PathLike) -> str:
@@ -342,7 +343,6 @@ def scan_package(package) -> dict[str, ScanResult]:
             continue
         path = package.abspath(rel)
         # The first bytes of a document the checks already read come from memory: no second open per file.
-        head = package.cached_head(rel, SNIFF_BYTES)
-        if has_pickle_extension(path) or (sniff(path) if head is None else sniff_head(head, path)) is not None:
+        if is_pickle_or_torch_zip(path, package.cached_head(rel, SNIFF_BYTES)):
             results[rel] = scan_file(path)
     return results

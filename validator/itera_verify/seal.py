@@ -349,8 +349,7 @@ class Sealing:
     def finish(self, members: dict[str, bytes]) -> dict:
         """Add SEAL/ (`members`: SEAL/<name> -> bytes), verify, publish. Returns the report's `archive` object.
         Raises SealRefused (IV704 ...) or UsageError (disk full, unreadable file); the partial file is gone then."""
-        if any(not name.startswith(SEAL_DIR + "/") or name == SUMS for name in members):
-            raise ValueError("extra members must be SEAL/<name> and not SEAL/SHA256SUMS")
+        _check_extra_members(members)
         try:
             with termination_unwinds():
                 self._thread.join()
@@ -413,8 +412,7 @@ def seal_package(package: Package, campaign_id: str, members: dict[str, bytes], 
                  progress: Progress = NULL_PROGRESS) -> dict:
     """Seal `package` into `destination` in one go (SPEC §3). Returns the report's `archive` object.
     Raises SealRefused (findings) or UsageError (exit 2: destination exists, disk full, unreadable file)."""
-    if any(not name.startswith(SEAL_DIR + "/") or name == SUMS for name in members):
-        raise ValueError("extra members must be SEAL/<name> and not SEAL/SHA256SUMS")
+    _check_extra_members(members)  # before anything is written
     sealing = Sealing(package, campaign_id, destination, overwrite=overwrite, level=level, threads=threads,
                       progress=progress)
     with termination_unwinds():
@@ -423,6 +421,11 @@ def seal_package(package: Package, campaign_id: str, members: dict[str, bytes], 
             return sealing.finish(members)
         finally:
             sealing.cancel()  # a no-op once published
+
+
+def _check_extra_members(members: dict[str, bytes]) -> None:
+    if any(not name.startswith(SEAL_DIR + "/") or name == SUMS for name in members):
+        raise ValueError("extra members must be SEAL/<name> and not SEAL/SHA256SUMS")
 
 
 def _read_back(partial: Path, expected: list[tuple], frames, progress: Progress) -> tuple[str, int]:
