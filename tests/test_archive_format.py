@@ -312,3 +312,42 @@ def test_parallel_reading_stops_a_bomb_too(tmp_path, small_frames):
     frames = write_file(tmp_path / "a.tar.zst", [("top/zeros", bytes(16 << 20))])
     with pytest.raises(TooLarge):
         read_file(tmp_path / "a.tar.zst", frames=frames, max_expanded=8 << 20)
+
+
+# ---- writeback started while writing ---------------------------------------------------------------------
+def test_writeback_is_requested_for_every_written_range_in_order(tmp_path, small_frames, monkeypatch):
+    """The final fsync finds little left: each range is handed to the kernel as it is written, contiguous from
+    where the file object stood (here after a 100-byte prefix) to the end of the archive."""
+    from itera_verify.archive import writer, writeback
+
+    requested = []
+
+    def recording(fd, offset, length):
+        requested.append((offset, length))
+        return writeback.start_writeback(fd, offset, length)
+
+    monkeypatch.setattr(writer, "start_writeback", recording)
+    path = tmp_path / "a.bin"
+    with open(path, "wb") as out:
+        out.write(b"p" * 100)
+        archive = ArchiveWriter(out, level=3, threads=2)
+        archive.add_file("top/a.bin", 700_000, [os.urandom(700_000)], mtime=MTIME)
+        archive.close()
+    assert len(requested) > 5 and requested[0][0] == 100
+    assert all(a + n == b for (a, n), (b, _) in zip(requested, requested[1:]))
+    assert requested[-1][0] + requested[-1][1] == path.stat().st_size
+
+
+def test_start_writeback_accepts_a_regular_file_and_refuses_a_pipe(tmp_path):
+    from itera_verify.archive.writeback import start_writeback
+
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 10_000)
+    with open(path, "rb+") as fh:
+        assert start_writeback(fh.fileno(), 0, 10_000) is (os.uname().sysname == "Linux")
+    read_end, write_end = os.pipe()
+    try:
+        assert start_writeback(write_end, 0, 10) is False
+    finally:
+        os.close(read_end)
+        os.close(write_end)

@@ -28,6 +28,8 @@ from typing import Iterable, Iterator
 
 import zstandard
 
+from .writeback import start_writeback
+
 BLOCK = 512
 END_OF_ARCHIVE = bytes(2 * BLOCK)
 USTAR_MAX_SIZE = 0o77777777777  # 11 octal digits: anything larger needs a PAX size record
@@ -98,11 +100,19 @@ def worker_count(threads: int) -> int:
 class _Output:
     """The compressed side, written by a thread of its own: copying into the page cache costs as much as
     hashing, and the compressor should not wait for it. A short write is retried; a failure (a full disk) is
-    raised by the next write() or by flush(). At most 2 frames wait in the queue."""
+    raised by the next write() or by flush(). At most 2 frames wait in the queue. Writeback of each written
+    range starts at once (writeback.py), so the caller's final fsync has little left to wait for."""
 
     def __init__(self, fileobj):
         self.fileobj = fileobj
         self.bytes = 0
+        self._fd: int | None = None
+        self._position = 0  # where the thread writes next in the file (self.bytes counts what was queued)
+        try:
+            self._fd = fileobj.fileno()
+            self._position = fileobj.tell()  # tell(), not lseek: a buffered file object may hold bytes back
+        except (AttributeError, OSError, ValueError):  # not a real file: no writeback to start
+            self._fd = None
         self._pending: queue.Queue = queue.Queue(maxsize=2)
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="archive-write", daemon=True)
@@ -125,6 +135,9 @@ class _Output:
             if written is None or written <= 0:
                 raise OSError("the archive file accepted no bytes")
             view = view[written:]
+        if self._fd is not None:
+            start_writeback(self._fd, self._position, len(data))
+        self._position += len(data)
 
     def _raise_failure(self) -> None:
         if self._failure is not None:
