@@ -59,6 +59,22 @@ def test_tmp_path_in_a_text_file_has_its_line(package_dir):
     assert [(f.path, f.line) for f in found] == [(rel, text.count("\n") + 2)]
 
 
+@pytest.mark.parametrize("block", [64, 200, 4096])
+def test_tmp_paths_in_a_text_file_read_in_many_blocks_have_their_lines_and_columns(package_dir, monkeypatch, block):
+    """Lines are counted only when a block holds a match: the numbers must still be those of the whole file."""
+    from itera_verify.rules import paths
+
+    monkeypatch.setattr(paths, "BLOCK", block)
+    rel = load_json(package_dir, "manifest.json")["decision"]["error_analysis"]
+    lines = (package_dir / rel).read_text().splitlines() + [f"filler line {i}" for i in range(150)]
+    for number in (3, 40, 41, 97):
+        lines[number - 1:number - 1] = [f"{'x' * (number % 7)} see /tmp/run{number}/log"]
+    (package_dir / rel).write_text("\n".join(lines) + "\n")
+    expected = [(i + 1, line.index("/") + 1) for i, line in enumerate(lines) if "/tmp/" in line]
+    found = [f for f in only(static_findings(package_dir), "IV201") if f.path == rel and f.line]
+    assert [(f.line, f.column) for f in found] == expected and len(expected) == 4
+
+
 def test_tmp_path_in_adapter_config_is_IV201(package_dir):
     edit_json(package_dir, "artifacts/lora-r16/adapter_config.json",
               lambda c: c.__setitem__("base_model_name_or_path", "/dev/shm/base"))

@@ -219,8 +219,11 @@ def _text_lines(package: Package, rel: str, matcher: TmpMatcher) -> Iterator[Fin
 
 def _search_lines(package: Package, rel: str, matcher: TmpMatcher) -> Iterator[tuple[int, int, bytes]]:
     """(line number, 1-based column, line) of each line holding a match, searching whole blocks at a time:
-    a per-line loop in Python costs more than the regex itself on a large metrics or predictions file."""
-    line_base = 1
+    a per-line loop in Python costs more than the regex itself on a large metrics or predictions file. Lines
+    are counted only up to a block that holds a match (almost never): counting every block costs as much as
+    the search itself."""
+    lines = _LineCounter()
+    offset = 0  # of the current block in the file
     carry = b""
     try:
         with open(package.abspath(rel), "rb") as fh:
@@ -237,14 +240,30 @@ def _search_lines(package: Package, rel: str, matcher: TmpMatcher) -> Iterator[t
                     line_start = complete.rfind(b"\n", 0, match.start()) + 1
                     line_end = complete.find(b"\n", match.start())
                     line_end = len(complete) if line_end < 0 else line_end
-                    number = line_base + complete.count(b"\n", 0, line_start)
+                    number = lines.before(fh, offset) + complete.count(b"\n", 0, line_start) + 1
                     yield number, match.start() - line_start + 1, complete[line_start:line_end].rstrip(b"\r")
                     position = line_end
-                line_base += complete.count(b"\n")
+                offset += len(complete)
                 if not chunk:
                     return
     except OSError as exc:
         raise UsageError(f"{rel}: cannot read ({exc.strerror})") from exc
+
+
+class _LineCounter:
+    """Newlines in a file before a byte offset, counted with pread on demand and remembered (offsets only grow)."""
+
+    def __init__(self):
+        self.offset = self.count = 0
+
+    def before(self, fh, offset: int) -> int:
+        while self.offset < offset:
+            data = os.pread(fh.fileno(), min(BLOCK, offset - self.offset), self.offset)
+            if not data:
+                break
+            self.count += data.count(b"\n")
+            self.offset += len(data)
+        return self.count
 
 
 def _binary(package: Package, rel: str, matcher: TmpMatcher) -> Iterator[Finding]:
