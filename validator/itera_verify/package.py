@@ -19,6 +19,7 @@ MANIFEST = "manifest.json"
 STOPS = "stops.json"
 RELOAD = "reload.json"
 HASH_CHUNK = 1 << 20
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 
 
 @dataclass(frozen=True)
@@ -113,9 +114,20 @@ class Package:
 
     # ---- documents -----------------------------------------------------------------------------------
     def read_bytes(self, rel: str) -> bytes:
+        """The whole file, with plain os calls sized by what discovery recorded: open, read, read (the end),
+        close. Python's open() adds two stats, an isatty ioctl and two seeks: for 20,000 small files that is
+        most of a second of system time."""
+        entry = self.files.get(rel)
         try:
-            with open(os.path.join(self.root, *rel.split("/")), "rb") as fh:  # no pathlib: 20,000 files add up
-                return fh.read()
+            fd = os.open(os.path.join(self.root, *rel.split("/")), _READ_FLAGS)  # no pathlib: 20,000 files add up
+            try:
+                expected = entry.size if entry is not None else os.fstat(fd).st_size
+                parts = [os.read(fd, expected + 1)]  # one more byte: a file grown since discovery reads whole
+                while parts[-1]:
+                    parts.append(os.read(fd, max(HASH_CHUNK, expected)))
+                return parts[0] if len(parts) == 2 else b"".join(parts)
+            finally:
+                os.close(fd)
         except PermissionError as exc:
             raise UsageError(f"{rel}: permission denied") from exc
         except OSError as exc:

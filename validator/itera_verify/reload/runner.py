@@ -169,6 +169,7 @@ class _Child:
                 result.failure, result.error = "crash", _died(end.code, self.log)
             else:
                 _merge(result, json.loads(self.result_file.read_text(encoding="utf-8")))
+                result.facts["wall_seconds"] = round(result.seconds, 3)  # from its start to its end, waiting included
                 result.seconds -= result.facts.get("gate_wait_seconds") or 0  # waiting for its turn is not its time
         finally:
             self.discard()
