@@ -248,15 +248,17 @@ def _within(path: str, top: str) -> bool:
 
 
 def safe_extract(fileobj, root: str, *, max_expanded: int | None,
-                 on_bytes: Callable[[int], None] = lambda n: None, keep_prefix: KeepPrefix | None = None) -> Extraction:
+                 on_bytes: Callable[[int], None] = lambda n: None, keep_prefix: KeepPrefix | None = None,
+                 hash_archive: bool = True) -> Extraction:
     """Extract into `root` (an empty private folder). Never raises for a bad archive: see Extraction.error.
 
-    `keep_prefix` lets the caller write only the leading bytes of members it will not read in full."""
+    `keep_prefix` lets the caller write only the leading bytes of members it will not read in full;
+    `hash_archive=False` leaves the archive's own SHA-256 to the caller (archive_sha256 stays "")."""
     result = Extraction()
     extractor = _Extractor(root, result, on_bytes, keep_prefix)
     reader = None
     try:
-        reader = ArchiveReader(fileobj, max_expanded=max_expanded, frames="scan")
+        reader = ArchiveReader(fileobj, max_expanded=max_expanded, frames="scan", hash_archive=hash_archive)
         for member in reader:
             result.members += 1
             extractor.add(reader, member)

@@ -39,7 +39,7 @@ class FrameParallelExpanded:
     stage: next_view(), close(), total, archive_sha256, archive_bytes."""
 
     def __init__(self, fd: int, frames: list[tuple[int, int]], *, limit: int | None, workers: int = 2,
-                 depth: int = 3):
+                 depth: int = 3, hash_archive: bool = True):
         self.fd, self.frames, self.limit = fd, frames, limit
         self.total = 0
         self.archive_bytes = 0
@@ -52,13 +52,17 @@ class FrameParallelExpanded:
         self._current = 0  # the frame the consumer reads
         self._threads = [threading.Thread(target=self._work, name=f"archive-frames-{n}", daemon=True)
                          for n in range(workers)]
-        self._threads.append(threading.Thread(target=self._hash_file, name="archive-hash", daemon=True))
+        self._hashing = hash_archive
+        if hash_archive:
+            self._threads.append(threading.Thread(target=self._hash_file, name="archive-hash", daemon=True))
         for thread in self._threads:
             thread.start()
 
     @property
     def archive_sha256(self) -> str:
-        """The SHA-256 of the whole file (waits for the hashing thread)."""
+        """The SHA-256 of the whole file (waits for the hashing thread); "" when not asked for."""
+        if not self._hashing:
+            return ""
         self._threads[-1].join()
         return self._hash.hexdigest()
 

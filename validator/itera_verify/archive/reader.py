@@ -51,9 +51,9 @@ class Member:
 class _CompressedSource:
     """A thread reads the file, hashes it and scans its frames; the decompressor pulls from a bounded queue."""
 
-    def __init__(self, fileobj, stop: threading.Event):
+    def __init__(self, fileobj, stop: threading.Event, hash_archive: bool = True):
         self.fileobj = fileobj
-        self.sha256 = hashlib.sha256()
+        self.sha256 = hashlib.sha256() if hash_archive else None
         self.bytes = 0
         self.scanner = FrameScanner()
         self._queue: queue.Queue = queue.Queue(maxsize=8)
@@ -74,7 +74,8 @@ class _CompressedSource:
         try:
             held = b""  # nothing reaches the decompressor before the scanner saw a whole magic number
             while chunk := self.fileobj.read(RAW_CHUNK):
-                self.sha256.update(chunk)
+                if self.sha256 is not None:
+                    self.sha256.update(chunk)
                 self.bytes += len(chunk)
                 self.scanner.feed(chunk)
                 if self.bytes < 4:
@@ -104,11 +105,11 @@ class _CompressedSource:
 class _Expanded:
     """Decompressed bytes, in pooled buffers filled by a thread; raises TooLarge past `limit` bytes."""
 
-    def __init__(self, fileobj, limit: int | None, depth: int = 4):
+    def __init__(self, fileobj, limit: int | None, depth: int = 4, hash_archive: bool = True):
         self.limit = limit
         self.total = 0
         self._stop = threading.Event()
-        self.source = _CompressedSource(fileobj, self._stop)
+        self.source = _CompressedSource(fileobj, self._stop, hash_archive)
         self._free: queue.Queue = queue.Queue()
         for _ in range(depth):
             self._free.put(bytearray(CHUNK))
@@ -142,7 +143,7 @@ class _Expanded:
 
     @property
     def archive_sha256(self) -> str:
-        return self.source.sha256.hexdigest()
+        return self.source.sha256.hexdigest() if self.source.sha256 is not None else ""
 
     @property
     def archive_bytes(self) -> int:
@@ -242,16 +243,18 @@ class ArchiveReader:
     `frames`: the (start, end) byte ranges of the file's zstd frames when the caller knows them (the seal
     reading back what it wrote), or "scan" to find them by walking the frame and block headers of a regular
     file (the audit): several frames are then decompressed on several threads. Without, or for a single
-    frame, one sequential pass. Raises ArchiveError (from the constructor for a malformed frame structure)."""
+    frame, one sequential pass. `hash_archive=False`: the caller hashes the file itself (archive_sha256 is "").
+    Raises ArchiveError (from the constructor for a malformed frame structure)."""
 
     def __init__(self, fileobj, *, max_expanded: int | None = None,
-                 frames: list[tuple[int, int]] | str | None = None):
+                 frames: list[tuple[int, int]] | str | None = None, hash_archive: bool = True):
         if frames == "scan":
             frames = _scan(fileobj)
         if frames and len(frames) > 1:
-            self._expanded = FrameParallelExpanded(fileobj.fileno(), frames, limit=max_expanded)
+            self._expanded = FrameParallelExpanded(fileobj.fileno(), frames, limit=max_expanded,
+                                                   hash_archive=hash_archive)
         else:
-            self._expanded = _Expanded(fileobj, max_expanded)
+            self._expanded = _Expanded(fileobj, max_expanded, hash_archive=hash_archive)
         self._view = memoryview(b"")
         self._position = 0  # offset in the expanded stream
         self._unread = 0  # bytes of the current member's data and padding still to skip
