@@ -184,6 +184,23 @@ def test_a_bad_header_checksum_is_Corrupt():
         read_archive(zstandard.ZstdCompressor().compress(bytes(header) + bytes(1024)))
 
 
+@pytest.mark.parametrize("signed", [False, True])
+def test_header_checksums_summed_as_unsigned_or_as_signed_bytes_are_both_read(signed):
+    """Old tars summed the header as signed bytes; that sum differs once a byte is above 127 (a Latin-1 name)."""
+    from itera_verify.archive.writer import _ustar_header
+
+    header = bytearray(_ustar_header(b"top/caf\xe9.txt", REGULAR, 3, 0o644, MTIME, b""))
+    header[148:156] = b" " * 8
+    total = sum(b - 256 if signed and b > 127 else b for b in header)
+    header[148:156] = b"%06o\0 " % total
+    tar = bytes(header) + b"abc" + bytes(509) + bytes(1024)
+    assert read_archive(zstandard.ZstdCompressor().compress(tar)) == [
+        ("top/caf\udce9.txt", "file", 3, "", sha(b"abc"))]
+    header[148:156] = b"%06o\0 " % (total + 1)
+    with pytest.raises(Corrupt, match="checksum"):
+        read_archive(zstandard.ZstdCompressor().compress(bytes(header) + b"abc" + bytes(509) + bytes(1024)))
+
+
 def test_data_hidden_after_the_end_of_archive_is_Corrupt():
     tar = tar_header("top/a", REGULAR, size=0) + bytes(1024) + b"hidden member"
     with pytest.raises(Corrupt, match="after the end-of-archive"):
