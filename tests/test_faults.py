@@ -121,13 +121,16 @@ SEAL_HOOK = textwrap.dedent("""
         def start(self, key, description, total=None, unit=""):
             if key == "seal" and action == "deny":
                 os.chmod(target, 0)
+            if key == "seal" and action == "fifo":  # before the seal or the checks open it
+                os.unlink(target)
+                os.mkfifo(target)
     real_build_report = verify_flow.build_report
     def build_report_then_change(*args, **kwargs):
         change()
         return real_build_report(*args, **kwargs)
     verify_flow.build_report = build_report_then_change
     def change():
-        if action == "deny":
+        if action in ("deny", "fifo"):
             return
         if action == "delete":
             os.unlink(target)
@@ -195,6 +198,21 @@ def test_file_changed_between_check_and_seal_is_IV704_and_nothing_is_sealed(buil
     report = json.loads(result.stdout)
     assert any(f["code"] == "IV704" and f.get("path") == rel for f in report["findings"]), report["findings"]
     assert report["archive"] in (None, {}) or not report["archive"].get("path")
+    assert list(dest.iterdir()) == []
+
+
+def test_file_replaced_by_a_fifo_after_discovery_blocks_nothing_and_nothing_is_sealed(built, tmp_path, tag):
+    """Opening a fifo for reading waits for a writer: neither the checks nor the seal may wait forever. The
+    checks read it as an empty file (IV104 here); the seal would refuse it as changed (IV704, test_seal)."""
+    package = copy_package(built, tmp_path / "pkg")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    result = run_with_seal_hook(package / "stops.json", "fifo", [package, "--no-reload", "-o", dest, "--format",
+                                                                 "json"], workdir=tmp_path / "run", tag=tag)
+    assert result.returncode == 1, result.stdout[-1500:] + result.stderr[-2500:]
+    report = json.loads(result.stdout)
+    assert any(f.get("path") == "stops.json" and f["severity"] == "error" for f in report["findings"]), \
+        report["findings"]
     assert list(dest.iterdir()) == []
 
 

@@ -182,13 +182,13 @@ def test_a_safetensors_file_that_cannot_be_read_is_exit_2_even_without_reload(pa
     from itera_verify.model import UsageError
     from itera_verify.rules import paths
 
-    real_open = open
+    real_open = paths.open_binary
 
-    def refusing_open(path, *args, **kwargs):
+    def refusing_open(path):
         if str(path).endswith("control-model/model.safetensors"):
             raise PermissionError(13, "Permission denied")
-        return real_open(path, *args, **kwargs)
+        return real_open(path)
 
-    monkeypatch.setattr(paths, "open", refusing_open, raising=False)
+    monkeypatch.setattr(paths, "open_binary", refusing_open)
     with pytest.raises(UsageError, match="artifacts/control-model/model.safetensors: cannot read"):
         static_findings(package_dir)

@@ -423,6 +423,19 @@ def test_rewrite_restoring_size_and_mtime_is_IV704_when_discovery_records_the_ct
     assert [(f.code, f.path) for f in refused.value.findings] == [("IV704", rel)]
 
 
+def test_a_file_replaced_by_a_fifo_after_discovery_is_IV704_without_waiting_for_a_writer(package_dir, tmp_path):
+    package = discover(package_dir)
+    target = package_dir / "stops.json"
+    target.unlink()
+    os.mkfifo(target)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(SealRefused) as refused:
+        seal_package(package, CAMPAIGN, {}, out / "x.tar.zst")
+    assert [(f.code, f.path) for f in refused.value.findings] == [("IV704", "stops.json")]
+    assert list(out.iterdir()) == []
+
+
 def test_ctrl_c_while_the_seal_thread_starts_leaves_nothing(package_dir, tmp_path, monkeypatch):
     """Ctrl-C can land between the partial file's creation and its thread's start."""
     import threading

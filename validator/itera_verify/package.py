@@ -14,12 +14,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
 from .model import UsageError
+from .files import READ_FLAGS, open_binary
 
 MANIFEST = "manifest.json"
 STOPS = "stops.json"
 RELOAD = "reload.json"
 HASH_CHUNK = 1 << 20
-_READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ class Package:
         most of a second of system time."""
         entry = self.files.get(rel)
         try:
-            fd = os.open(os.path.join(self.root, *rel.split("/")), _READ_FLAGS)  # no pathlib: 20,000 files add up
+            fd = os.open(os.path.join(self.root, *rel.split("/")), READ_FLAGS)  # no pathlib: 20,000 files add up
             try:
                 expected = entry.size if entry is not None else os.fstat(fd).st_size
                 parts = [os.read(fd, expected + 1)]  # one more byte: a file grown since discovery reads whole
@@ -197,7 +198,7 @@ class Package:
             return self.digests[rel]
         digest = hashlib.sha256()
         try:
-            with open(self.abspath(rel), "rb") as fh:
+            with open_binary(self.abspath(rel)) as fh:
                 while chunk := fh.read(HASH_CHUNK):
                     digest.update(chunk)
         except OSError as exc:
@@ -208,7 +209,7 @@ class Package:
     def iter_lines(self, rel: str) -> Iterator[tuple[int, bytes]]:
         """(line number, raw line without newline), streamed; for files too big to load."""
         try:
-            with open(self.abspath(rel), "rb") as fh:
+            with open_binary(self.abspath(rel)) as fh:
                 for number, line in enumerate(fh, 1):
                     yield number, line.rstrip(b"\r\n")
         except OSError as exc:

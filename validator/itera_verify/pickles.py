@@ -17,6 +17,8 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .files import open_binary
+
 PICKLE_EXTENSIONS = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle")
 ZIP_MAGIC = b"PK\x03\x04"
 NPY_MAGIC = b"\x93NUMPY"
@@ -256,7 +258,7 @@ def sniff(path: str | os.PathLike) -> str | None:
     """What the first bytes say: 'pickle' (protocol 2+ magic), 'zip', 'npy', 'opcode' (begins with a pickle
     opcode, as protocol 0/1 and headerless pickles do) or None."""
     try:
-        with open(path, "rb") as fh:
+        with open_binary(path) as fh:
             head = fh.read(SNIFF_BYTES)
     except OSError:
         return None
@@ -306,14 +308,14 @@ def scan_file(path: str | os.PathLike) -> ScanResult:
     try:
         size = os.stat(path).st_size
         if kind == "zip":
-            with zipfile.ZipFile(path) as zf:
+            with open_binary(path) as fh, zipfile.ZipFile(fh) as zf:
                 result.is_pickle, result.error = _scan_zip(zf, found, 1)
         elif kind == "npy":
-            with open(path, "rb") as fh:
+            with open_binary(path) as fh:
                 error = _scan_npy(fh, size, found)
             result.is_pickle, result.error = error != "", error or None
         elif kind in ("pickle", "opcode") or has_pickle_extension(path):
-            with open(path, "rb") as fh:
+            with open_binary(path) as fh:
                 error = _scan_raw(fh, size, found)
             # A stream that breaks at once is not a pickle (an image named .pt), unless it had the magic or
             # already imported something.

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from .model import UsageError
+from .files import open_binary
 
 MAX_KEPT_ERRORS = 1000  # a garbage file must not cost one object per line; `error_count` keeps the total
 SAMPLE = 5  # how many ids a message shows
@@ -397,7 +398,7 @@ def _validated_lines(package, rel: str) -> Iterator[tuple[int, int, tuple[int | 
     consumed = 0  # lines before the current block
     carry = b""
     try:
-        with open(package.abspath(rel), "rb") as fh:
+        with open_binary(package.abspath(rel)) as fh:
             while True:
                 chunk = fh.read(VALIDATE_BLOCK)
                 block = carry + chunk

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import queue
+import stat
 import tarfile
 import threading
 from collections import deque
@@ -354,6 +355,10 @@ class FileChunk:
     sha256: str | None = None
 
 
+# O_NONBLOCK: a fifo swapped in since discovery must not block the seal (it is not read; its stat refuses it).
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+
+
 class FileFeeder:
     """Reads and hashes files in order on a thread, into a small pool of buffers, so reading and hashing run
     beside compression (on two cores, a thread per stage keeps both busy). The digest is of the very buffer the
@@ -404,12 +409,15 @@ class FileFeeder:
 
     def _read_file(self, index: int, path: str, expected: int) -> None:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+            fd = os.open(path, _OPEN_FLAGS)
         except OSError as exc:
             self._batch.append(FileChunk(index, memoryview(b""), None, True, exc))
             return
         try:  # plain os calls: a file object would add a stat and an object per file (20,000 small files)
             opened = os.fstat(fd)
+            if not stat.S_ISREG(opened.st_mode):  # not read at all; the consumer sees the stat and refuses it
+                self._batch.append(FileChunk(index, memoryview(b""), opened, True))
+                return
             if expected >= CHUNK:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
             remaining = expected + 1  # one byte more than expected: a growing file shows without reading it all

@@ -10,6 +10,7 @@ from typing import Any, Iterator
 import yaml
 
 from ..jsonpos import line_of, pointer_lines
+from ..files import open_binary
 from ..layout import references
 from ..model import Finding, Rule, Severity, UsageError
 from ..package import MANIFEST, RELOAD, Package, pointer_of
@@ -226,7 +227,7 @@ def _search_lines(package: Package, rel: str, matcher: TmpMatcher) -> Iterator[t
     offset = 0  # of the current block in the file
     carry = b""
     try:
-        with open(package.abspath(rel), "rb") as fh:
+        with open_binary(package.abspath(rel)) as fh:
             while True:
                 chunk = fh.read(BLOCK)
                 block = carry + chunk
@@ -285,7 +286,7 @@ def _binary(package: Package, rel: str, matcher: TmpMatcher) -> Iterator[Finding
 
 def _safetensors_metadata(package: Package, rel: str, pattern: re.Pattern[str]) -> Iterator[Finding]:
     try:
-        with open(package.abspath(rel), "rb") as fh:
+        with open_binary(package.abspath(rel)) as fh:
             (length,) = struct.unpack("<Q", fh.read(8))
             if length > 100_000_000:
                 return  # the reload reports an invalid header
