@@ -340,11 +340,10 @@ def scan_package(package) -> dict[str, ScanResult]:
     """Scan each candidate file of a package once (pickle extension or pickle-like first bytes); the results
     stay on the package so the reload step refuses what the scan refused, without scanning twice."""
     results: dict[str, ScanResult] = package.settings.setdefault(SCAN_SETTING, {})
-    root = str(package.root)
     for rel in sorted(package.files):
         if rel in results:
             continue
-        path = os.path.join(root, *rel.split("/"))  # a string: a Path per file costs more than the sniff
+        path = package.os_path(rel)
         # The first bytes of a document the checks already read come from memory: no second open per file.
         if is_pickle_or_torch_zip(path, package.cached_head(rel, SNIFF_BYTES)):
             results[rel] = scan_file(path)

@@ -161,9 +161,9 @@ def termination_unwinds():
 
 
 # ---- the streaming pass -----------------------------------------------------------------------------------
-def _first_piece(package: Package, entry: _Entry, feed):
+def _open_file(package: Package, entry: _Entry, feed, progress: Progress, stop: threading.Event):
     """The first piece of one file from the reader thread, after checking the open file is the one discovery
-    saw (size, modification time, inode); sets the member's mode."""
+    saw (size, modification time, inode); sets the member's mode. Returns the file's pieces."""
     recorded = package.files[entry.rel]
     piece = next(feed)
     if piece.error is not None:
@@ -174,7 +174,7 @@ def _first_piece(package: Package, entry: _Entry, feed):
     if not _same_file(recorded, opened):
         raise _Changed(entry.rel, _what_changed(recorded, opened))
     entry.mode = 0o755 if opened.st_mode & 0o111 else 0o644
-    return piece
+    return _pieces(entry, piece, feed, progress, stop)
 
 
 def _pieces(entry: _Entry, piece, feed, progress: Progress, stop: threading.Event):
@@ -212,7 +212,7 @@ def _still_same(package: Package, rel: str) -> str | None:
     """Why a file is no longer the one discovery saw, or None."""
     recorded = package.files[rel]
     try:
-        now = os.stat(os.path.join(package.root, *rel.split("/")), follow_symlinks=False)  # no Path per file
+        now = os.stat(package.os_path(rel), follow_symlinks=False)
     except FileNotFoundError:
         return "it vanished after the check"
     except OSError:
@@ -230,8 +230,7 @@ def _write_package_members(package: Package, campaign_id: str, plan: list[_Entry
                            stop: threading.Event) -> tuple[dict[str, str], list[tuple]]:
     """Every package member, in order; returns the digests by path and the member list for the read-back."""
     files = [e for e in plan if e.kind == "file"]
-    root = str(package.root)
-    feeder = FileFeeder([(os.path.join(root, *e.rel.split("/")), e.size) for e in files])  # strings: no Path per file
+    feeder = FileFeeder([(package.os_path(e.rel), e.size) for e in files])
     feed = iter(feeder)
     digests: dict[str, str] = {}
     expected: list[tuple] = []
@@ -248,15 +247,8 @@ def _write_package_members(package: Package, campaign_id: str, plan: list[_Entry
                 expected.append((name, "symlink", 0, entry.target))
             else:
                 try:
-                    piece = _first_piece(package, entry, feed)
-                    if piece.last:  # the whole file in one piece (most files): no generator to step through
-                        progress.advance("seal", len(piece.data))
-                        writer.add_file(name, entry.size, (piece.data,), mode=entry.mode, mtime=entry.mtime,
-                                        hash_data=False)
-                        entry.sha256 = piece.sha256 or ""
-                    else:
-                        writer.add_file(name, entry.size, _pieces(entry, piece, feed, progress, stop),
-                                        mode=entry.mode, mtime=entry.mtime, hash_data=False)
+                    pieces = _open_file(package, entry, feed, progress, stop)
+                    writer.add_file(name, entry.size, pieces, mode=entry.mode, mtime=entry.mtime, hash_data=False)
                 except SizeChanged as exc:
                     raise _Changed(entry.rel, f"its size changed while it was sealed ({exc})") from None
                 digests[entry.rel] = entry.sha256
