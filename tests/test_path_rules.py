@@ -192,3 +192,86 @@ def test_a_safetensors_file_that_cannot_be_read_is_exit_2_even_without_reload(pa
     monkeypatch.setattr(paths, "open_binary", refusing_open)
     with pytest.raises(UsageError, match="artifacts/control-model/model.safetensors: cannot read"):
         static_findings(package_dir)
+
+
+# ---- a line longer than LONG_LINE is searched in overlapping windows, never held whole ------------------------
+
+def _text_file_findings(folder, content: bytes, rel: str = "train.log"):
+    """(line, column, message) of the IV201 findings in one text file: a package holding nothing else."""
+    from itera_verify.package import discover
+    from itera_verify.rules import paths
+
+    folder.mkdir(exist_ok=True)
+    (folder / rel).write_bytes(content)
+    return [(f.line, f.column, f.message) for f in paths.check(discover(folder)) if f.code == "IV201"]
+
+
+def test_tmp_paths_on_a_line_longer_than_the_bound_have_their_lines_and_columns(package_dir, monkeypatch):
+    from itera_verify.rules import paths
+
+    monkeypatch.setattr(paths, "BLOCK", 64 << 10)
+    monkeypatch.setattr(paths, "LONG_LINE", 256 << 10)
+    lines = [b"first line",
+             b"x" * 3_000_000 + b" /tmp/run-a/out " + b"y" * 500_000 + b" /var/tmp/second-on-the-line",
+             b"z" * 100 + b" /dev/shm/cache",
+             b"w" * 700_000 + b" /tmp/near-the-end\r"]  # its match lies in the piece that ends the line, CRLF
+    (package_dir / "analysis" / "train.log").write_bytes(b"\n".join(lines))
+    found = [f for f in only(static_findings(package_dir), "IV201") if f.path == "analysis/train.log"]
+    assert [(f.line, f.column) for f in found] == [(2, 3_000_002), (3, 102), (4, 700_002)]
+    snippet = "x" * 19 + " /tmp/run-a/out " + "y" * 45  # 20 bytes before the match, 60 from its start
+    assert found[0].message == f"temporary-directory path in text: …{snippet}…"
+    assert found[2].message.endswith(" /tmp/near-the-end…")
+
+
+def test_a_match_across_a_window_boundary_of_a_long_line_is_found_once(tmp_path, monkeypatch):
+    """Every start around the first two window ends and their overlaps: the same findings as a whole-line search
+    (look-behind and look-ahead across the boundary included), one per line."""
+    from itera_verify.rules import paths
+
+    monkeypatch.delenv("TMPDIR", raising=False)
+    block, bound = 4096, 16384  # the line opens the file: windows end at every multiple of `bound`
+    monkeypatch.setattr(paths, "BLOCK", block)
+    needles = {b" /tmp/run-1": True, b"x/tmp/run-1": False, b" /tmpx/run-1": False,
+               b" \\AppData\\Local\\Temp\\x": True}  # the longest match there is: 22 bytes
+    for start in [*range(bound - 90, bound + 5), *range(2 * bound - 90, 2 * bound + 5)]:
+        for needle, matches in needles.items():
+            content = b"=" * start + needle + b"=" * (bound + 100) + b"\nafter /var/tmp/z\n"
+            monkeypatch.setattr(paths, "LONG_LINE", bound)
+            windowed = _text_file_findings(tmp_path / "windowed", content)
+            monkeypatch.setattr(paths, "LONG_LINE", 1 << 40)
+            assert windowed == _text_file_findings(tmp_path / "whole", content), (start, needle)
+            expected = [(1, start + 2)] * matches + [(2, 7)]
+            assert [(line, column) for line, column, _ in windowed] == expected, (start, needle)
+
+
+def test_a_file_without_a_newline_is_searched_in_bounded_memory(tmp_path, monkeypatch):
+    """A 32 MiB file on one line: memory stays a few times block + bound, not the file (held whole and copied
+    on every read, it took twice the file)."""
+    import tracemalloc
+
+    from itera_verify.package import discover
+    from itera_verify.rules import paths
+
+    monkeypatch.setattr(paths, "BLOCK", 1 << 20)
+    monkeypatch.setattr(paths, "LONG_LINE", 1 << 20)
+    head = (b'{"id": "ex/1", "p": 0.5} ' * (2 << 20))[:32 << 20]
+    (tmp_path / "one-line.jsonl").write_bytes(head + b" /tmp/at-the-end")
+    package = discover(tmp_path)
+    tracemalloc.start()
+    try:
+        found = list(paths.check(package))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [(f.code, f.line, f.column) for f in found] == [("IV201", 1, len(head) + 2)]
+    assert peak < 4 * (paths.BLOCK + paths.LONG_LINE), f"peak {peak} bytes for a {len(head)}-byte line"
+
+
+def test_a_long_line_that_ends_the_file_on_a_window_end_is_searched_to_its_end(tmp_path, monkeypatch):
+    """No newline, and the file ends just where a window does: the line's last bytes are still searched."""
+    from itera_verify.rules import paths
+
+    monkeypatch.setattr(paths, "BLOCK", 4096)
+    monkeypatch.setattr(paths, "LONG_LINE", 16384)
+    content = (b"=" * (2 * 16384 - 12) + b" /tmp/x/y").ljust(2 * 16384, b"=")
+    assert [(line, column) for line, column, _ in _text_file_findings(tmp_path, content)] == [(1, 2 * 16384 - 10)]

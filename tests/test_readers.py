@@ -245,3 +245,29 @@ def test_a_clean_large_jsonl_is_validated_without_line_by_line_parsing(tmp_path,
     content = b"".join(b'{"id": "ex-%05d", "logits": [0.1, -2.5]}\n' % i for i in range(50_000))
     scan = readers.scan_generic(_package(tmp_path, {"g.jsonl": content}), "g.jsonl")
     assert (scan.records, scan.error_count, calls) == (50_000, 0, [])
+
+
+def test_line_blocks_end_at_line_ends_and_bound_the_unfinished_line():
+    """The shared reader of _validated_lines and the temporary-path search: the pieces are the file, a whole piece
+    ends a line, a part of a line holds no newline, and no piece holds more than a read and the bound."""
+    import io
+
+    from hypothesis import given, settings, strategies as st
+
+    from itera_verify.lineblocks import line_blocks
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.lists(st.sampled_from([b"a", b"bcd", b"\n", b"\r\n", b"e" * 40]), max_size=80).map(b"".join),
+           st.integers(1, 16), st.integers(1, 48))
+    def holds(content, size, bound):
+        pieces = list(line_blocks(io.BytesIO(content), size, bound))
+        assert b"".join(data for data, _ in pieces) == content
+        for index, (data, whole) in enumerate(pieces):
+            assert len(data) < size + bound
+            if whole:
+                assert data.endswith(b"\n") or index == len(pieces) - 1
+            else:
+                assert b"\n" not in data and len(data) >= bound and index < len(pieces) - 1
+        assert not pieces or pieces[-1][1]
+
+    holds()

@@ -16,6 +16,7 @@ from typing import Any, Iterator
 
 from .model import UsageError
 from .files import open_binary
+from .lineblocks import line_blocks
 
 MAX_KEPT_ERRORS = 1000  # a garbage file must not cost one object per line; `error_count` keeps the total
 SAMPLE = 5  # how many ids a message shows
@@ -396,32 +397,21 @@ def _validated_lines(package, rel: str) -> Iterator[tuple[int, int, tuple[int | 
         yield from _counted(_parsed_lines(package, rel))
         return
     consumed = 0  # lines before the current block
-    carry = b""
     try:
         with open_binary(package.abspath(rel)) as fh:
-            while True:
-                chunk = fh.read(VALIDATE_BLOCK)
-                block = carry + chunk
-                if chunk and b"\n" not in chunk:  # no line ends in this chunk
-                    if len(block) >= LONG_LINE:
-                        rest = _non_blank(itertools.islice(package.iter_lines(rel), consumed, None))
-                        yield from _counted(_parse_numbered(rest))
-                        return
-                    carry = block
-                    continue
-                cut = block.rfind(b"\n") + 1 if chunk else len(block)
-                complete, carry = block[:cut], block[cut:]
-                if complete:
-                    count = complete.count(b"\n") + (not complete.endswith(b"\n"))
-                    if _block_is_valid(parser, complete, count, first=consumed == 0):
-                        yield consumed + 1, count, None
-                    else:
-                        numbered = enumerate((line.rstrip(b"\r") for line in complete.split(b"\n")[:count]),
-                                             consumed + 1)
-                        yield from _counted(_parse_numbered(_non_blank(numbered)))
-                    consumed += count
-                if not chunk:
+            for complete, whole in line_blocks(fh, VALIDATE_BLOCK, LONG_LINE):
+                if not whole:  # a line of LONG_LINE bytes or more: the line-by-line path takes the rest
+                    rest = _non_blank(itertools.islice(package.iter_lines(rel), consumed, None))
+                    yield from _counted(_parse_numbered(rest))
                     return
+                count = complete.count(b"\n") + (not complete.endswith(b"\n"))
+                if _block_is_valid(parser, complete, count, first=consumed == 0):
+                    yield consumed + 1, count, None
+                else:
+                    numbered = enumerate((line.rstrip(b"\r") for line in complete.split(b"\n")[:count]),
+                                         consumed + 1)
+                    yield from _counted(_parse_numbered(_non_blank(numbered)))
+                consumed += count
     except OSError as exc:
         raise UsageError(f"{rel}: cannot read ({exc.strerror})") from exc
 
