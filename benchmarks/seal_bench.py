@@ -16,6 +16,10 @@ safetensors shards (~75 %), a large JSONL file (~20 %) and 20,000 small JSON fil
 
 Each command runs in its own process; peak memory is that process tree's maximum resident set (wait4). The
 page cache is warm (the package fits in memory): disk speed is not what is measured. Medians over the rounds.
+Every command writes a new file: the previous round's output is deleted before the command starts (outside its
+time), as on a first seal. Overwriting in place would favour `zstd -f`, which truncates its old output and reuses
+those pages at once, while the seal never writes over an archive in place (it publishes by rename); on a VM whose
+host maps guest memory lazily, writing into pages the guest has not reused costs up to 2 s of system time per GB.
 --memory-sizes seals packages of those sizes (GiB) once more each and prints the seal's peak RSS, to show it
 does not grow with the package.
 """
@@ -147,12 +151,21 @@ print(json.dumps(result))
 """
 
 
+def fresh(*paths: Path) -> None:
+    """Delete a previous output (and its .sha256) so that the next command writes a new file."""
+    for path in paths:
+        for each in (path, path.with_name(path.name + ".sha256")):
+            each.unlink(missing_ok=True)
+
+
 def round_of(package: Path, out: Path) -> dict[str, dict]:
     parent, name = package.parent, package.name
     results = {}
+    fresh(out / "baseline.tar.zst")
     results["tar|zstd"] = measure(f"tar -cf - -C {parent} {name} | zstd -T0 -3 -q -f -o {out}/baseline.tar.zst",
                                   shell=True)
     results["tar|zstd"]["bytes"] = (out / "baseline.tar.zst").stat().st_size
+    fresh(out / "seal-only.tar.zst")
     sealed = measure([PYTHON, "-c", SEAL_ONLY, str(package), str(out / "seal-only.tar.zst")])
     facts = json.loads(sealed["stdout"])
     results["seal+verify"] = {**sealed, "bytes": facts["bytes"]}
@@ -160,7 +173,8 @@ def round_of(package: Path, out: Path) -> dict[str, dict]:
                             "bytes": facts["bytes"]}
     results["read-back"] = {"seconds": facts["verify_seconds"], "cpu": float("nan"), "rss": sealed["rss"]}
     results["sha256sum"] = measure(f"find {package} -type f -print0 | xargs -0 sha256sum > /dev/null", shell=True)
-    results["whole"] = measure([*CLI, str(package), "--no-reload", "-q", "--overwrite", "-o",
+    fresh(out / "whole.tar.zst")
+    results["whole"] = measure([*CLI, str(package), "--no-reload", "-q", "-o",
                                 str(out / "whole.tar.zst")])
     results["whole"]["bytes"] = (out / "whole.tar.zst").stat().st_size
     results["audit"] = measure([*CLI, "audit", str(out / "whole.tar.zst"), "-q"])
@@ -252,6 +266,7 @@ def main() -> None:
         memory = []
         for size_gib in [float(s) for s in args.memory_sizes.split(",") if s]:
             other = build_package(work, size_gib)
+            fresh(out / "memory.tar.zst")
             sealed = measure([PYTHON, "-c", SEAL_ONLY, str(other), str(out / "memory.tar.zst")])
             memory.append((size_gib, sealed["rss"], sealed["seconds"]))
             shutil.rmtree(other.parent)

@@ -32,7 +32,7 @@ from .progress import NULL_PROGRESS, Progress
 from .report import Report
 from .rules import Selection
 from .seal import termination_unwinds
-from .verify_flow import build_report, check_package
+from .verify_flow import build_report, check_package, check_processes
 
 GiB = 1 << 30
 SUMS, RECORD = "SEAL/SHA256SUMS", "SEAL/verification.json"
@@ -186,7 +186,7 @@ def _recheck(path: Path, workdir: str, extraction: Extraction, selection: Select
         return report
     package.hf_cache = resolve_hf_cache(hf_cache)
     findings, reloads = check_package(package, selection, reload=reload, device=device or "cpu", timeout=timeout,
-                                      jobs=jobs, progress=progress)
+                                      jobs=jobs, progress=progress, processes=check_processes(package))
     report = build_report(package, findings, reloads, selection, mode="audit", reloaded=reload, device=device)
     report.package = str(path)  # the archive, never the temporary folder
     report.audit = {**facts, "rechecked": True}

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from . import __version__
+from .allocator import keep_freed_buffers
 from .config import Config, load_config
 from .model import Severity, UsageError
 from .report import FORMATS, Report, renderer
@@ -116,6 +117,7 @@ def main() -> None:
       itera-verify init OUTDIR          write a template package to start a campaign from
       itera-verify rules [CODE]         list the rules, or explain one
     """
+    keep_freed_buffers()
 
 
 _format_option = click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,

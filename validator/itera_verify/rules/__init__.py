@@ -8,10 +8,11 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from types import ModuleType
 from typing import Iterable
 
+from ..forked import ChildLost, Forked, can_fork
 from ..model import Finding, Rule, Severity
 from ..package import Package
 
@@ -77,15 +78,53 @@ def unknown_codes(patterns: Iterable[str]) -> list[str]:
     return [p for p in patterns if not any(c.startswith(p) for c in codes)]
 
 
-def run_checks(package: Package, selection: Selection, phase: str = "static") -> list[Finding]:
-    """Every enabled finding of every family of this phase, with its severity set; all of them, not the first."""
-    findings: list[Finding] = []
-    for module in families():
-        if getattr(module, "PHASE", "static") != phase:
-            continue
+def run_checks(package: Package, selection: Selection, phase: str = "static", *, processes: int = 1) -> list[Finding]:
+    """Every enabled finding of every family of this phase, with its severity set; all of them, not the first.
+
+    processes > 1 runs the families in that many processes (forked: rules are pure functions over the package,
+    so a child needs nothing but its share), balanced by each family's COST; the findings and their order are
+    the same as in one process. Digests a child computed come back to `package.digests` (the seal compares
+    them); a child that dies without a result has its share run here."""
+    modules = [m for m in families() if getattr(m, "PHASE", "static") == phase]
+    shares = _balanced(modules, processes) if processes > 1 and can_fork() else [modules]
+    children = [Forked(partial(_run_share, package, selection, share)) for share in shares[1:]]
+    by_family: dict[str, list[Finding]] = {}
+    try:
+        by_family.update(_run_share(package, selection, shares[0])[0])
+        for child, share in zip(children, shares[1:]):
+            try:
+                findings, digests = child.result()
+            except ChildLost:
+                findings, digests = _run_share(package, selection, share)
+            by_family.update(findings)
+            package.digests.update(digests)
+    finally:
+        for child in children:
+            child.cancel()  # a no-op once reaped; otherwise an interrupted run leaves no child behind
+    return [finding for module in modules for finding in by_family.get(module.__name__, [])]
+
+
+def _run_share(package: Package, selection: Selection, modules: list[ModuleType]) -> tuple[dict, dict]:
+    by_family: dict[str, list[Finding]] = {}
+    for module in modules:
+        findings = by_family[module.__name__] = []
         for finding in module.check(package):
             if not selection.enabled(finding.code):
                 continue
             finding.severity = selection.severity(finding.code)
             findings.append(finding)
-    return findings
+    return by_family, dict(package.digests)
+
+
+def _balanced(modules: list[ModuleType], processes: int) -> list[list[ModuleType]]:
+    """Longest first, each to the lightest share: a family's COST is its relative CPU time on a package of many
+    files (1 when it does not say). Empty shares are dropped."""
+    shares: list[list[ModuleType]] = [[] for _ in range(processes)]
+    loads = [0.0] * processes
+    for module in sorted(modules, key=lambda m: -getattr(m, "COST", 1)):
+        lightest = loads.index(min(loads))
+        shares[lightest].append(module)
+        loads[lightest] += getattr(module, "COST", 1)
+    # The parent takes the lightest share: it has the other work of the run (the audit hashes the archive beside).
+    ordered = sorted(range(processes), key=lambda i: loads[i])
+    return [shares[i] for i in ordered if shares[i]] or [[]]

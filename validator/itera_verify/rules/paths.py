@@ -16,6 +16,9 @@ from ..layout import references
 from ..model import Finding, Rule, Severity, UsageError
 from ..package import MANIFEST, RELOAD, Package, pointer_of
 
+# Relative CPU time on a package of many files; run_checks balances its processes by it.
+COST = 100  # searches every text, JSON document and pickle for temporary paths
+
 RULES = [
     Rule("IV201", Severity.ERROR, "temporary-directory path",
          explain="A path under /tmp/, /var/tmp/, /dev/shm/, /run/user/, /private/var/folders/, /var/folders/, "

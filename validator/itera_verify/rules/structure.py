@@ -14,6 +14,9 @@ from ..package import MANIFEST, RELOAD, STOPS, Package, pointer_of
 from .. import readers
 from ..schemas import validator
 
+# Relative CPU time on a package of many files; run_checks balances its processes by it.
+COST = 60  # parses every JSON document and validates every JSONL line
+
 RULES = [
     Rule("IV101", Severity.ERROR, "required item missing",
          explain="The package must hold manifest.json, stops.json, reload.json, the frozen eval ids, and for every "

@@ -1,0 +1,191 @@
+"""The static checks split over forked processes: same findings, same order, digests handed back, a lost child's
+share run in the parent, a child's error raised in the parent; and the allocator setting of the command line."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from itera_verify import rules
+from itera_verify.forked import ChildLost, Forked
+from itera_verify.model import UsageError
+from itera_verify.package import discover
+from itera_verify.rules import Selection, families, run_checks
+from itera_verify.verify_flow import PARALLEL_MIN_FILES, check_processes
+
+CAMPAIGN = "reviews-lora-2026-11"
+
+
+def as_rows(findings) -> list[tuple]:
+    return [(f.code, f.path, f.pointer, f.line, f.column, f.severity.value, f.message) for f in findings]
+
+
+@pytest.fixture
+def defective(package_dir):
+    """Defects for several families at once: a temporary path (paths), an empty file (structure), a params file
+    that no longer matches its config_sha256 (identity)."""
+    (package_dir / "analysis" / "notes.json").write_text(json.dumps({"scratch": "/tmp/run-7/ckpt"}))
+    (package_dir / "analysis" / "empty.json").write_bytes(b"")
+    params = package_dir / "params" / "control.json"
+    params.write_text(params.read_text().replace("}", ', "changed": true}', 1))
+    return package_dir
+
+
+def test_forked_result_comes_from_another_process():
+    assert Forked(os.getpid).result() != os.getpid()
+
+
+def test_forked_raises_what_the_child_raised_and_loses_nothing_unpicklable():
+    def refuse():
+        raise UsageError("metrics/control.jsonl: cannot read (Permission denied)")
+
+    with pytest.raises(UsageError, match="Permission denied"):
+        Forked(refuse).result()
+    with pytest.raises(RuntimeError, match="cannot be pickled"):
+        Forked(lambda: (lambda: None)).result()
+
+
+def test_forked_child_killed_is_child_lost_and_cancel_reaps():
+    with pytest.raises(ChildLost):
+        Forked(lambda: os.kill(os.getpid(), signal.SIGKILL)).result()
+    child = Forked(lambda: __import__("time").sleep(60))
+    pid = child.pid
+    child.cancel()
+    child.cancel()  # twice is harmless
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped: no zombie left
+
+
+def test_families_are_really_split_and_the_heaviest_leaves_the_parent():
+    static = [m for m in families() if getattr(m, "PHASE", "static") == "static"]
+    shares = rules._balanced(static, 3)
+    assert len(shares) == 3 and sorted(m.__name__ for share in shares for m in share) == sorted(
+        m.__name__ for m in static)
+    heaviest = max(static, key=lambda m: getattr(m, "COST", 1))
+    assert heaviest not in shares[0]  # the parent's share is the lightest
+
+
+@pytest.mark.parametrize("processes", [2, 3])
+def test_parallel_checks_find_exactly_what_one_process_finds_in_the_same_order(defective, processes):
+    serial = run_checks(discover(defective), Selection(), "static")
+    parallel = run_checks(discover(defective), Selection(), "static", processes=processes)
+    assert {"IV201", "IV102", "IV304"} <= {f.code for f in serial}
+    assert as_rows(parallel) == as_rows(serial)
+
+
+def test_selection_and_levels_apply_in_the_children(defective):
+    selection = Selection(ignore=("IV102",), levels={"IV201": rules.Severity.WARNING})
+    parallel = run_checks(discover(defective), selection, "static", processes=3)
+    assert "IV102" not in {f.code for f in parallel}
+    assert {f.severity for f in parallel if f.code == "IV201"} == {rules.Severity.WARNING}
+
+
+def test_digests_a_child_computed_reach_the_parent(defective, monkeypatch):
+    from itera_verify.rules import identity
+
+    monkeypatch.setattr(identity, "COST", 10_000, raising=False)  # the heaviest: it runs in a child
+    package = discover(defective)
+    run_checks(package, Selection(), "static", processes=2)
+    assert "params/control.json" in package.digests and "corpus/eval_ids.txt" in package.digests
+
+
+def test_a_child_that_dies_has_its_share_run_in_the_parent(defective, monkeypatch):
+    from itera_verify.rules import paths
+
+    parent = os.getpid()
+    original = paths.check
+
+    def dies_in_a_child(package):
+        if os.getpid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(package)
+
+    monkeypatch.setattr(paths, "COST", 10_000, raising=False)
+    monkeypatch.setattr(paths, "check", dies_in_a_child)
+    serial = run_checks(discover(defective), Selection(), "static")
+    parallel = run_checks(discover(defective), Selection(), "static", processes=2)
+    assert "IV201" in {f.code for f in parallel} and as_rows(parallel) == as_rows(serial)
+
+
+def test_an_error_in_a_child_is_raised_in_the_parent(defective, monkeypatch):
+    from itera_verify.rules import paths
+
+    def unreadable(package):
+        raise UsageError("analysis/notes.json: cannot read (Permission denied)")
+        yield  # a generator, like every check
+
+    monkeypatch.setattr(paths, "COST", 10_000, raising=False)
+    monkeypatch.setattr(paths, "check", unreadable)
+    with pytest.raises(UsageError, match="notes.json: cannot read"):
+        run_checks(discover(defective), Selection(), "static", processes=2)
+
+
+def test_only_a_big_package_is_checked_in_several_processes(package_dir):
+    assert check_processes(discover(package_dir)) == 1
+    many = package_dir / "analysis" / "samples"
+    many.mkdir()
+    for index in range(PARALLEL_MIN_FILES):
+        (many / f"{index:05d}.json").write_text('{"id": %d}' % index)
+    cores = len(os.sched_getaffinity(0))
+    assert check_processes(discover(package_dir)) == min(cores, 3)
+
+
+def test_audit_of_a_big_package_rechecks_in_several_processes_and_still_finds_a_planted_path(package_dir, tmp_path,
+                                                                                             monkeypatch):
+    from itera_verify import verify
+    from itera_verify import audit_flow
+    from itera_verify.seal import seal_package
+
+    many = package_dir / "analysis" / "samples"
+    many.mkdir()
+    for index in range(PARALLEL_MIN_FILES):
+        (many / f"{index:05d}.json").write_text('{"id": %d}' % index)
+    report = verify(package_dir, reload=False, output=tmp_path / "clean.tar.zst")
+    assert report.sealed
+    asked = []
+    real = audit_flow.check_processes
+    monkeypatch.setattr(audit_flow, "check_processes", lambda package: asked.append(real(package)) or 2)
+    assert audit_flow.audit(tmp_path / "clean.tar.zst").verdict == "pass" and asked and asked[0] >= 1
+    # The same package with a temporary path planted in one of the many files, sealed as it is.
+    (many / "00777.json").write_text(json.dumps({"cache": "/tmp/hf-home/x"}))
+    seal_package(discover(package_dir), CAMPAIGN, {"SEAL/verification.json": b"{}"}, tmp_path / "dirty.tar.zst")
+    found = audit_flow.audit(tmp_path / "dirty.tar.zst")
+    assert [(f.code, f.path) for f in found.findings if f.code == "IV201"] == [
+        ("IV201", "analysis/samples/00777.json")]
+
+
+ALLOCATION_ROUNDS = textwrap.dedent("""
+    import resource, sys
+    from itera_verify.allocator import keep_freed_buffers
+    applied = keep_freed_buffers() if sys.argv[1] == "tuned" else None
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(10):  # rounds of 20 buffers of 4 MiB in flight, all freed: what the seal's frames do
+        buffers = [bytearray(4 << 20) for _ in range(20)]
+        del buffers
+    print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not os.confstr("CS_GNU_LIBC_VERSION"),
+                    reason="glibc only")
+def test_the_command_line_keeps_freed_buffers_instead_of_faulting_them_in_again():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+
+    def faults(mode: str) -> tuple[str, int]:
+        out = subprocess.run([sys.executable, "-c", ALLOCATION_ROUNDS, mode], env=env, capture_output=True,
+                             text=True, check=True).stdout.split()
+        return out[0], int(out[1])
+
+    applied, tuned = faults("tuned")
+    _, default = faults("default")
+    assert applied == "True"
+    assert tuned * 4 < default  # about 20,000 faults (one round) against about 200,000 (every round)
+    user_choice = subprocess.run([sys.executable, "-c", "from itera_verify.allocator import keep_freed_buffers;"
+                                  "print(keep_freed_buffers())"], env={**env, "MALLOC_TRIM_THRESHOLD_": "1"},
+                                 capture_output=True, text=True, check=True).stdout.strip()
+    assert user_choice == "False"  # a user who tuned malloc keeps their settings
