@@ -173,7 +173,7 @@ ALLOCATION_ROUNDS = textwrap.dedent("""
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or not os.confstr("CS_GNU_LIBC_VERSION"),
                     reason="glibc only")
-def test_the_command_line_keeps_freed_buffers_instead_of_faulting_them_in_again():
+def test_the_audit_command_keeps_freed_buffers_instead_of_faulting_them_in_again():
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
 
     def faults(mode: str) -> tuple[str, int]:
@@ -189,3 +189,17 @@ def test_the_command_line_keeps_freed_buffers_instead_of_faulting_them_in_again(
                                   "print(keep_freed_buffers())"], env={**env, "MALLOC_TRIM_THRESHOLD_": "1"},
                                  capture_output=True, text=True, check=True).stdout.strip()
     assert user_choice == "False"  # a user who tuned malloc keeps their settings
+
+
+def test_only_the_audit_command_changes_the_allocator(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from itera_verify import cli
+
+    calls = []
+    monkeypatch.setattr(cli, "keep_freed_buffers", lambda: calls.append(1) or True)
+    missing = tmp_path / "missing.tar.zst"
+    assert CliRunner().invoke(cli.main, ["audit", str(missing)]).exit_code == 2
+    assert calls == [1]
+    assert CliRunner().invoke(cli.main, [str(tmp_path / "no-such-package"), "--no-reload"]).exit_code == 2
+    assert calls == [1]  # verify keeps glibc's defaults

@@ -117,7 +117,6 @@ def main() -> None:
       itera-verify init OUTDIR          write a template package to start a campaign from
       itera-verify rules [CODE]         list the rules, or explain one
     """
-    keep_freed_buffers()
 
 
 _format_option = click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
@@ -190,6 +189,8 @@ def audit_command(archive, do_reload, max_size, device, hf_cache, timeout, jobs,
                   verbose):
     """Audit a sealed ARCHIVE without trusting it: members, checksums, then every check again."""
     from .audit_flow import audit
+
+    keep_freed_buffers()
 
     def action() -> int:
         fmt_chosen = _choose_format(fmt)
