@@ -203,3 +203,13 @@ def test_only_the_audit_command_changes_the_allocator(monkeypatch, tmp_path):
     assert calls == [1]
     assert CliRunner().invoke(cli.main, [str(tmp_path / "no-such-package"), "--no-reload"]).exit_code == 2
     assert calls == [1]  # verify keeps glibc's defaults
+
+
+def test_a_fork_refused_by_the_system_runs_that_share_here(defective, monkeypatch):
+    def refused():
+        raise BlockingIOError(11, "Resource temporarily unavailable")  # what fork(2) says at a process limit
+
+    serial = run_checks(discover(defective), Selection(), "static")
+    monkeypatch.setattr(os, "fork", refused)
+    parallel = run_checks(discover(defective), Selection(), "static", processes=3)
+    assert as_rows(parallel) == as_rows(serial)

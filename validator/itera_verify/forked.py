@@ -33,7 +33,12 @@ class Forked:
             # Python 3.12+ warns when a process with threads forks. The child runs only `function` and leaves
             # through os._exit: it takes no lock another thread may have held (no logging, no shared files).
             warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
+            try:
+                pid = os.fork()
+            except OSError:  # the caller decides what to do instead; the pipe goes with the attempt
+                os.close(read_fd)
+                os.close(write_fd)
+                raise
         if pid == 0:  # pragma: no cover - runs in the child, measured by the tests through its result
             os.close(read_fd)
             _child(function, write_fd)

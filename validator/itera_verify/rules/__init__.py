@@ -84,14 +84,19 @@ def run_checks(package: Package, selection: Selection, phase: str = "static", *,
     processes > 1 runs the families in that many processes (forked: rules are pure functions over the package,
     so a child needs nothing but its share), balanced by each family's COST; the findings and their order are
     the same as in one process. Digests a child computed come back to `package.digests` (the seal compares
-    them); a child that dies without a result has its share run here."""
+    them); a share that cannot be forked, or whose child dies without a result, runs here."""
     modules = [m for m in families() if getattr(m, "PHASE", "static") == phase]
     shares = _balanced(modules, processes) if processes > 1 and can_fork() else [modules]
-    children = [Forked(partial(_run_share, package, selection, share)) for share in shares[1:]]
+    here, children = list(shares[0]), []
     by_family: dict[str, list[Finding]] = {}
     try:
-        by_family.update(_run_share(package, selection, shares[0])[0])
-        for child, share in zip(children, shares[1:]):
+        for share in shares[1:]:
+            try:
+                children.append((Forked(partial(_run_share, package, selection, share)), share))
+            except OSError:  # no fork now (a process or memory limit): this share runs here
+                here += share
+        by_family.update(_run_share(package, selection, here)[0])
+        for child, share in children:
             try:
                 findings, digests = child.result()
             except ChildLost:
@@ -99,7 +104,7 @@ def run_checks(package: Package, selection: Selection, phase: str = "static", *,
             by_family.update(findings)
             package.digests.update(digests)
     finally:
-        for child in children:
+        for child, _ in children:
             child.cancel()  # a no-op once reaped; otherwise an interrupted run leaves no child behind
     return [finding for module in modules for finding in by_family.get(module.__name__, [])]
 
