@@ -20,6 +20,7 @@ from itera_verify.package import discover
 from itera_verify.progress import Progress
 from itera_verify import seal as seal_module
 from itera_verify.seal import SealRefused, seal_package
+from tests.fuzz.processes import ctrl_c_as_in_a_terminal
 from tests.helpers import codes, run_cli, static_findings
 
 CAMPAIGN = "reviews-lora-2026-11"
@@ -341,7 +342,8 @@ CHILD = textwrap.dedent("""
 
 def run_child_until(package_dir: Path, destination: Path, line: str):
     code = CHILD.format(validator=VALIDATOR, package=str(package_dir), destination=str(destination))
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=ctrl_c_as_in_a_terminal)
     seen = []
     for output in child.stdout:
         seen.append(output.strip())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -78,6 +79,12 @@ def cli_command(*args, user: str | None = None) -> list[str]:
     return command
 
 
+def ctrl_c_as_in_a_terminal() -> None:
+    """In the child before exec: SIGINT at its default, as a terminal starts a command. A test run started in the
+    background (`make test &`, nohup) ignores SIGINT, and a child would inherit that and never see the Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Cli:
     """A command started in its own session, output to files (a full pipe must not be the fault)."""
 
@@ -92,7 +99,7 @@ class Cli:
                     "TMPDIR": str(self.tmp), **(env or {})}
         self.proc = subprocess.Popen([str(c) for c in command], stdout=self.out, stderr=self.err,
                                      stdin=subprocess.DEVNULL, env=full_env, cwd=self.workdir,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=ctrl_c_as_in_a_terminal)
 
     def wait(self, timeout: float = 600) -> tuple[int, str, str]:
         try:
