@@ -32,8 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fuzz.processes import (Cli, can_run_as, cli_command, give_to, mount_namespace, reload_children,
-                                  tagged, tree_state, wait_until)
+from tests.fuzz.processes import (TAG_VARIABLE, Cli, can_run_as, cli_command, give_to, mount_namespace,
+                                  reload_children, tagged, tree_state, wait_until)
 
 CAMPAIGN = "reviews-lora-2026-11"
 ARCHIVE = f"{CAMPAIGN}.tar.zst"
@@ -439,3 +439,37 @@ def test_a_timeout_that_can_never_expire_is_refused_with_exit_2(built, tmp_path,
     (tmp_path / "itera-verify.toml").write_text(f"timeout = {value}\n")
     result = run_cli(built["package"], "--no-reload", "--no-seal", cwd=tmp_path, timeout=120)
     assert result.returncode == 2 and "timeout" in error_line(result.stderr).lower(), result.stderr[-1000:]
+
+
+SIGNAL_TO_A_WORKER_THREAD = textwrap.dedent("""
+    import os, signal, sys, threading
+    sys.path.insert(0, sys.argv[3])
+    from tests.fuzz.processes import reload_children, wait_until
+    from itera_verify import verify
+
+    def poke():  # the reloads stall; SIGTERM reaches the thread that waits for them, not the main thread
+        children = wait_until(lambda: reload_children(sys.argv[4]), 120)
+        for pid in children or ():
+            os.kill(pid, signal.SIGSTOP)
+        worker = next(t for t in threading.enumerate() if t.name.startswith("ThreadPoolExecutor"))
+        signal.pthread_kill(worker.ident, signal.SIGTERM)
+
+    threading.Thread(target=poke, daemon=True).start()
+    try:
+        verify(sys.argv[1], device="cpu", hf_cache=sys.argv[2], seal=False, timeout=300)
+    except KeyboardInterrupt:
+        print("interrupted")
+""")
+
+
+@pytest.mark.slow
+def test_sigterm_the_kernel_hands_to_a_worker_thread_still_ends_a_stalled_reload(built, tmp_path, tag):
+    """The kernel may deliver a process-wide signal to any thread; Python runs the handler in the main thread
+    only once that thread wakes. Waiting on the reloads without a bound, the tool hung with children stopped."""
+    package = copy_package(built, tmp_path / "pkg")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", TAG_VARIABLE: tag}
+    child = subprocess.run([sys.executable, "-c", SIGNAL_TO_A_WORKER_THREAD, str(package), built["hf_cache"],
+                            str(Path(__file__).resolve().parents[1]), tag],
+                           env=env, capture_output=True, text=True, timeout=60)
+    assert child.stdout.strip() == "interrupted", child.stderr[-2000:]
+    assert wait_until(lambda: not tagged(tag), 10), f"processes left running: {tagged(tag)}"

@@ -352,7 +352,10 @@ class Sealing:
         _check_extra_members(members)
         try:
             with termination_unwinds():
-                self._thread.join()
+                # Bounded waits: a Ctrl-C or SIGTERM the kernel hands to another thread runs its handler only
+                # when this (main) thread wakes.
+                while self._thread.is_alive():
+                    self._thread.join(0.2)
                 if self._failure is not None:
                     raise self._failure
                 digests, expected = self._result

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from ..model import ReloadResult
@@ -220,6 +220,9 @@ def _merge(result: ReloadResult, reported: dict) -> None:
     result.facts = facts
 
 
+SIGNAL_POLL_SECONDS = 0.2  # how often the waiting main thread wakes to let a pending signal handler run
+
+
 def run_reloads(package: Package, *, device: str, timeout: float, jobs: int, progress,
                 only: set[str] | None = None, prefetch: bool | None = None) -> list[ReloadResult]:
     """Every manifest artifact (or those named in `only`), each in its own child; results in manifest order.
@@ -246,9 +249,14 @@ def run_reloads(package: Package, *, device: str, timeout: float, jobs: int, pro
                     progress.advance("reload")
             else:
                 futures = {pool.submit(run_child, job, timeout, children): i for i, job in pending.items()}
-                for future in as_completed(futures):
-                    results[futures[future]] = future.result()
-                    progress.advance("reload")
+                running = set(futures)
+                while running:
+                    # Bounded waits: a SIGTERM or Ctrl-C the kernel hands to a worker thread runs its Python
+                    # handler only when this thread wakes, and a stopped child may never complete its future.
+                    done, running = wait(running, timeout=SIGNAL_POLL_SECONDS, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        results[futures[future]] = future.result()
+                        progress.advance("reload")
         except BaseException:
             children.stop_all()  # Ctrl-C or SIGTERM: end every child now, not after its timeout
             raise
