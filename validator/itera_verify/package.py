@@ -22,7 +22,6 @@ RELOAD = "reload.json"
 HASH_CHUNK = 1 << 20
 
 
-
 @dataclass(frozen=True)
 class FileEntry:
     path: str  # relative, "/"-separated

@@ -1,7 +1,8 @@
 """The SHA-256 of a whole file, computed on a thread of its own.
 
 Why a thread: hashing releases the interpreter lock, so the digest of a 1.4 GB archive (about a second of one
-core) costs no wall time when it runs beside work that uses one core only, such as the audit's re-check.
+core) costs no wall time when it runs beside work that uses one core only, such as the audit's re-check, or
+beside the frame workers of a read-back.
 """
 from __future__ import annotations
 
@@ -13,27 +14,44 @@ CHUNK = 4 << 20
 
 
 class FileDigest:
-    """Start hashing `path` now; result() waits for (sha256 hex, bytes read) or raises the OSError met."""
+    """Start hashing now: `source` is a path, or an open descriptor read with pread from offset 0 (left open).
+    result() waits for (sha256 hex, bytes read) or raises the OSError met; `stop` ends the hashing early."""
 
-    def __init__(self, path: str | os.PathLike):
-        self.path = path
+    def __init__(self, source: str | os.PathLike | int, stop: threading.Event | None = None):
+        self.source = source
+        self.bytes = 0
+        self._stop = stop or threading.Event()
         self._sha256 = hashlib.sha256()
-        self._bytes = 0
         self._error: OSError | None = None
         self._thread = threading.Thread(target=self._run, name="file-digest", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
-            with open(self.path, "rb", buffering=0) as source:
-                while chunk := source.read(CHUNK):
-                    self._sha256.update(chunk)
-                    self._bytes += len(chunk)
+            if isinstance(self.source, int):
+                self._hash(self.source)
+                return
+            fd = os.open(self.source, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                self._hash(fd)
+            finally:
+                os.close(fd)
         except OSError as exc:
             self._error = exc
+
+    def _hash(self, fd: int) -> None:
+        while not self._stop.is_set():
+            data = os.pread(fd, CHUNK, self.bytes)
+            if not data:
+                return
+            self._sha256.update(data)
+            self.bytes += len(data)
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
 
     def result(self) -> tuple[str, int]:
         self._thread.join()
         if self._error is not None:
             raise self._error
-        return self._sha256.hexdigest(), self._bytes
+        return self._sha256.hexdigest(), self.bytes

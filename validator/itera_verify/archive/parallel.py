@@ -7,13 +7,13 @@ frames are in flight and each hands over at most `depth` pieces before its consu
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import queue
 import threading
 
 import zstandard
 
+from .digest import FileDigest
 from .errors import Corrupt, TooLarge
 
 PIECE = 2 << 20
@@ -42,8 +42,6 @@ class FrameParallelExpanded:
                  depth: int = 3, hash_archive: bool = True):
         self.fd, self.frames, self.limit = fd, frames, limit
         self.total = 0
-        self.archive_bytes = 0
-        self._hash = hashlib.sha256()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._in_flight = threading.Semaphore(workers + 1)
@@ -52,28 +50,19 @@ class FrameParallelExpanded:
         self._current = 0  # the frame the consumer reads
         self._threads = [threading.Thread(target=self._work, name=f"archive-frames-{n}", daemon=True)
                          for n in range(workers)]
-        self._hashing = hash_archive
-        if hash_archive:
-            self._threads.append(threading.Thread(target=self._hash_file, name="archive-hash", daemon=True))
         for thread in self._threads:
             thread.start()
+        # The archive's own SHA-256, over the bytes on disk, read once in order beside the frame workers.
+        self._digest = FileDigest(fd, stop=self._stop) if hash_archive else None
 
     @property
     def archive_sha256(self) -> str:
         """The SHA-256 of the whole file (waits for the hashing thread); "" when not asked for."""
-        if not self._hashing:
-            return ""
-        self._threads[-1].join()
-        return self._hash.hexdigest()
+        return self._digest.result()[0] if self._digest is not None else ""
 
-    def _hash_file(self) -> None:
-        """The archive's own SHA-256, over the bytes on disk, read once in order."""
-        while not self._stop.is_set():
-            data = os.pread(self.fd, 4 << 20, self.archive_bytes)
-            if not data:
-                break
-            self._hash.update(data)
-            self.archive_bytes += len(data)
+    @property
+    def archive_bytes(self) -> int:
+        return self._digest.bytes if self._digest is not None else 0
 
     def _put(self, index: int, item) -> bool:
         while not self._stop.is_set():
@@ -136,3 +125,5 @@ class FrameParallelExpanded:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=5)
+        if self._digest is not None:
+            self._digest.join(timeout=5)
