@@ -31,10 +31,9 @@ def check_processes(package: Package) -> int:
     """Processes for the static checks: one per core, up to the number of families worth a share (three), on a
     package big enough that a fork (milliseconds) is noise beside the checks (seconds on 20,000 files). The
     callers use it where nothing else keeps the cores busy (not beside a seal)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
+    from .archive import worker_count
+
+    cores = worker_count(0)  # every core this process may use
     scanned = sum(entry.size for rel, entry in package.files.items() if not rel.endswith(".safetensors"))
     big = len(package.files) >= PARALLEL_MIN_FILES or scanned >= PARALLEL_MIN_BYTES
     return min(cores, 3) if big else 1
