@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .archive import ArchiveError, ArchiveWriter, FileFeeder, SizeChanged, format_sums, worker_count
+from .archive.direct import DirectWriter
 from .archive.publish import (fsync_folder, partial_path, publish, read_back, remove_stale_partials,
                               write_checksum_file)
 from .model import Finding, UsageError
@@ -136,9 +137,9 @@ def _check_destination(package: Package, destination: Path, overwrite: bool) -> 
 
 
 def _open_output(path: Path):
-    """The partial archive file; tests replace this to inject a full disk."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
-    return os.fdopen(fd, "wb", buffering=0)
+    """The partial archive file, written past the page cache where the file system allows (archive/direct.py);
+    tests replace this to inject a full disk."""
+    return DirectWriter.create(path)
 
 
 @contextmanager

@@ -114,6 +114,8 @@ class _Output:
             self._position = fileobj.tell()  # tell(), not lseek: a buffered file object may hold bytes back
         except (AttributeError, OSError, ValueError):  # not a real file: no writeback to start
             self._fd = None
+        if getattr(fileobj, "direct", False):  # O_DIRECT (direct.py): the bytes go to the device as written
+            self._fd = None
         self._pending: queue.Queue = queue.Queue(maxsize=2)
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="archive-write", daemon=True)
