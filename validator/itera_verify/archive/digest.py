@@ -1,8 +1,7 @@
 """The SHA-256 of a whole file, computed on a thread of its own.
 
 Why a thread: hashing releases the interpreter lock, so the digest of a 1.4 GB archive (about a second of one
-core) costs no wall time when it runs beside work that uses one core only, such as the audit's re-check, or
-beside the frame workers of a read-back.
+core) costs no wall time when it runs beside work that uses one core only, such as the audit's re-check.
 """
 from __future__ import annotations
 
@@ -14,13 +13,12 @@ CHUNK = 4 << 20
 
 
 class FileDigest:
-    """Start hashing now: `source` is a path, or an open descriptor read with pread from offset 0 (left open).
-    result() waits for (sha256 hex, bytes read) or raises the OSError met; `stop` ends the hashing early."""
+    """Start hashing the file at `source` now. result() waits for (sha256 hex, bytes read) or raises the OSError
+    met."""
 
-    def __init__(self, source: str | os.PathLike | int, stop: threading.Event | None = None):
+    def __init__(self, source: str | os.PathLike):
         self.source = source
         self.bytes = 0
-        self._stop = stop or threading.Event()
         self._sha256 = hashlib.sha256()
         self._error: OSError | None = None
         self._thread = threading.Thread(target=self._run, name="file-digest", daemon=True)
@@ -28,9 +26,6 @@ class FileDigest:
 
     def _run(self) -> None:
         try:
-            if isinstance(self.source, int):
-                self._hash(self.source)
-                return
             fd = os.open(self.source, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             try:
                 self._hash(fd)
@@ -40,7 +35,7 @@ class FileDigest:
             self._error = exc
 
     def _hash(self, fd: int) -> None:
-        while not self._stop.is_set():
+        while True:
             data = os.pread(fd, CHUNK, self.bytes)
             if not data:
                 return

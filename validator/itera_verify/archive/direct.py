@@ -103,14 +103,14 @@ class DirectWriter:
         os.ftruncate(self.fd, self._base + self._filled)  # the padding was for the device only
 
     def close(self) -> None:
+        """Close the descriptor. What is staged and not flushed is dropped: close() also ends a write that
+        failed (a full disk), and the caller then removes the file."""
         if self.closed:
             return
         self.closed = True
-        try:
-            self.flush()
-        finally:
-            os.close(self.fd)
-            self._staging.close()
+        os.close(self.fd)
+        # Not mmap.close(): a view may still be alive (in a traceback); the memory goes with the last reference.
+        self._staging = None
 
     def _write_at(self, offset: int, view: memoryview) -> None:
         while view:

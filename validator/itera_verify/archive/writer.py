@@ -206,6 +206,7 @@ class ArchiveWriter:
                           "fast": zstandard.ZstdCompressor(level=FAST_LEVEL)}
         self._profile: str | None = None
         self._buffer: bytearray | None = None
+        self._target: memoryview | None = None  # a view of _buffer, the one copy goes through it
         self._filled = 0
         self._free: list[bytearray] = []
         self._allocated = 0
@@ -266,8 +267,9 @@ class ArchiveWriter:
         while view:
             if self._buffer is None:
                 self._buffer, self._filled = self._take_buffer(), 0
+                self._target = memoryview(self._buffer)  # bytearray[a:b] = view would copy the view twice
             step = min(len(self._buffer) - self._filled, len(view))
-            self._buffer[self._filled:self._filled + step] = view[:step]
+            self._target[self._filled:self._filled + step] = view[:step]
             self._filled += step
             view = view[step:]
             if self._filled == len(self._buffer):
