@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
 import signal
 import traceback
 import warnings
 from typing import Any, Callable
+
+
+SIGNAL_POLL_SECONDS = 0.2
 
 
 class ChildLost(Exception):
@@ -48,6 +52,10 @@ class Forked:
 
     def result(self) -> Any:
         try:
+            # Bounded waits: a Ctrl-C or SIGTERM the kernel hands to another thread runs its handler only when
+            # this (main) thread wakes.
+            while not select.select([self._pipe], [], [], SIGNAL_POLL_SECONDS)[0]:
+                pass
             data = self._pipe.read()  # until the child closes its end: it has finished or died
         finally:
             self._pipe.close()

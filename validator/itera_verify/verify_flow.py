@@ -10,7 +10,7 @@ from .model import Finding, Severity, UsageError
 from .package import Package, discover
 from .progress import NULL_PROGRESS, Progress
 from .report import Report, renderer
-from .rules import Selection, all_rules, run_checks
+from .rules import Selection, StartedChecks, all_rules, run_checks
 from . import summary
 
 
@@ -40,9 +40,12 @@ def check_processes(package: Package) -> int:
 
 
 def check_package(package: Package, selection: Selection, *, reload: bool, device: str, timeout: float,
-                  jobs: int, progress: Progress, processes: int = 1) -> tuple[list[Finding], list]:
-    """Static checks (in `processes` processes), then (optionally) the reloads and the rules over their facts."""
-    findings = run_checks(package, selection, "static", processes=processes)
+                  jobs: int, progress: Progress, processes: int = 1,
+                  started: StartedChecks | None = None) -> tuple[list[Finding], list]:
+    """Static checks (in `processes` processes, or those `started` already), then (optionally) the reloads and
+    the rules over their facts."""
+    findings = started.result() if started is not None else run_checks(package, selection, "static",
+                                                                       processes=processes)
     reloads: list = []
     if reload:
         from .reload import run_reloads
@@ -89,12 +92,16 @@ def verify(path, *, device: str = "auto", reload: bool = True, seal: bool = True
 
     seal_options = dict(output=output, overwrite=overwrite, level=level, threads=threads, progress=progress)
     with termination_unwinds():  # SIGTERM unwinds like Ctrl-C: a seal begun beside the checks is removed
-        sealing = start_sealing(package, **seal_options) if seal else None
+        static_checks, sealing = None, None
         try:
-            # Beside a seal both cores are busy already: the checks then stay in one process.
+            if seal:
+                # Beside a seal the checks run in one child process, forked before the seal's threads start:
+                # both cores are busy already, and the seal's threads then have this interpreter to themselves.
+                static_checks = StartedChecks(package, selection, "static", detached=True)
+                sealing = start_sealing(package, **seal_options)
             findings, reloads = check_package(package, selection, reload=reload, device=resolved_device or "cpu",
                                               timeout=timeout, jobs=jobs, progress=progress,
-                                              processes=1 if sealing is not None else check_processes(package))
+                                              processes=check_processes(package), started=static_checks)
             report = build_report(package, findings, reloads, selection, mode="verify", reloaded=reload,
                                   device=resolved_device)
             if not seal:
@@ -105,6 +112,8 @@ def verify(path, *, device: str = "auto", reload: bool = True, seal: bool = True
             else:
                 seal_report(package, report, selection, sealing=sealing, **seal_options)
         finally:
+            if static_checks is not None:
+                static_checks.cancel()
             if sealing is not None:
                 sealing.cancel()  # nothing to undo once published; otherwise the partial archive goes
     report.elapsed_seconds = time.monotonic() - started

@@ -85,28 +85,53 @@ def run_checks(package: Package, selection: Selection, phase: str = "static", *,
     so a child needs nothing but its share), balanced by each family's COST; the findings and their order are
     the same as in one process. Digests a child computed come back to `package.digests` (the seal compares
     them); a share that cannot be forked, or whose child dies without a result, runs here."""
-    modules = [m for m in families() if getattr(m, "PHASE", "static") == phase]
-    shares = _balanced(modules, processes) if processes > 1 and can_fork() else [modules]
-    here, children = list(shares[0]), []
-    by_family: dict[str, list[Finding]] = {}
+    checks = StartedChecks(package, selection, phase, processes=processes)
     try:
-        for share in shares[1:]:
-            try:
-                children.append((Forked(partial(_run_share, package, selection, share)), share))
-            except OSError:  # no fork now (a process or memory limit): this share runs here
-                here += share
-        by_family.update(_run_share(package, selection, here)[0])
-        for child, share in children:
+        return checks.result()
+    finally:
+        checks.cancel()
+
+
+class StartedChecks:
+    """run_checks in two steps: the constructor forks the children, result() runs this process's share and
+    collects theirs. `detached`: every share runs in a child, none here: the caller's threads (a seal) then
+    have this process, and its interpreter lock, to themselves while the checks run. Fork the children before
+    starting such threads: a child must not inherit a lock another thread held."""
+
+    def __init__(self, package: Package, selection: Selection, phase: str = "static", *, processes: int = 1,
+                 detached: bool = False):
+        self.package, self.selection = package, selection
+        self.modules = [m for m in families() if getattr(m, "PHASE", "static") == phase]
+        forking = can_fork() and (processes > 1 or detached)
+        shares = _balanced(self.modules, processes) if forking else [self.modules]
+        self.here, self.children = ([], shares) if forking and detached else (list(shares[0]), shares[1:])
+        self.children = [share for share in self.children if share]
+        self._forked: list[tuple[Forked, list[ModuleType]]] = []
+        try:
+            for share in self.children:
+                try:
+                    self._forked.append((Forked(partial(_run_share, package, selection, share)), share))
+                except OSError:  # no fork now (a process or memory limit): this share runs here
+                    self.here += share
+        except BaseException:
+            self.cancel()
+            raise
+
+    def result(self) -> list[Finding]:
+        by_family: dict[str, list[Finding]] = {}
+        by_family.update(_run_share(self.package, self.selection, self.here)[0])
+        for child, share in self._forked:
             try:
                 findings, digests = child.result()
             except ChildLost:
-                findings, digests = _run_share(package, selection, share)
+                findings, digests = _run_share(self.package, self.selection, share)
             by_family.update(findings)
-            package.digests.update(digests)
-    finally:
-        for child, _ in children:
+            self.package.digests.update(digests)
+        return [finding for module in self.modules for finding in by_family.get(module.__name__, [])]
+
+    def cancel(self) -> None:
+        for child, _ in self._forked:
             child.cancel()  # a no-op once reaped; otherwise an interrupted run leaves no child behind
-    return [finding for module in modules for finding in by_family.get(module.__name__, [])]
 
 
 def _run_share(package: Package, selection: Selection, modules: list[ModuleType]) -> tuple[dict, dict]:
