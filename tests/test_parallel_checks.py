@@ -213,3 +213,83 @@ def test_a_fork_refused_by_the_system_runs_that_share_here(defective, monkeypatc
     monkeypatch.setattr(os, "fork", refused)
     parallel = run_checks(discover(defective), Selection(), "static", processes=3)
     assert as_rows(parallel) == as_rows(serial)
+
+
+# ---- checks detached beside a seal -----------------------------------------------------------------------------
+def test_detached_checks_run_every_family_in_a_child_and_find_what_one_process_finds(defective, monkeypatch):
+    from itera_verify.rules import StartedChecks
+
+    parent = os.getpid()
+    ran_here = []
+    for module in families():
+        original = module.check
+
+        def recording(package, _original=original, _name=module.__name__):
+            if os.getpid() == parent:
+                ran_here.append(_name)
+            return _original(package)
+
+        monkeypatch.setattr(module, "check", recording)
+    serial_package = discover(defective)
+    serial = run_checks(serial_package, Selection(), "static")
+    assert ran_here  # the recording works: one process runs every family here
+    ran_here.clear()
+    package = discover(defective)
+    started = StartedChecks(package, Selection(), "static", detached=True)
+    try:
+        detached = started.result()
+    finally:
+        started.cancel()
+    assert ran_here == [] and len(started._forked) == 1
+    assert as_rows(detached) == as_rows(serial)
+    assert package.digests == serial_package.digests  # config_sha256 and the like, for the seal's IV704 check
+
+
+def test_verify_beside_a_seal_forks_the_checks_before_the_seal_starts_its_threads(package_dir, tmp_path,
+                                                                                 monkeypatch):
+    """A child forked while the seal's threads run could inherit a lock one of them held (and hang): the checks
+    are forked first. The order is observed, not assumed: the fork records how many threads were running."""
+    import threading
+
+    from itera_verify import forked, verify
+
+    threads_at_fork = []
+    real_fork = os.fork
+
+    def recording_fork():
+        threads_at_fork.append(threading.active_count())
+        return real_fork()
+
+    monkeypatch.setattr(forked.os, "fork", recording_fork)
+    baseline = threading.active_count()
+    report = verify(package_dir, reload=False, output=tmp_path / "a.tar.zst")
+    assert report.sealed and report.verdict == "pass"
+    assert threads_at_fork == [baseline]  # one child, forked before any seal thread existed
+
+
+def test_a_signal_the_kernel_hands_to_another_thread_interrupts_the_wait_for_a_child():
+    """Python runs a signal handler in the main thread only once that thread wakes: waiting for a child's result
+    without a bound would hold Ctrl-C or SIGTERM back until the child ends."""
+    import threading
+    import time
+
+    class Interrupted(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Interrupted()
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    child = Forked(lambda: time.sleep(20))
+    poker = threading.Thread(target=lambda: (time.sleep(0.3), signal.pthread_kill(threading.get_ident(),
+                                                                                   signal.SIGUSR1)))
+    started = time.monotonic()
+    try:
+        poker.start()
+        with pytest.raises(Interrupted):
+            child.result()
+    finally:
+        child.cancel()
+        poker.join()
+        signal.signal(signal.SIGUSR1, previous)
+    assert time.monotonic() - started < 5

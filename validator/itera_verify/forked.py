@@ -57,9 +57,11 @@ class Forked:
             while not select.select([self._pipe], [], [], SIGNAL_POLL_SECONDS)[0]:
                 pass
             data = self._pipe.read()  # until the child closes its end: it has finished or died
-        finally:
-            self._pipe.close()
-            status = self._reap()
+        except BaseException:  # interrupted (Ctrl-C, SIGTERM): the child goes too, not waited for
+            self.cancel()
+            raise
+        self._pipe.close()
+        status = self._reap()
         if not data:
             raise ChildLost(f"the child process ended without a result (status {status})")
         outcome, value = pickle.loads(data)
