@@ -163,6 +163,8 @@ def test_truncated_archive_is_IV702(sealed, hostile_dir):
     report = audit_leaving_nothing_behind(hostile_dir / "a.tar.zst")
     assert archive_findings(report) == [("IV702", "a.tar.zst")] and "truncated" in report.findings[0].message
     assert report.verdict == "fail" and not report.audit["rechecked"]
+    # The report names the file it audited: the digest of all its bytes, not of the part read before the cut.
+    assert report.archive["sha256"] == hashlib.sha256(data[: len(data) // 2]).hexdigest()
 
 
 def test_file_that_is_not_zstd_is_IV701(hostile_dir):

@@ -14,6 +14,7 @@ one) is stopped after a bounded amount of work and disk.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -22,7 +23,6 @@ from pathlib import Path
 
 from . import __version__
 from .archive import SumsError, parse_sums
-from .archive.digest import FileDigest
 from .archive.extract import Extraction, safe_extract
 from .archive.zstdframes import declared_content_size
 from .hfcache import resolve_hf_cache
@@ -64,15 +64,14 @@ def audit(archive, *, reload: bool = False, max_size: int | None = None, device:
         workdir = tempfile.mkdtemp(prefix="itera-audit-", dir=scratch_folder(path))  # mode 0700: private
         try:
             extraction = _extract(path, workdir, limit, progress, keep_prefix=None if reload else safetensors_header)
-            # The archive's own digest is hashed beside the re-check, which leaves a core idle (the extraction
-            # keeps both busy): about a second of one core, at no cost in wall time.
-            digest = FileDigest(path)
             report = _recheck(path, workdir, extraction, selection, reload=reload, device=resolved_device,
                               hf_cache=hf_cache, timeout=timeout, jobs=jobs, progress=progress)
-            extraction.archive_sha256, extraction.archive_bytes = _archive_digest(path, digest)
             archive_findings = _archive_findings(path, extraction, limit)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
+    if extraction.error is not None or not extraction.archive_sha256:
+        # The stream failed before its end, so the reader hashed part of it: the whole file's digest all the same.
+        extraction.archive_sha256 = _file_sha256(path)
     archive_sha256 = extraction.archive_sha256
     report.archive = {"path": str(path), "sha256": archive_sha256, "bytes": size}
     report.audit["archive_sha256"] = archive_sha256
@@ -126,9 +125,10 @@ def _available_memory() -> int:
     return 0
 
 
-def _archive_digest(path: Path, digest: FileDigest) -> tuple[str, int]:
+def _file_sha256(path: Path) -> str:
     try:
-        return digest.result()
+        with open(path, "rb") as source:
+            return hashlib.file_digest(source, "sha256").hexdigest()
     except OSError as exc:
         raise UsageError(f"{path}: cannot read ({exc.strerror or exc})") from exc
 
@@ -149,7 +149,7 @@ def _extract(path: Path, workdir: str, limit: int, progress: Progress, keep_pref
     progress.start("audit", f"reading {path.name}", total=None, unit="B")
     try:
         with open(path, "rb", buffering=0) as source:
-            return safe_extract(source, workdir, max_expanded=limit, keep_prefix=keep_prefix, hash_archive=False,
+            return safe_extract(source, workdir, max_expanded=limit, keep_prefix=keep_prefix,
                                 on_bytes=lambda n: progress.advance("audit", n))
     except PermissionError as exc:
         raise UsageError(f"{path}: permission denied") from exc
@@ -163,7 +163,7 @@ def _recheck(path: Path, workdir: str, extraction: Extraction, selection: Select
              device: str | None, hf_cache, timeout: float, jobs: int, progress: Progress) -> Report:
     """Every check again on the extracted package; skipped when the stream itself failed."""
     facts = {"archive": str(path), "archive_bytes": path.stat().st_size,
-             "archive_sha256": None,  # hashed beside the re-check; audit() fills it in
+             "archive_sha256": None,  # audit() fills it in
              "expanded_bytes": extraction.expanded_bytes, "members": extraction.members,
              "files": sum(1 for name in extraction.files if not name.startswith("SEAL/")),
              "top_folder": extraction.top, "stream": "ok" if extraction.error is None else extraction.error.kind,
