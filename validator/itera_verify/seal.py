@@ -14,9 +14,11 @@ the workflow hands over (`SEAL/verification.json`, `SEAL/report.html`). Choices 
   changed size, modification time or inode (or inode change time, when discovery records it) since discovery,
   or whose digest differs from one a check computed, is IV704 and nothing is sealed. A file that exists but cannot be read is unreadable input: UsageError (exit 2).
 - The archive is written to `.<name>.<pid>.<random>.partial` beside the destination, synced, read back and
-  verified member by member against what was hashed, then linked to its final name (never clobbering an
-  archive that appeared meanwhile unless --overwrite). Any exception, Ctrl-C or SIGTERM removes the partial
-  file; after a kill -9 it stays under its partial name and the next seal in that folder removes it.
+  verified member by member against what was hashed, then linked to its final name (never clobbering an archive
+  that appeared meanwhile unless --overwrite). Where the file system allows, the writing and the read-back both go
+  past the page cache (O_DIRECT, archive/direct.py): the read-back then checks the bytes the device holds, not a
+  cached copy. Any exception, Ctrl-C or SIGTERM removes the partial file; after a kill -9 it stays under its
+  partial name and the next seal in that folder removes it.
 """
 from __future__ import annotations
 
