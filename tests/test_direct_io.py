@@ -362,6 +362,26 @@ def test_an_O_DIRECT_descriptor_reads_the_same_members_and_digest(tmp_path, dire
     assert read_file(path, frames=frames) == members + [("archive", archive_sha256)]  # the plain read agrees
 
 
+def test_a_direct_read_refused_with_EINVAL_goes_on_plainly(tmp_path, direct_ok, small_frames, monkeypatch):
+    """A file system may take O_DIRECT at open and refuse the reads (a logical block larger than ALIGN): the
+    read-back then reads plainly instead of failing the seal."""
+    path = tmp_path / "a.tar.zst"
+    frames = write_file(path, MEMBERS)
+    refused = []
+
+    def preadv(fd, buffers, offset):
+        if has_o_direct(fd):
+            refused.append(offset)
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        return os.preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(parallel, "os", _PatchedOs(preadv=preadv))
+    members, archive_sha256, archive_bytes = within(20, read_direct, path, frames)
+    assert refused == [0]  # refused once, then read plainly to the end
+    assert members == [(name, sha(payload)) for name, payload in MEMBERS]
+    assert archive_sha256 == sha(path.read_bytes()) and archive_bytes == path.stat().st_size
+
+
 def test_the_archive_digest_covers_bytes_between_and_after_the_frames(tmp_path, direct_ok, small_frames,
                                                                      monkeypatch):
     clean = tmp_path / "a.tar.zst"

@@ -11,6 +11,7 @@ frames in flight, and each hands over at most `depth` pieces before its consumer
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
@@ -228,7 +229,13 @@ class FrameParallelExpanded:
         while end is None or offset < end:
             buffer = self._take_free()
             want = SEGMENT if end is None else min(SEGMENT, round_up(end) - offset)
-            got = _read_full(self.fd, buffer, want, offset, self._direct)
+            try:
+                got = _read_full(self.fd, buffer, want, offset, self._direct)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL or not self._direct:
+                    raise
+                self._read_plainly()  # O_DIRECT refused after all (a block larger than ALIGN): read plainly
+                got = _read_full(self.fd, buffer, want, offset, False)
             low, high = min(max(start - offset, 0), got), got if end is None else min(end - offset, got)
             users = (index is not None) + hashing
             segment = _Segment(buffer, memoryview(buffer)[low:high], users, self._free, self._segment_lock)
@@ -243,6 +250,10 @@ class FrameParallelExpanded:
             offset += want
         if index is not None:
             self._put(("in", index), _END)
+
+    def _read_plainly(self) -> None:
+        fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~O_DIRECT)
+        self._direct = False
 
     # ---- the workers -----------------------------------------------------------------------------------
     def _take_frame(self) -> int | None:
