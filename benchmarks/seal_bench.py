@@ -126,7 +126,10 @@ def build_package(work: Path, size_gib: float) -> Path:
 
 # ---- measuring -------------------------------------------------------------------------------------------
 def measure(command, *, shell: bool = False, env: dict | None = None) -> dict:
-    """Wall time, CPU time and peak RSS of one command (its whole process tree, through wait4)."""
+    """Wall time, CPU time and peak RSS of one command (its whole process tree, through wait4). Each starts with
+    no writeback pending (an untimed sync): the disk-extracting audit and the deletions before a command leave
+    gigabytes for the kernel to write or discard, and whichever command came next would pay for them."""
+    os.sync()
     started = time.perf_counter()
     child = subprocess.Popen(command, shell=shell, env=env or ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              executable="/bin/bash" if shell else None)
