@@ -5,6 +5,7 @@ import hashlib
 import io
 import os
 import subprocess
+import sys
 import tarfile
 
 import pytest
@@ -378,3 +379,16 @@ def test_reading_without_hashing_the_archive_leaves_its_digest_to_the_caller(tmp
         with open(path, "rb", buffering=0) as source, ArchiveReader(source, frames=frames, hash_archive=False) as reader:
             names = [m.name for m in reader]
             assert names == [name for name, _ in MEMBERS] and reader.archive_sha256 == ""
+
+
+def test_importing_the_archive_layer_starts_no_process():
+    """ctypes.util.find_library runs `ldconfig -p`: a library import must not start a process (the fuzz watch
+    records every one a check starts, and an import can happen inside a check)."""
+    code = ("import sys; started = []\n"
+            "sys.addaudithook(lambda event, args: started.append(event) if event in "
+            "('subprocess.Popen', 'os.posix_spawn', 'os.fork', 'os.exec') else None)\n"
+            "import itera_verify.archive, itera_verify.archive.writeback as w\n"
+            "print(started, w._SYNC_FILE_RANGE is not None)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "[]", out
+    assert out[1] == str(sys.platform.startswith("linux"))  # and sync_file_range is still found on Linux

@@ -71,19 +71,20 @@ class _Watch:
 
     @contextlib.contextmanager
     def armed_for(self, *allowed: Path):
-        # The hook sees this process only: checks forked into a child (on a big package) would escape it, so a
-        # watched run keeps them in this process. tests/test_parallel_checks.py shows the forked path finds the
-        # same; a fork from anywhere else is still recorded.
-        from itera_verify import audit_flow, verify_flow
+        # The hook sees this process only: checks forked into a child (on a big package, or beside a seal) would
+        # escape it, so a watched run keeps them in this process (the rules see no fork available).
+        # tests/test_parallel_checks.py shows the forked path finds the same; a fork from anywhere else is still
+        # recorded.
+        from itera_verify import rules
 
-        saved = verify_flow.check_processes, audit_flow.check_processes
-        verify_flow.check_processes = audit_flow.check_processes = lambda package: 1
+        saved = rules.can_fork
+        rules.can_fork = lambda: False
         self.events, self.allowed_roots, self.armed = [], tuple(str(Path(a).resolve()) for a in allowed), True
         try:
             yield self.events
         finally:
             self.armed = False
-            verify_flow.check_processes, audit_flow.check_processes = saved
+            rules.can_fork = saved
 
 
 _watch: _Watch | None = None

@@ -9,7 +9,6 @@ the fsync that follows is what makes the file durable either way.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 
 SYNC_FILE_RANGE_WRITE = 2
@@ -19,7 +18,9 @@ def _load():
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        # The symbols the process already has (libc among them); not ctypes.util.find_library, which runs
+        # `ldconfig -p` in a subprocess.
+        libc = ctypes.CDLL(None, use_errno=True)
         call = libc.sync_file_range
     except (OSError, AttributeError):
         return None
