@@ -64,10 +64,35 @@ def test_forked_child_killed_is_child_lost_and_cancel_reaps():
 def test_families_are_really_split_and_the_heaviest_leaves_the_parent():
     static = [m for m in families() if getattr(m, "PHASE", "static") == "static"]
     shares = rules._balanced(static, 3)
-    assert len(shares) == 3 and sorted(m.__name__ for share in shares for m in share) == sorted(
-        m.__name__ for m in static)
-    heaviest = max(static, key=lambda m: getattr(m, "COST", 1))
-    assert heaviest not in shares[0]  # the parent's share is the lightest
+    units = [(module.__name__, part) for share in shares for module, part in share]
+    assert len(shares) == 3 and sorted({name for name, _ in units}) == sorted(m.__name__ for m in static)
+    # A family that declares SPLIT comes in one part per process; the others whole.
+    for module in static:
+        parts = sorted(part for name, part in units if name == module.__name__)
+        assert parts == ([(i, 3) for i in range(3)] if getattr(module, "SPLIT", False) else [None])
+    heaviest = max((m for m in static if not getattr(m, "SPLIT", False)), key=lambda m: getattr(m, "COST", 1))
+    assert heaviest not in [module for module, _ in shares[0]]  # the parent's share is the lightest
+
+
+@pytest.mark.parametrize("count", [2, 3, 4])
+def test_the_parts_of_a_split_family_in_order_are_the_whole_family(defective, count):
+    """structure's parts share the files by cost and the package-wide findings go to the first and last: their
+    findings, concatenated in order, are exactly those of one call."""
+    from itera_verify.rules import structure
+
+    (defective / "analysis" / "broken.json").write_text('{"a": ')
+    (defective / "analysis" / "traces.jsonl").write_text('{"ok": 1}\n' * 5000 + "{nope\n")
+    def rows(findings):  # straight from the family: no severity set yet
+        return [(f.code, f.path, f.pointer, f.line, f.column, f.message) for f in findings]
+
+    package = discover(defective)
+    whole = rows(structure.check(package))
+    assert {"IV102", "IV104"} <= {row[0] for row in whole}
+    parts = [rows(structure.check(discover(defective), part=(index, count))) for index in range(count)]
+    assert [row for part in parts for row in part] == whole
+    files = [structure._part_of_files(package, index, count) for index in range(count)]
+    assert [rel for part in files for rel in part] == sorted(package.files)
+    assert sum(1 for part in files if part) >= 2  # the files really are shared
 
 
 @pytest.mark.parametrize("processes", [2, 3])

@@ -275,3 +275,32 @@ def test_a_long_line_that_ends_the_file_on_a_window_end_is_searched_to_its_end(t
     monkeypatch.setattr(paths, "LONG_LINE", 16384)
     content = (b"=" * (2 * 16384 - 12) + b" /tmp/x/y").ljust(2 * 16384, b"=")
     assert [(line, column) for line, column, _ in _text_file_findings(tmp_path, content)] == [(1, 2 * 16384 - 10)]
+
+
+# ---- documents looked at before they are parsed ------------------------------------------------------------------
+def test_paths_alone_parses_only_documents_that_could_hold_a_path_and_misses_none(package_dir):
+    """In a process of its own (a big package's split checks), the path rules read a JSON document's bytes and
+    parse it only when it holds a character every reportable path needs. A path hidden behind \\u escapes, and
+    a configured pattern without any slash, are still found; the findings equal those of one process."""
+    from itera_verify.package import discover
+    from itera_verify.rules import Selection, paths, run_checks
+
+    notes = package_dir / "analysis"
+    (notes / "plain.json").write_text(json.dumps({"id": "ex-1", "tokens": ["w1", "w2"]}))
+    (notes / "escaped.json").write_text('{"output_dir": "\\u002ftmp\\u002frun3"}')
+    (notes / "pattern.json").write_text(json.dumps({"cache": "~scratchspace"}))
+    package = discover(package_dir)
+    package.tmp_patterns = ("~scratchspace",)
+    found = [(f.code, f.path) for f in paths.check(package) if f.path.startswith("analysis/")]
+    assert ("IV201", "analysis/escaped.json") in found and ("IV201", "analysis/pattern.json") in found
+    assert package.parsed("analysis/plain.json") is None  # no "/", "\\" or pattern lead: never parsed
+    assert package.parsed("analysis/escaped.json") is not None
+    # Kept for the family that parses it next, so that it reads the file once.
+    assert package.document_bytes("analysis/plain.json") == (notes / "plain.json").read_bytes()
+    assert package.document("analysis/plain.json").value == {"id": "ex-1", "tokens": ["w1", "w2"]}
+    together = discover(package_dir)
+    together.tmp_patterns = package.tmp_patterns
+    alone = discover(package_dir)
+    alone.tmp_patterns = package.tmp_patterns
+    assert [(f.code, f.path, f.pointer, f.line) for f in run_checks(together, Selection(), "static")] == \
+        [(f.code, f.path, f.pointer, f.line) for f in run_checks(alone, Selection(), "static", processes=3)]

@@ -5,6 +5,8 @@ import json
 import math
 import tracemalloc
 
+import pytest
+
 from itera_verify import readers
 from itera_verify.package import discover
 
@@ -271,3 +273,23 @@ def test_line_blocks_end_at_line_ends_and_bound_the_unfinished_line():
         assert not pieces or pieces[-1][1]
 
     holds()
+
+
+@pytest.mark.parametrize("text", ["", " ", "{}", " {} ", "\n[1,2]\n\t", '{"a":1} x', '{"a":1}  ]', "\ufeff{}",
+                                  '{"a":', "nul", "1 2", '"s"', " \u00a0{}", "{} \u00a0", "NaN", "[1e999]",
+                                  '{"a":\n1}', '\r\n{"x": [1, {"y": null}]}\r\n', '{"a":1}\n\n{"b":2}', "01", "[1,]",
+                                  '"\\ud800"', "9" * 5000])
+def test_documents_parse_exactly_as_json_loads_with_the_same_errors(text):
+    """Package documents skip json.loads' whitespace regexes: the values, and every error's message and place
+    (what IV104 reports), must stay those of json.loads."""
+    from itera_verify.package import loads_json
+
+    def outcome(parse):
+        try:
+            return "value", parse(text)
+        except json.JSONDecodeError as exc:
+            return "error", exc.msg, exc.pos, exc.lineno, exc.colno
+        except ValueError as exc:  # an integer past Python's digit limit
+            return "value-error", str(exc)
+
+    assert repr(outcome(loads_json)) == repr(outcome(json.loads))

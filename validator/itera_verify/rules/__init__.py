@@ -103,10 +103,11 @@ class StartedChecks:
         self.package, self.selection = package, selection
         self.modules = [m for m in families() if getattr(m, "PHASE", "static") == phase]
         forking = can_fork() and (processes > 1 or detached)
-        shares = _balanced(self.modules, processes) if forking else [self.modules]
+        shares = _balanced(self.modules, processes) if forking else [[(m, None) for m in self.modules]]
+        self.parts = {module.__name__: part[1] for share in shares for module, part in share if part is not None}
         self.here, self.children = ([], shares) if forking and detached else (list(shares[0]), shares[1:])
         self.children = [share for share in self.children if share]
-        self._forked: list[tuple[Forked, list[ModuleType]]] = []
+        self._forked: list[tuple[Forked, list[Unit]]] = []
         try:
             for share in self.children:
                 try:
@@ -118,43 +119,57 @@ class StartedChecks:
             raise
 
     def result(self) -> list[Finding]:
-        by_family: dict[str, list[Finding]] = {}
-        by_family.update(_run_share(self.package, self.selection, self.here)[0])
+        by_unit: dict[tuple[str, int], list[Finding]] = {}
+        by_unit.update(_run_share(self.package, self.selection, self.here)[0])
         for child, share in self._forked:
             try:
                 findings, digests = child.result()
             except ChildLost:
                 findings, digests = _run_share(self.package, self.selection, share)
-            by_family.update(findings)
+            by_unit.update(findings)
             self.package.digests.update(digests)
-        return [finding for module in self.modules for finding in by_family.get(module.__name__, [])]
+        return [finding for module in self.modules for index in range(self.parts.get(module.__name__, 1))
+                for finding in by_unit.get((module.__name__, index), [])]
 
     def cancel(self) -> None:
         for child, _ in self._forked:
             child.cancel()  # a no-op once reaped; otherwise an interrupted run leaves no child behind
 
 
-def _run_share(package: Package, selection: Selection, modules: list[ModuleType]) -> tuple[dict, dict]:
-    by_family: dict[str, list[Finding]] = {}
-    for module in modules:
-        findings = by_family[module.__name__] = []
-        for finding in module.check(package):
+# A family, or one part of a family that declares SPLIT: (module, (index, count)), its findings then being
+# check(package, part=(index, count)); the parts' findings, concatenated in order, are check(package)'s.
+Unit = tuple[ModuleType, "tuple[int, int] | None"]
+
+
+def _run_share(package: Package, selection: Selection, units: list[Unit]) -> tuple[dict, dict]:
+    by_unit: dict[tuple[str, int], list[Finding]] = {}
+    for module, part in units:
+        findings = by_unit[module.__name__, part[0] if part else 0] = []
+        for finding in (module.check(package) if part is None else module.check(package, part=part)):
             if not selection.enabled(finding.code):
                 continue
             finding.severity = selection.severity(finding.code)
             findings.append(finding)
-    return by_family, dict(package.digests)
+    return by_unit, dict(package.digests)
 
 
-def _balanced(modules: list[ModuleType], processes: int) -> list[list[ModuleType]]:
+def _balanced(modules: list[ModuleType], processes: int) -> list[list[Unit]]:
     """Longest first, each to the lightest share: a family's COST is its relative CPU time on a package of many
-    files (1 when it does not say). Empty shares are dropped."""
-    shares: list[list[ModuleType]] = [[] for _ in range(processes)]
+    files (1 when it does not say); a family that declares SPLIT comes in `processes` parts of equal cost (it
+    balances its files over them). Empty shares are dropped."""
+    units: list[tuple[float, Unit]] = []
+    for module in modules:
+        cost = getattr(module, "COST", 1)
+        if getattr(module, "SPLIT", False) and processes > 1:
+            units += [(cost / processes, (module, (index, processes))) for index in range(processes)]
+        else:
+            units.append((cost, (module, None)))
+    shares: list[list[Unit]] = [[] for _ in range(processes)]
     loads = [0.0] * processes
-    for module in sorted(modules, key=lambda m: -getattr(m, "COST", 1)):
+    for cost, unit in sorted(units, key=lambda item: -item[0]):
         lightest = loads.index(min(loads))
-        shares[lightest].append(module)
-        loads[lightest] += getattr(module, "COST", 1)
-    # The parent takes the lightest share: it has the other work of the run (the audit hashes the archive beside).
+        shares[lightest].append(unit)
+        loads[lightest] += cost
+    # The parent takes the lightest share: it has the other work of the run.
     ordered = sorted(range(processes), key=lambda i: loads[i])
     return [shares[i] for i in ordered if shares[i]] or [[]]

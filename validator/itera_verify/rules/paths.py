@@ -17,7 +17,7 @@ from ..model import Finding, Rule, Severity, UsageError
 from ..package import MANIFEST, RELOAD, Package, pointer_of
 
 # Relative CPU time on a package of many files; run_checks balances its processes by it.
-COST = 100  # searches every text, JSON document and pickle for temporary paths
+COST = 25  # searches every text file and pickle; parses only the JSON documents that could hold a path
 
 RULES = [
     Rule("IV201", Severity.ERROR, "temporary-directory path",
@@ -94,6 +94,10 @@ class TmpMatcher:
         self.byte_leads = tuple({lead.encode("utf-8")[:1] for lead in self.leads})
         # The boundaries are look-arounds, so a match is one prefix or the Windows form: no match is longer.
         self.longest = max(_WINDOWS_TMP_LONGEST, *(len(p.encode("utf-8")) for p in prefixes))
+        # What any path a rule here reports must contain: a temporary prefix's first character, "/" (an absolute
+        # POSIX path, or a JSON-escaped "\/") or "\\" (a Windows path, or a \uXXXX escape that may hide one).
+        self.path_leads = tuple(set(self.leads) | {"/", "\\"})
+        self.path_byte_leads = tuple({lead.encode("utf-8")[:1] for lead in self.path_leads})
 
     def may_match_text(self, text: str) -> bool:
         if not any(lead in text for lead in self.leads):
@@ -154,6 +158,10 @@ def _strings(value: Any, path: list) -> Iterator[tuple[list, str]]:
 def _document_values(package: Package, rel: str, suffix: str, matcher: TmpMatcher, root: str) -> Iterator[Finding]:
     pattern = matcher.text
     if suffix == "json":
+        if package.parsed(rel) is None and package.is_file(rel):
+            raw = package.document_bytes(rel)  # kept for the family that parses it (structure), if any
+            if not _holds_any(raw, matcher.path_byte_leads):
+                return  # no character a path needs: not even parsed (most of many small documents)
         doc = package.document(rel)
         if doc is None or not doc.ok:
             return
@@ -200,9 +208,18 @@ def _may_hold_paths(text: str, matcher: TmpMatcher) -> bool:
     """A cheap look at the raw JSON text: could any string value be a temporary or absolute path?
 
     JSON may escape "/" as "\\/" and may escape any character as \\uXXXX, so those texts are always walked."""
+    if not _holds_any(text, matcher.path_leads):
+        return False  # two or three scans at memory speed, where the regex below walks the text in Python's re
     if "\\u" in text:
         return True
     return bool(_VALUE_MAY_BE_ABSOLUTE.search(text) or matcher.may_match_text(text))
+
+
+def _holds_any(data, leads) -> bool:
+    for lead in leads:  # a plain loop: any() over a generator costs more than the scans on a small document
+        if lead in data:
+            return True
+    return False
 
 
 def _points_outside(value: str, root: str) -> bool:

@@ -8,7 +8,7 @@ from ..package import Package
 from ..pickles import scan_package
 
 # Relative CPU time on a package of many files; run_checks balances its processes by it.
-COST = 8  # reads the head of every file to find pickles
+COST = 15  # reads the head of every file to find pickles
 
 RULES = [
     Rule("IV506", Severity.ERROR, "pickle refers to a global outside the allowlist",

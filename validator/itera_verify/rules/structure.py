@@ -15,7 +15,8 @@ from .. import readers
 from ..schemas import validator
 
 # Relative CPU time on a package of many files; run_checks balances its processes by it.
-COST = 60  # parses every JSON document and validates every JSONL line
+COST = 100  # parses every JSON document and validates every JSONL line
+SPLIT = True  # check(package, part=(index, count)): its files are shared over the processes
 
 RULES = [
     Rule("IV101", Severity.ERROR, "required item missing",
@@ -55,20 +56,45 @@ ARTIFACT_DOCUMENTS = ("config.json", "adapter_config.json", "trainer_state.json"
 MAX_PARSE_BYTES = 256 << 20
 
 
-def check(package: Package) -> Iterator[Finding]:
-    yield from _missing(package)
-    for entry in package.files.values():
-        if entry.size == 0:
-            yield Finding("IV102", entry.path, message="empty file (0 bytes)")
+def check(package: Package, part: tuple[int, int] = (0, 1)) -> Iterator[Finding]:
+    """`part` (index, count): the package-wide findings go to the first and last parts, each file's to the part
+    holding it (files in order, split by their estimated cost): the parts in order give the whole."""
+    index, count = part
+    if index == 0:
+        yield from _missing(package)
+        for entry in package.files.values():
+            if entry.size == 0:
+                yield Finding("IV102", entry.path, message="empty file (0 bytes)")
     kinds = document_kinds(package)
-    for rel in sorted(package.files):
+    for rel in _part_of_files(package, index, count):
         if package.files[rel].size == 0:
             continue
         yield from _parse_and_substance(package, rel, kinds.get(rel))
-    for rel, kind in sorted(kinds.items()):
-        if kind in SCHEMA_OF:
-            yield from _schema(package, rel, SCHEMA_OF[kind])
-    yield from _dangling(package)
+    if index == count - 1:
+        for rel, kind in sorted(kinds.items()):
+            if kind in SCHEMA_OF:
+                yield from _schema(package, rel, SCHEMA_OF[kind])
+        yield from _dangling(package)
+
+
+PARSED_SUFFIXES = ("json", "jsonl", "csv", "yaml", "yml")
+PER_FILE_COST = 20_000  # parsing a small document costs about as much as validating 20 kB of JSONL
+
+
+def _part_of_files(package: Package, index: int, count: int) -> list[str]:
+    """The files of part `index` of `count`: consecutive in name order, with about equal parsing costs."""
+    files = sorted(package.files)
+    if count == 1:
+        return files
+    weights = [PER_FILE_COST + package.files[rel].size if rel.rsplit(".", 1)[-1].lower() in PARSED_SUFFIXES
+               else PER_FILE_COST // 20 for rel in files]
+    total, running, bounds = sum(weights), 0, [0]
+    for position, weight in enumerate(weights):
+        running += weight
+        while len(bounds) < count and running * count >= total * len(bounds):
+            bounds.append(position + 1)
+    bounds += [len(files)] * (count + 1 - len(bounds))
+    return files[bounds[index]:bounds[index + 1]]
 
 
 def _missing(package: Package) -> Iterator[Finding]:
