@@ -210,7 +210,11 @@ class Package:
         return self._documents.get(rel)
 
     def cached_head(self, rel: str, size: int) -> bytes | None:
-        """The first `size` bytes of a document already read and parsed, without opening it again."""
+        """The first `size` bytes of a document already read (parsed, or kept by document_bytes), without
+        opening it again; None when it was not read."""
+        raw = self._unparsed.get(rel)
+        if raw is not None:
+            return raw[:size]
         doc = self._documents.get(rel)
         return doc.text[:size].encode("utf-8")[:size] if doc is not None and doc.ok else None
 
