@@ -282,14 +282,15 @@ def test_verify_beside_a_seal_forks_the_checks_before_the_seal_starts_its_thread
     real_fork = os.fork
 
     def recording_fork():
-        threads_at_fork.append(threading.active_count())
+        threads_at_fork.append(sorted(t.name for t in threading.enumerate() if t.ident not in before))
         return real_fork()
 
     monkeypatch.setattr(forked.os, "fork", recording_fork)
-    baseline = threading.active_count()
+    before = {thread.ident for thread in threading.enumerate()}  # earlier tests' threads are not this run's
     report = verify(package_dir, reload=False, output=tmp_path / "a.tar.zst")
     assert report.sealed and report.verdict == "pass"
-    assert threads_at_fork == [baseline]  # one child, forked before any seal thread existed
+    assert len(threads_at_fork) == 1  # one child
+    assert threads_at_fork[0] == [], threads_at_fork[0]  # no thread of this run existed yet, the seal's least
 
 
 def test_a_signal_the_kernel_hands_to_another_thread_interrupts_the_wait_for_a_child():
