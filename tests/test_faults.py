@@ -121,9 +121,9 @@ SEAL_HOOK = textwrap.dedent("""
         def start(self, key, description, total=None, unit=""):
             if key == "seal" and action == "deny":
                 os.chmod(target, 0)
-            if key == "seal" and action == "fifo":  # before the seal or the checks open it
-                os.unlink(target)
-                os.mkfifo(target)
+            if key == "seal" and action == "fifo":  # before the seal opens it; the checks (forked) may be earlier
+                os.mkfifo(target + ".fifo")
+                os.replace(target + ".fifo", target)  # at once: a reader sees the file or the fifo, never nothing
     real_build_report = verify_flow.build_report
     def build_report_then_change(*args, **kwargs):
         change()
@@ -203,7 +203,8 @@ def test_file_changed_between_check_and_seal_is_IV704_and_nothing_is_sealed(buil
 
 def test_file_replaced_by_a_fifo_after_discovery_blocks_nothing_and_nothing_is_sealed(built, tmp_path, tag):
     """Opening a fifo for reading waits for a writer: neither the checks nor the seal may wait forever. The
-    checks read it as an empty file (IV104 here); the seal would refuse it as changed (IV704, test_seal)."""
+    checks read it as an empty file (IV104), or read the file before the swap; the seal refuses it as changed
+    (IV704). Either way stops.json has an error and nothing is sealed."""
     package = copy_package(built, tmp_path / "pkg")
     dest = tmp_path / "dest"
     dest.mkdir()
