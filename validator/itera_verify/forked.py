@@ -16,6 +16,8 @@ import warnings
 from typing import Any, Callable
 
 
+# How often a main thread that waits (for a child, a thread, futures) wakes: a Ctrl-C or SIGTERM the kernel hands
+# to another thread runs its Python handler only when the main thread wakes.
 SIGNAL_POLL_SECONDS = 0.2
 
 

@@ -38,6 +38,7 @@ from .archive import ArchiveError, ArchiveWriter, FileFeeder, SizeChanged, forma
 from .archive.direct import DirectWriter
 from .archive.publish import (fsync_folder, partial_path, publish, read_back, remove_stale_partials,
                               write_checksum_file)
+from .forked import SIGNAL_POLL_SECONDS
 from .model import Finding, UsageError
 from .package import Package
 from .progress import NULL_PROGRESS, Progress
@@ -358,7 +359,7 @@ class Sealing:
                 # Bounded waits: a Ctrl-C or SIGTERM the kernel hands to another thread runs its handler only
                 # when this (main) thread wakes.
                 while self._thread.is_alive():
-                    self._thread.join(0.2)
+                    self._thread.join(SIGNAL_POLL_SECONDS)
                 if self._failure is not None:
                     raise self._failure
                 digests, expected = self._result

@@ -101,7 +101,8 @@ def verify(path, *, device: str = "auto", reload: bool = True, seal: bool = True
                 sealing = start_sealing(package, **seal_options)
             findings, reloads = check_package(package, selection, reload=reload, device=resolved_device or "cpu",
                                               timeout=timeout, jobs=jobs, progress=progress,
-                                              processes=check_processes(package), started=static_checks)
+                                              processes=1 if static_checks is not None else check_processes(package),
+                                              started=static_checks)
             report = build_report(package, findings, reloads, selection, mode="verify", reloaded=reload,
                                   device=resolved_device)
             if not seal:

@@ -48,6 +48,12 @@ def open_direct(path, flags: int, mode: int = 0o644) -> tuple[int, bool]:
     return os.open(path, flags, mode), False
 
 
+def clear_direct(fd: int) -> bool:
+    """Turn O_DIRECT off on `fd` (its reads and writes go through the page cache from now on); returns False."""
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~O_DIRECT)
+    return False
+
+
 class DirectWriter:
     """An append-only file object over `fd`: write() gathers bytes into an aligned staging buffer, and each
     full buffer goes to the device in one write at an aligned offset. flush() writes the unfinished tail
@@ -59,7 +65,7 @@ class DirectWriter:
         self._staging = aligned_buffer(staging)
         self._base = os.lseek(fd, 0, os.SEEK_CUR)  # where the staging buffer starts in the file
         if self.direct and self._base % ALIGN:
-            self._plain()
+            self.direct = clear_direct(fd)
         self._filled = 0
         self.closed = False
 
@@ -118,14 +124,9 @@ class DirectWriter:
                 written = os.pwrite(self.fd, view, offset)
             except OSError as exc:
                 if exc.errno == errno.EINVAL and self.direct:  # refused after all: write plainly from here
-                    self._plain()
+                    self.direct = clear_direct(self.fd)
                     continue
                 raise
             if written <= 0:
                 raise OSError(errno.EIO, "the file accepted no bytes")
             view, offset = view[written:], offset + written
-
-    def _plain(self) -> None:
-        flags = fcntl.fcntl(self.fd, fcntl.F_GETFL)
-        fcntl.fcntl(self.fd, fcntl.F_SETFL, flags & ~O_DIRECT)
-        self.direct = False

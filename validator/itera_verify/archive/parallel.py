@@ -20,7 +20,7 @@ import threading
 
 import zstandard
 
-from .direct import ALIGN, O_DIRECT, aligned_buffer, round_down, round_up
+from .direct import ALIGN, O_DIRECT, aligned_buffer, clear_direct, round_down, round_up
 from .errors import Corrupt, TooLarge
 
 PIECE = 2 << 20
@@ -234,7 +234,7 @@ class FrameParallelExpanded:
             except OSError as exc:
                 if exc.errno != errno.EINVAL or not self._direct:
                     raise
-                self._read_plainly()  # O_DIRECT refused after all (a block larger than ALIGN): read plainly
+                self._direct = clear_direct(self.fd)  # O_DIRECT refused after all (a block larger than ALIGN)
                 got = _read_full(self.fd, buffer, want, offset, False)
             low, high = min(max(start - offset, 0), got), got if end is None else min(end - offset, got)
             users = (index is not None) + hashing
@@ -250,10 +250,6 @@ class FrameParallelExpanded:
             offset += want
         if index is not None:
             self._put(("in", index), _END)
-
-    def _read_plainly(self) -> None:
-        fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~O_DIRECT)
-        self._direct = False
 
     # ---- the workers -----------------------------------------------------------------------------------
     def _take_frame(self) -> int | None:

@@ -19,6 +19,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
+from ..forked import SIGNAL_POLL_SECONDS
 from ..model import ReloadResult
 from ..package import Package
 from ..pickles import scan_package
@@ -218,9 +219,6 @@ def _merge(result: ReloadResult, reported: dict) -> None:
     if reported.get("problems"):
         facts["problems"] = reported["problems"]
     result.facts = facts
-
-
-SIGNAL_POLL_SECONDS = 0.2  # how often the waiting main thread wakes to let a pending signal handler run
 
 
 def run_reloads(package: Package, *, device: str, timeout: float, jobs: int, progress,

@@ -105,8 +105,8 @@ class StartedChecks:
         forking = can_fork() and (processes > 1 or detached)
         shares = _balanced(self.modules, processes) if forking else [[(m, None) for m in self.modules]]
         self.parts = {module.__name__: part[1] for share in shares for module, part in share if part is not None}
-        self.here, self.children = ([], shares) if forking and detached else (list(shares[0]), shares[1:])
-        self.children = [share for share in self.children if share]
+        here, children = ([], shares) if forking and detached else (list(shares[0]), shares[1:])
+        self.here, self.children = here, [share for share in children if share]
         self._forked: list[tuple[Forked, list[Unit]]] = []
         try:
             for share in self.children:
