@@ -201,6 +201,24 @@ def test_file_changed_between_check_and_seal_is_IV704_and_nothing_is_sealed(buil
     assert list(dest.iterdir()) == []
 
 
+@pytest.mark.parametrize("level", ["warning", "info", "off"])
+def test_a_refused_seal_fails_whatever_the_configured_level(built, tmp_path, tag, level):
+    """`levels` can lower a finding, never make a seal that did not happen a pass: exit 1, verdict fail."""
+    package = copy_package(built, tmp_path / "pkg")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    config = tmp_path / "itera-verify.toml"
+    config.write_text(f'[levels]\nIV704 = "{level}"\n')
+    result = run_with_seal_hook(package / "metrics/control.jsonl", "grow",
+                                [package, "--no-reload", "-o", dest, "--format", "json", "--config", config],
+                                workdir=tmp_path / "run", tag=tag)
+    assert result.returncode == 1, result.stdout[-1500:] + result.stderr[-2500:]
+    report = json.loads(result.stdout)
+    assert report["verdict"] == "fail" and report["sealed"] is False
+    assert [f["severity"] for f in report["findings"] if f["code"] == "IV704"] == ["error"], report["findings"]
+    assert list(dest.iterdir()) == []
+
+
 def test_file_replaced_by_a_fifo_after_discovery_blocks_nothing_and_nothing_is_sealed(built, tmp_path, tag):
     """Opening a fifo for reading waits for a writer: neither the checks nor the seal may wait forever. The
     checks read it as an empty file (IV104), or read the file before the swap; the seal refuses it as changed

@@ -11,7 +11,8 @@ import click
 from . import __version__
 from .allocator import keep_freed_buffers
 from .config import Config, load_config
-from .model import Severity, UsageError
+from .model import UsageError
+from .package import inside_package, shortened
 from .report import FORMATS, Report, renderer
 from .rules import Selection, all_rules, unknown_codes
 
@@ -59,23 +60,48 @@ def _choose_format(fmt: str | None) -> str:
     return "github" if os.environ.get("GITHUB_ACTIONS") == "true" else "text"
 
 
+def _refuse_reports_inside(targets: list[tuple[str, Path]], folder: Path, what: str) -> None:
+    """Before any work: a report file inside the package would overwrite what is being checked (the same guard
+    as the archive's), so it is refused with nothing written."""
+    for _, path in targets:
+        if inside_package(folder, path):
+            raise UsageError(f"--report {shortened(path)}: would write into the {what} being checked "
+                             f"({shortened(folder)}); the tool never writes there (give a path outside it)")
+
+
+def _write_report(path: Path, text: str) -> None:
+    """Write at the resolved path; a regular file is replaced (a new file, renamed over it), so that a hard
+    link to a package file outside the package never becomes a way to write into the package. Anything else
+    that exists (/dev/stdout, a fifo) is written as it is."""
+    target = Path(os.path.realpath(path))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists() and not target.is_file():
+        target.write_text(text, encoding="utf-8")
+        return
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    try:
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def _emit(report: Report, fmt: str, targets: list[tuple[str, Path]], quiet: bool, verbose: bool) -> None:
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     options = {"color": color, "verbose": verbose, "quiet": quiet}
     for target_format, path in targets:
         text = renderer(target_format)(report, {**options, "color": False})
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
+            _write_report(path, text)
         except OSError as exc:
-            raise UsageError(f"--report {path}: cannot write ({exc.strerror})") from exc
+            raise UsageError(f"--report {shortened(path)}: cannot write ({exc.strerror or exc})") from exc
     # `--format json --report PATH` sends the JSON to the file only, so stdout stays clean for a pipe.
     if not any(t[0] == fmt for t in targets) or fmt == "text":
         click.echo(renderer(fmt)(report, options), nl=False)
 
 
 def _exit_code(report: Report) -> int:
-    return 1 if report.blocking() else 0
+    return 1 if report.verdict == "fail" else 0
 
 
 def _make_progress(quiet: bool, verbose: bool):
@@ -98,7 +124,9 @@ def _run(action) -> None:
 
 
 class DefaultCommandGroup(click.Group):
-    """`itera-verify OUTDIR` runs `verify`; `audit`, `init` and `rules` are subcommands."""
+    """`itera-verify OUTDIR` runs `verify`; `audit`, `init` and `rules` are subcommands. A folder named like a
+    subcommand (`rules/`, `audit/`) is read as that subcommand: `itera-verify verify OUTDIR` is the unambiguous
+    form."""
 
     def parse_args(self, ctx, args):
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
@@ -113,6 +141,7 @@ def main() -> None:
 
     \b
       itera-verify OUTDIR [options]     check, reload and seal (see `itera-verify verify --help`)
+      itera-verify verify OUTDIR        the same; say `verify` when OUTDIR is named like a subcommand
       itera-verify audit ARCHIVE        audit a delivered archive as hostile input
       itera-verify init OUTDIR          write a template package to start a campaign from
       itera-verify rules [CODE]         list the rules, or explain one
@@ -158,6 +187,7 @@ def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, r
         config = load_config(explicit=config_path)
         fmt_chosen = _choose_format(fmt)
         targets = _report_targets(reports, fmt_chosen)
+        _refuse_reports_inside(targets, outdir, "package")
         selection = _selection(config, select, ignore, strict)
         with _make_progress(quiet, verbose) as progress:
             report = verify(outdir, device=device or config.device or "auto", reload=not no_reload,
@@ -195,6 +225,10 @@ def audit_command(archive, do_reload, max_size, device, hf_cache, timeout, jobs,
     def action() -> int:
         fmt_chosen = _choose_format(fmt)
         targets = _report_targets(reports, fmt_chosen)
+        _refuse_reports_inside(targets, archive, "archive")
+        if archive.is_dir():
+            raise UsageError(f"{shortened(archive)}: a folder, not an archive (to check a folder named "
+                             f"{archive.name}, run `itera-verify verify {shortened(archive)}`)")
         with _make_progress(quiet, verbose) as progress:
             report = audit(archive, reload=do_reload, max_size=max_size, device=device, hf_cache=hf_cache,
                            timeout=timeout, jobs=jobs, selection=Selection(strict=strict), progress=progress)
@@ -231,6 +265,9 @@ def rules_command(code):
         rules = all_rules()
         if code is None:
             click.echo(list_rules(rules), nl=False)
+            if Path("rules").is_dir():
+                click.echo("note: this lists the rules; to check the folder rules/, run "
+                           "`itera-verify verify rules`", err=True)
             return 0
         rule = rules.get(code.upper())
         if rule is None:

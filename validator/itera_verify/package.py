@@ -5,6 +5,7 @@ the seal can detect a file that changed after the check (size, mtime, inode). La
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -273,14 +274,40 @@ class Package:
 def discover(root: str | os.PathLike) -> Package:
     """Walk the package once. Raises UsageError when it is not a readable folder."""
     root = Path(root)
-    if not root.exists():
-        raise UsageError(f"{root}: no such folder")
-    if not root.is_dir():
-        raise UsageError(f"{root}: not a folder (give the campaign's output folder)")
-    real_root = os.path.realpath(root)
-    package = Package(root=root)
-    _walk(package, root, "", real_root)
+    try:
+        if not root.exists():
+            raise UsageError(f"{root}: no such folder")
+        if not root.is_dir():
+            raise UsageError(f"{root}: not a folder (give the campaign's output folder)")
+        real_root = os.path.realpath(root)
+        package = Package(root=root)
+        _walk(package, root, "", real_root)
+    except OSError as exc:  # what _walk does not name itself: the root, or a path the system cannot name
+        raise _unreadable(exc, exc.filename or root) from exc
     return package
+
+
+def inside_package(root: str | os.PathLike, path: str | os.PathLike) -> bool:
+    """Whether writing `path` (existing or not) would write inside the package folder `root`: both resolved,
+    links followed in the path itself and in any parent. The guard for every file the tool writes (-o, --report)."""
+    return _inside(os.path.realpath(path), os.path.realpath(root))
+
+
+def shortened(path: str | os.PathLike, limit: int = 120) -> str:
+    """A path for a one-line message: a 5,000-byte path shows its start and its end."""
+    text = os.fspath(path)
+    return text if len(text) <= limit else f"{text[:limit // 2]}…{text[-(limit // 2 - 1):]}"
+
+
+def _unreadable(exc: OSError, where) -> UsageError:
+    if exc.errno == errno.ENAMETOOLONG:
+        length = len(os.fsencode(where))
+        return UsageError(f"{shortened(where)}: path too long ({length} bytes; the system allows at most "
+                          f"{os.pathconf('/', 'PC_PATH_MAX') - 1}): move the package to a shorter path or "
+                          f"flatten its folders")
+    if isinstance(exc, PermissionError):
+        return UsageError(f"{shortened(where)}: permission denied")
+    return UsageError(f"{shortened(where)}: cannot read ({exc.strerror or exc})")
 
 
 def _inside(resolved: str, real_root: str) -> bool:
@@ -293,16 +320,22 @@ def _walk(package: Package, folder: Path, prefix: str, real_root: str) -> None:
     except PermissionError as exc:
         raise UsageError(f"{prefix or '.'}: permission denied") from exc
     except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            raise _unreadable(exc, folder) from exc
         raise UsageError(f"{prefix or '.'}: cannot read folder ({exc.strerror})") from exc
     for entry in entries:
         rel = f"{prefix}{entry.name}"
-        st = entry.stat(follow_symlinks=False)
-        if stat.S_ISLNK(st.st_mode):
-            target = os.readlink(entry.path)
-            resolved = os.path.realpath(entry.path)
-            package.links[rel] = LinkEntry(rel, target, resolved, _inside(resolved, real_root),
-                                           not os.path.exists(entry.path))
-        elif stat.S_ISDIR(st.st_mode):
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                target = os.readlink(entry.path)
+                resolved = os.path.realpath(entry.path)
+                package.links[rel] = LinkEntry(rel, target, resolved, _inside(resolved, real_root),
+                                               not os.path.exists(entry.path))
+                continue
+        except OSError as exc:
+            raise _unreadable(exc, entry.path if exc.errno == errno.ENAMETOOLONG else rel) from exc
+        if stat.S_ISDIR(st.st_mode):
             package.dirs.add(rel)
             _walk(package, Path(entry.path), rel + "/", real_root)
         elif stat.S_ISREG(st.st_mode):

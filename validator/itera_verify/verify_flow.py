@@ -163,10 +163,10 @@ def seal_report(package: Package, report: Report, selection: Selection, *, outpu
                                           level=level, threads=threads, progress=progress)
     except SealRefused as refused:
         report.sealed = False
+        report.seal_refused = True
         for finding in refused.findings:
-            finding.severity = selection.severity(finding.code)
-            if finding.severity == Severity.INFO:
-                finding.severity = Severity.ERROR  # a changed file can never be sealed, whatever the config says
+            # A seal that did not happen is never a pass: `levels` and `ignore` cannot lower these.
+            finding.severity = Severity.ERROR
         report.findings.extend(refused.findings)
         report.seal_skipped = str(refused)
 

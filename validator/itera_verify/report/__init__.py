@@ -25,6 +25,7 @@ class Report:
     strict: bool = False
     sealed: bool = False
     seal_skipped: str | None = None  # why nothing was sealed, in words
+    seal_refused: bool = False  # a seal was due and refused (IV704...): a failing verdict whatever the levels
     device: str | None = None
     campaign_id: str | None = None
     elapsed_seconds: float | None = None
@@ -38,7 +39,7 @@ class Report:
 
     @property
     def verdict(self) -> str:
-        return "fail" if self.blocking() else "pass"
+        return "fail" if self.blocking() or self.seal_refused else "pass"
 
     def count(self, severity: Severity) -> int:
         return sum(1 for f in self.findings if f.severity == severity)

@@ -13,7 +13,52 @@ from typing import Any, Iterator
 from ..template import is_placeholder
 
 CENT = Decimal("0.01")
-MAX_USD = 10 ** 12
+
+# What a sane number in the manifest is. Beyond these a value is a typo or a probe, and arithmetic on it proves
+# nothing: the structure rules report it (IV105, with the sane range), and the budget rules compute only on
+# values within them (NaN compares false everywhere, so it must never reach a comparison that could pass).
+MAX_USD = 10_000_000  # a rental campaign's money: lot prices, totals, expenses, cost per run
+MAX_HOURS = 100_000  # window, reserved, observed and deviation hours (about 11 years)
+MAX_DAYS = 3650  # a lot's length
+MAX_GPUS = 100_000  # GPUs in one lot
+MAX_THRESHOLD = 1e15  # a stop rule's metric threshold, either sign
+# (path in the manifest, "*" for any array index) -> (largest magnitude, the sane value in words)
+NUMBER_FIELDS: dict[tuple[str, ...], tuple[float, str]] = {
+    ("plan", "window_hours"): (MAX_HOURS, f"hours between 0 and {MAX_HOURS:,}"),
+    ("plan", "reserved_hours"): (MAX_HOURS, f"hours between 0 and {MAX_HOURS:,}"),
+    ("plan", "lots", "*", "days"): (MAX_DAYS, f"days between 0 and {MAX_DAYS:,}"),
+    ("plan", "lots", "*", "gpus"): (MAX_GPUS, f"a whole number of GPUs between 1 and {MAX_GPUS:,}"),
+    ("plan", "lots", "*", "price_usd"): (MAX_USD, f"an amount in USD between 0 and {MAX_USD:,}"),
+    ("plan", "rental_total_usd"): (MAX_USD, f"an amount in USD between 0 and {MAX_USD:,}"),
+    ("plan", "other_expenses", "*", "usd"): (MAX_USD, f"an amount in USD between 0 and {MAX_USD:,}"),
+    ("stop_rules", "rules", "*", "threshold"): (MAX_THRESHOLD, "a metric value between -1e15 and 1e15"),
+    ("timeline", "observed_hours"): (MAX_HOURS, f"hours between 0 and {MAX_HOURS:,}"),
+    ("timeline", "deviations", "*", "hours"): (MAX_HOURS, f"signed hours between -{MAX_HOURS:,} and {MAX_HOURS:,}"),
+    ("decision", "cost_per_accepted_usd"): (MAX_USD, f"an amount in USD between 0 and {MAX_USD:,}"),
+}
+
+
+def numbers_out_of_range(manifest: Any) -> Iterator[tuple[tuple, Any, str | None]]:
+    """(path, value, the sane value in words or None) for every number of the manifest that is not finite
+    (NaN, Infinity: JSON has neither), and every number of a known field beyond its bound."""
+    stack: list[tuple[tuple, Any]] = [((), manifest)]
+    while stack:  # no recursion: a hostile manifest may nest deeper than Python's stack
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(((*path, key), item) for key, item in reversed(list(value.items())))
+        elif isinstance(value, list):
+            stack.extend(((*path, index), item) for index, item in reversed(list(enumerate(value))))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            field = NUMBER_FIELDS.get(tuple("*" if isinstance(p, int) else p for p in path))
+            if not _finite(value) or (field is not None and abs(value) > field[0]):
+                yield path, value, field[1] if field else None
+
+
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer too large for a float is finite, and caught by the bounds
+        return True
 
 
 def is_number(value: Any) -> bool:
@@ -115,8 +160,8 @@ def first_run_start(package) -> tuple[datetime, str | None, int] | None:
 
 def usd(value: Any) -> Decimal | None:
     """A money amount as an exact decimal (47.14 stays 47.14), or None when it is not a finite number."""
-    if not is_number(value) or abs(value) >= MAX_USD:
-        return None  # beyond any rental budget, and beyond what cents can be computed on exactly
+    if not is_number(value) or abs(value) > MAX_USD:
+        return None  # beyond any rental budget (IV105 says so): nothing to compute on
     try:
         return Decimal(str(value))
     except InvalidOperation:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Iterator
 
 import yaml
@@ -13,6 +14,7 @@ from ..model import Finding, Rule, Severity
 from ..package import MANIFEST, RELOAD, STOPS, Package, pointer_of
 from .. import readers
 from ..schemas import validator
+from ._campaign import numbers_out_of_range
 
 # Relative CPU time on a package of many files; run_checks balances its processes by it.
 COST = 100  # parses every JSON document and validates every JSONL line
@@ -73,7 +75,11 @@ def check(package: Package, part: tuple[int, int] = (0, 1)) -> Iterator[Finding]
     if index == count - 1:
         for rel, kind in sorted(kinds.items()):
             if kind in SCHEMA_OF:
-                yield from _schema(package, rel, SCHEMA_OF[kind])
+                # A number out of range is said once, with its sane range, not also as the schema's minimum.
+                numbers = list(_manifest_numbers(package)) if rel == MANIFEST else []
+                said = {f.pointer for f in numbers}
+                yield from (f for f in _schema(package, rel, SCHEMA_OF[kind]) if f.pointer not in said)
+                yield from numbers
         yield from _dangling(package)
 
 
@@ -212,3 +218,29 @@ def _schema(package: Package, rel: str, schema: str) -> Iterator[Finding]:
         message = error.message if len(error.message) <= 300 else error.message[:297] + "..."
         yield Finding("IV105", rel, pointer=pointer, line=line_of(doc.text, pointer, lines),
                       message=f"{schema} schema: {message}")
+
+
+def _manifest_numbers(package: Package) -> Iterator[Finding]:
+    """The one place that decides which manifest numbers are usable: not NaN or Infinity (Python's JSON reader
+    takes those tokens; the schema's range checks compare false on NaN and let it through), and within the
+    sane bounds of _campaign.NUMBER_FIELDS. The budget and threshold rules then never meet such a value
+    unannounced."""
+    doc = package.document(MANIFEST)
+    if doc is None or not doc.ok:
+        return
+    lines: dict | None = None
+    for path, value, sane in numbers_out_of_range(doc.value):
+        pointer = pointer_of(path)
+        lines = lines if lines is not None else pointer_lines(doc.text)
+        nonfinite = isinstance(value, float) and not math.isfinite(value)
+        what = "not a finite number (JSON has no NaN or Infinity)" if nonfinite else "beyond any sane value"
+        expected = f"give {sane}" if sane else "give a finite number"
+        yield Finding("IV105", MANIFEST, pointer=pointer, line=line_of(doc.text, pointer, lines),
+                      message=f"{pointer.lstrip('/').replace('/', '.')} is {_number_text(value)}, {what}: "
+                              f"{expected}")
+
+
+def _number_text(value: int | float) -> str:
+    if isinstance(value, int):
+        return str(value) if abs(value) < 10 ** 20 else "an integer beyond 1e20"  # str() of 10**5000 raises
+    return {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}.get(repr(value), f"{value:g}")
