@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 
 EVAL_IDS = ["q1", "q2", "q3"]
+# Two models' own answers: they differ on q2 (byte-identical files would be a copy, IV308).
+PREDICTIONS = {"base": ["yes", "yes", "yes"], "small": ["yes", "no", "yes"]}
 
 PARAMS = {
     "base": {"seed": 1, "lr": 0.001},
@@ -81,9 +83,9 @@ def write_tiny_package(root: Path, manifest_edit=None) -> Path:
     for run_id, params in PARAMS.items():
         _write(root / f"params/{run_id}.json", json.dumps(params, indent=2) + "\n")
         _write(root / f"metrics/{run_id}.jsonl", "".join(json.dumps(r) + "\n" for r in METRICS[run_id]))
-    for run_id in ("base", "small"):
+    for run_id, answers in PREDICTIONS.items():
         _write(root / f"predictions/{run_id}.jsonl",
-               "".join(json.dumps({"id": i, "prediction": "yes"}) + "\n" for i in EVAL_IDS))
+               "".join(json.dumps({"id": i, "prediction": a}) + "\n" for i, a in zip(EVAL_IDS, answers)))
     _write(root / "analysis/errors.md", "# Errors\n\nq2 is hard for both runs.\n")
     _write(root / "stops.json", json.dumps(STOPS, indent=2) + "\n")
     _write(root / "reload.json", json.dumps({"artifacts": {}}) + "\n")

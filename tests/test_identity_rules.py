@@ -1,4 +1,4 @@
-"""IV301–IV307: one planted defect per test, in a copy of the real example package."""
+"""IV301–IV308: one planted defect per test, in a copy of the real example package."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ from fixtures.edit import edit_json, edit_manifest, load_json, refresh_hashes, w
 from tests.handmade import write_tiny_package
 from tests.helpers import codes, static_findings
 
-FAMILY = {"IV301", "IV302", "IV303", "IV304", "IV305", "IV306", "IV307"}
+FAMILY = {"IV301", "IV302", "IV303", "IV304", "IV305", "IV306", "IV307", "IV308"}
 
 
 def only(findings, code):
@@ -148,6 +148,30 @@ def test_refreshed_hashes_after_a_params_edit_are_clean(package_dir):
     refresh_hashes(package_dir)
     assert "IV304" not in codes(static_findings(package_dir))
     assert load_json(package_dir, "manifest.json")["runs"][0]["config_sha256"] != ""
+
+
+def test_variant_predictions_copied_from_the_control_is_IV308(package_dir):
+    write_text(package_dir, "predictions/lora-r16.jsonl", (package_dir / "predictions/control.jsonl").read_text())
+    (finding,) = only(static_findings(package_dir), "IV308")
+    assert finding.path == "predictions/lora-r16.jsonl" and finding.run == "lora-r16"
+    assert finding.severity.value == "warning"
+    assert "byte-identical to run control's (predictions/control.jsonl)" in finding.message
+
+
+def test_two_runs_naming_one_predictions_file_is_IV308(package_dir):
+    edit_manifest(package_dir, lambda m: m["runs"][1].update(predictions="predictions/control.jsonl"))
+    (finding,) = only(static_findings(package_dir), "IV308")
+    assert finding.run == "lora-r16" and "names the same predictions file as run control" in finding.message
+
+
+def test_predictions_of_the_same_size_that_differ_are_not_IV308(package_dir):
+    # Same length, one answer swapped for another of the same length: sizes match, digests do not.
+    text = (package_dir / "predictions/control.jsonl").read_text()
+    first, rest = text.split("\n", 1)
+    swapped = first.replace('"prediction": "positive"', '"prediction": "negative"')
+    assert swapped != first and len(swapped) == len(first)
+    write_text(package_dir, "predictions/lora-r16.jsonl", swapped + "\n" + rest)
+    assert not only(static_findings(package_dir), "IV308")
 
 
 # ---- a package written by hand ----------------------------------------------------------------------------

@@ -1,13 +1,13 @@
-"""IV401–IV407: one planted defect per test, in a copy of the real example package."""
+"""IV401–IV410: one planted defect per test, in a copy of the real example package."""
 from __future__ import annotations
 
 import json
 
-from fixtures.edit import append_jsonl, edit_json, edit_manifest, write_json, write_text
+from fixtures.edit import append_jsonl, edit_json, edit_manifest, refresh_hashes, write_json, write_text
 from tests.handmade import write_tiny_package
 from tests.helpers import codes, static_findings
 
-FAMILY = {"IV401", "IV402", "IV403", "IV404", "IV405", "IV406", "IV407"}
+FAMILY = {"IV401", "IV402", "IV403", "IV404", "IV405", "IV406", "IV407", "IV408", "IV409", "IV410"}
 
 
 def only(findings, code):
@@ -130,6 +130,140 @@ def test_stop_record_for_a_completed_run_is_IV407(package_dir):
     (finding,) = only(found, "IV407")
     assert finding.run == "control" and finding.path == "stops.json" and finding.pointer == "/stops/1/run"
     assert {f.run for f in only(found, "IV403")} == {"control"}  # a stopped run cannot stay accepted
+
+
+# ---- IV408: a stop record the run contradicts -------------------------------------------------------------
+# lora-r64 (stopped) logs steps 1..3, eval_macro_f1 0.3812 at step 2, and ran 09:00-09:41; its record says 09:40.
+
+def _stop(package_dir, **fields):
+    edit_json(package_dir, "stops.json", lambda s: s["stops"][0].update(fields))
+
+
+def test_stop_at_a_step_the_run_never_logged_is_IV408(package_dir):
+    _stop(package_dir, step=40)
+    (finding,) = only(static_findings(package_dir), "IV408")
+    assert finding.pointer == "/stops/0/step" and finding.run == "lora-r64"
+    assert "step 40, outside the steps metrics/lora-r64.jsonl logs (1–3)" in finding.message
+
+
+def test_stop_dated_after_the_run_ended_is_IV408(package_dir):
+    _stop(package_dir, at="2026-11-20T11:40:00+01:00")  # 10:40Z, the run ended 09:41Z
+    (finding,) = only(static_findings(package_dir), "IV408")
+    assert finding.pointer == "/stops/0/at" and "after the run ended (2026-11-20T09:41:00Z)" in finding.message
+
+
+def test_stop_dated_before_the_run_started_is_IV408(package_dir):
+    _stop(package_dir, at="2026-11-20T08:59:00Z")
+    (finding,) = only(static_findings(package_dir), "IV408")
+    assert finding.pointer == "/stops/0/at" and "before the run started" in finding.message
+
+
+def test_stop_a_fraction_of_a_second_after_a_rounded_end_is_not_IV408(package_dir):
+    _stop(package_dir, at="2026-11-20T09:41:00.750Z")
+    assert not only(static_findings(package_dir), "IV408")
+
+
+def test_floor_stop_where_the_metric_is_above_the_floor_is_IV408(package_dir):
+    append_jsonl(package_dir, "metrics/lora-r64.jsonl", [{"step": 3, "name": "eval_macro_f1", "value": 0.72}])
+    _stop(package_dir, rule="f1-floor", reason="eval_macro_f1 under 0.6 at step 3")
+    (finding,) = only(static_findings(package_dir), "IV408")
+    assert finding.pointer == "/stops/0/rule" and finding.run == "lora-r64"
+    assert "eval_macro_f1 is 0.72 at step 3 (metrics/lora-r64.jsonl line 5), not under the floor 0.6" \
+        in finding.message
+
+
+def test_floor_stop_judged_on_the_last_value_before_its_step_is_IV408(package_dir):
+    text = (package_dir / "metrics/lora-r64.jsonl").read_text().replace('"value": 0.3812', '"value": 0.71')
+    write_text(package_dir, "metrics/lora-r64.jsonl", text)
+    _stop(package_dir, rule="f1-floor")
+    (finding,) = only(static_findings(package_dir), "IV408")
+    assert "0.71 at step 2, the last value before step 3" in finding.message
+
+
+def test_floor_stop_before_the_metric_was_ever_logged_is_IV408(package_dir):
+    _stop(package_dir, rule="f1-floor", step=1)
+    (finding,) = only(static_findings(package_dir), "IV408")
+    assert "logs no eval_macro_f1 at or before that step" in finding.message
+
+
+def test_floor_stop_the_metrics_show_is_not_IV408(package_dir):
+    _stop(package_dir, rule="f1-floor", step=2, reason="eval_macro_f1 0.38 under 0.6")
+    assert not only(static_findings(package_dir), "IV408")
+
+
+# ---- IV409: non-finite loss-like metrics, the Trainer's masked NaN ------------------------------------------
+
+def test_trainer_masked_nan_loss_beside_a_nan_grad_norm_is_IV409(package_dir):
+    # logging_nan_inf_filter=True: the NaN step loss is logged as the window's average, grad_norm stays NaN.
+    append_jsonl(package_dir, "metrics/control.jsonl", [{"step": 5, "name": "loss", "value": 0.0},
+                                                        {"step": 5, "name": "grad_norm", "value": float("nan")}])
+    found = static_findings(package_dir)
+    (finding,) = only(found, "IV409")
+    assert finding.path == "metrics/control.jsonl" and finding.line == 8 and finding.run == "control"
+    assert "grad_norm is NaN at step 5" in finding.message and "logging_nan_inf_filter" in finding.message
+    assert not only(found, "IV404")  # train_loss, the rule's metric, stayed finite
+
+
+def test_infinite_eval_loss_in_an_accepted_run_is_IV409(package_dir):
+    append_jsonl(package_dir, "metrics/lora-r16.jsonl", [{"step": 4, "name": "eval_loss", "value": float("inf")}])
+    (finding,) = only(static_findings(package_dir), "IV409")
+    assert finding.run == "lora-r16" and "eval_loss is Infinity at step 4" in finding.message
+
+
+def test_nan_in_the_rules_own_metric_is_IV404_and_not_IV409_again(package_dir):
+    append_jsonl(package_dir, "metrics/control.jsonl", [{"step": 5, "name": "train_loss", "value": float("nan")}])
+    found = static_findings(package_dir)
+    assert len(only(found, "IV404")) == 1 and not only(found, "IV409")
+
+
+def test_nan_loss_without_a_nonfinite_loss_rule_is_IV409(package_dir):
+    edit_manifest(package_dir, lambda m: m["stop_rules"].update(
+        rules=[r for r in m["stop_rules"]["rules"] if r["kind"] != "nonfinite_loss"]))
+    append_jsonl(package_dir, "metrics/control.jsonl", [{"step": 5, "name": "train_loss", "value": float("nan")}])
+    found = static_findings(package_dir)
+    assert [f.run for f in only(found, "IV409")] == ["control"] and not only(found, "IV404")
+
+
+def test_nan_grad_norm_in_a_stopped_run_is_not_IV409(package_dir):
+    append_jsonl(package_dir, "metrics/lora-r64.jsonl", [{"step": 3, "name": "grad_norm", "value": float("nan")}])
+    assert not only(static_findings(package_dir), "IV409")
+
+
+def _fp16(package_dir, run="control"):
+    edit_json(package_dir, f"params/{run}.json", lambda p: p.update(fp16=True))
+    refresh_hashes(package_dir)
+
+
+def test_fp16_loss_scaler_skipping_an_overflowing_step_is_not_IV409(package_dir):
+    _fp16(package_dir)
+    append_jsonl(package_dir, "metrics/control.jsonl", [{"step": 1, "name": "grad_norm", "value": float("inf")},
+                                                        {"step": 4, "name": "grad_norm", "value": 1.3}])
+    assert not only(static_findings(package_dir), "IV409")
+
+
+def test_fp16_run_whose_grad_norm_never_recovered_is_IV409(package_dir):
+    _fp16(package_dir)
+    append_jsonl(package_dir, "metrics/control.jsonl", [{"step": 1, "name": "grad_norm", "value": 1.3},
+                                                        {"step": 4, "name": "grad_norm", "value": float("nan")}])
+    (finding,) = only(static_findings(package_dir), "IV409")
+    assert "grad_norm is NaN at step 4" in finding.message
+
+
+# ---- IV410: the watched metric never logged ------------------------------------------------------------------
+
+def test_accepted_run_logging_loss_where_the_rule_watches_train_loss_is_IV410(package_dir):
+    text = (package_dir / "metrics/control.jsonl").read_text().replace('"train_loss"', '"loss"')
+    write_text(package_dir, "metrics/control.jsonl", text)
+    (finding,) = only(static_findings(package_dir), "IV410")
+    assert finding.run == "control" and finding.path == "metrics/control.jsonl"
+    assert "never logs train_loss, the metric stop rule nonfinite-loss watches (it logs loss" in finding.message
+
+
+def test_unaccepted_run_without_the_watched_metric_is_not_IV410(package_dir):
+    edit_manifest(package_dir, lambda m: m["decision"].update(accepted=["control"], cost_per_accepted_usd=48.64))
+    text = (package_dir / "metrics/lora-r16.jsonl").read_text().replace('"train_loss"', '"loss"')
+    write_text(package_dir, "metrics/lora-r16.jsonl", text)
+    assert not only(static_findings(package_dir), "IV410")
 
 
 # ---- a package written by hand ----------------------------------------------------------------------------

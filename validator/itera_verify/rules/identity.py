@@ -1,7 +1,9 @@
-"""IV301–IV307: who is who. Run ids, the control, the frozen corpus, and what each run's files are bound to."""
+"""IV301–IV308: who is who. Run ids, the control, the frozen corpus, and what each run's files are bound to."""
 from __future__ import annotations
 
+import os
 import re
+from collections import Counter
 from typing import Iterator
 
 from .. import readers
@@ -56,6 +58,15 @@ RULES = [
                  "and then nothing is left to compare with. Put the control in `indispensable`.",
          bad='{"id": "control", "role": "control", "category": "useful"}',
          good='{"id": "control", "role": "control", "category": "indispensable"}'),
+    Rule("IV308", Severity.WARNING, "two runs' predictions are identical",
+         explain="Each run's predictions are what its own model said on the frozen eval ids. Two runs whose "
+                 "predictions files are byte for byte the same (or that name the same file) look like a copy: "
+                 "a copied file proves nothing about the second run, and its scores are the first run's. "
+                 "Write the predictions the second run's model made. Two different models that agree on every "
+                 "example and write every field alike are possible on a tiny corpus: then say so in the "
+                 "analysis (and disable the rule for this package).",
+         bad='sha256sum predictions/*  ->  2c4e57… control.jsonl, 2c4e57… lora-r16.jsonl',
+         good='sha256sum predictions/*  ->  2c4e57… control.jsonl, 8f73ac… lora-r16.jsonl'),
 ]
 
 SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
@@ -73,6 +84,7 @@ def check(package: Package) -> Iterator[Finding]:
     yield from _unknown_run_ids(package)
     yield from _corpus_frozen(package)
     yield from _control_indispensable(package)
+    yield from _identical_predictions(package)
 
 
 def _duplicate_ids(package: Package) -> Iterator[Finding]:
@@ -237,3 +249,39 @@ def _control_indispensable(package: Package) -> Iterator[Finding]:
             yield Finding("IV307", MANIFEST, pointer=pointer_of(["runs", index, "category"]),
                           message=f"control run {run_id or index} is in the {run['category']!r} category: the "
                                   f"control is what the conclusion cannot do without; make it indispensable")
+
+
+def _identical_predictions(package: Package) -> Iterator[Finding]:
+    """Byte-identical predictions of two runs: files of equal size only are hashed (most packages hash none)."""
+    files: list[tuple[int, str, str]] = []  # (run index, run name, predictions path)
+    for index, run, run_id in indexed_runs(package):
+        ref = run.get("predictions")
+        rel = package.normalise_ref(ref) if isinstance(ref, str) else None
+        if rel is not None and package.is_file(rel):
+            files.append((index, run_id or f"#{index}", rel))
+    sizes = Counter(_size(package, rel) for _, _, rel in files)
+    first_by_digest: dict[str, tuple[str, str]] = {}
+    for index, name, rel in files:
+        size = _size(package, rel)
+        if size == 0 or sizes[size] < 2:
+            continue  # an empty file is IV102
+        digest = package.sha256(rel)
+        if digest not in first_by_digest:
+            first_by_digest[digest] = (name, rel)
+            continue
+        other, other_rel = first_by_digest[digest]
+        same = (f"run {name} names the same predictions file as run {other} ({rel})" if other_rel == rel else
+                f"run {name}'s predictions ({rel}) are byte-identical to run {other}'s ({other_rel})")
+        yield Finding("IV308", rel, run=None if name.startswith("#") else name,
+                      message=f"{same}: a copied file proves nothing about the second run; write the predictions "
+                              f"run {name}'s own model made")
+
+
+def _size(package: Package, rel: str) -> int:
+    entry = package.files.get(rel)
+    if entry is not None:
+        return entry.size
+    try:
+        return os.stat(package.abspath(rel)).st_size  # a link inside the package
+    except OSError:
+        return 0

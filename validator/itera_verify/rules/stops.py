@@ -1,4 +1,4 @@
-"""IV401–IV407: stop rules. Declared before the first run, applied as declared, and never overruled later."""
+"""IV401–IV410: stop rules. Declared before the first run, applied as declared, and never overruled later."""
 from __future__ import annotations
 
 import math
@@ -9,6 +9,7 @@ from ..model import Finding, Rule, Severity
 from ..package import MANIFEST, STOPS, Package, pointer_of
 from ._campaign import (accepted_entries, filled_text, first_run_start, indexed_runs, is_number, listed,
                         parse_time, runs_by_id, section, shown, stop_records, stopped_by_record)
+from .timeline import to_second
 
 RULES = [
     Rule("IV401", Severity.ERROR, "stop rules declared late or undated",
@@ -53,6 +54,35 @@ RULES = [
                  "has status `stopped`. One without the other leaves the reviewer to guess which is true.",
          bad='{"id": "lora-r64", "status": "stopped"}   and stops.json: {"stops": []}',
          good='{"id": "lora-r64", "status": "stopped"}   and stops.json: {"stops": [{"run": "lora-r64", ...}]}'),
+    Rule("IV408", Severity.ERROR, "stop record contradicts its run",
+         explain="A stop record says when (`at`), at which step, and under which rule a run was stopped. Its step "
+                 "lies within the steps the run's metrics log, its time within the run's `started_at`–`ended_at` "
+                 "(to the second), and a `below_threshold` stop is one the metrics show: the rule's metric at "
+                 "that step (or the last value logged before it) is under the threshold. A record that "
+                 "contradicts the run was written from memory or copied from another run: write what happened.",
+         bad='{"run": "lora-r64", "rule": "f1-floor", "step": 2, ...}   metrics: {"step": 2, "name": '
+             '"eval_macro_f1", "value": 0.71}   (floor 0.6)',
+         good='{"run": "lora-r64", "rule": "f1-floor", "step": 2, ...}   metrics: {"step": 2, "name": '
+              '"eval_macro_f1", "value": 0.38}   (floor 0.6)'),
+    Rule("IV409", Severity.ERROR, "non-finite loss or gradient norm in a run that was not stopped",
+         explain="A NaN or infinite `loss`, `*_loss` or `grad_norm` means the updates went wrong and the weights "
+                 "may be garbage. The Trainer hides a NaN step loss by default (logging_nan_inf_filter=True logs "
+                 "the window's average instead) while `grad_norm` still shows NaN: a finite loss beside a NaN "
+                 "grad_norm is that masked NaN. Stop the run (status `stopped` and a stop record) or rerun it; "
+                 "train with logging_nan_inf_filter=False to see the loss itself. The metric a `nonfinite_loss` "
+                 "rule names is IV404's, not reported here again. Under fp16 mixed precision (params `fp16: "
+                 "true` or `mixed_precision: fp16`) a non-finite grad_norm is the loss scaler skipping an "
+                 "overflowing step, by design: it is reported only when the last logged grad_norm is still "
+                 "non-finite (the run never recovered).",
+         bad='{"step": 40, "name": "loss", "value": 0.0}  {"step": 40, "name": "grad_norm", "value": NaN}',
+         good='{"step": 40, "name": "loss", "value": 0.41}  {"step": 40, "name": "grad_norm", "value": 1.7}'),
+    Rule("IV410", Severity.ERROR, "accepted run never logs the nonfinite_loss metric",
+         explain="A `nonfinite_loss` stop rule watches one metric. An accepted run whose metrics never log it "
+                 "shows nothing that it stayed finite: the rule could not have fired. Log the metric under the "
+                 "name the rule gives (the Trainer logs its step loss as `loss`), or name in the rule the "
+                 "metric the runs log, before the first run.",
+         bad='rule {"kind": "nonfinite_loss", "metric": "train_loss"}   metrics: {"name": "loss", ...} only',
+         good='rule {"kind": "nonfinite_loss", "metric": "loss"}   metrics: {"step": 1, "name": "loss", "value": 2.31}'),
 ]
 
 
@@ -66,6 +96,9 @@ def check(package: Package) -> Iterator[Finding]:
     yield from _accepted_above_thresholds(package)
     yield from _stops_under_declared_rules(package)
     yield from _status_agrees_with_stops(package)
+    yield from _stops_agree_with_runs(package)
+    yield from _nonfinite_loss_like_in_unstopped_runs(package)
+    yield from _accepted_runs_log_the_watched_metric(package)
 
 
 def declared_rules(package: Package) -> list[dict]:
@@ -133,9 +166,14 @@ def _stopped_not_accepted(package: Package) -> Iterator[Finding]:
                                   f"stopped run never becomes a deliverable")
 
 
+def watched_metrics(package: Package) -> set[tuple[str, str]]:
+    """(rule id, metric) of every `nonfinite_loss` rule that names a metric."""
+    return {(shown(r.get("id")), r["metric"]) for r in declared_rules(package)
+            if r.get("kind") == "nonfinite_loss" and isinstance(r.get("metric"), str)}
+
+
 def _nonfinite_in_unstopped_runs(package: Package) -> Iterator[Finding]:
-    metrics = {(shown(r.get("id")), r["metric"]) for r in declared_rules(package)
-               if r.get("kind") == "nonfinite_loss" and isinstance(r.get("metric"), str)}
+    metrics = watched_metrics(package)
     records = stopped_by_record(package)
     for index, run, run_id in indexed_runs(package):
         if run.get("status") == "stopped" or run_id in records:
@@ -220,3 +258,129 @@ def _status_agrees_with_stops(package: Package) -> Iterator[Finding]:
                           message=f"stops.json records a stop of run {run_id}, whose status is completed: a "
                                   f"stopped run has status stopped (and is not accepted); remove the record if "
                                   f"the run was not stopped")
+
+
+def _stops_agree_with_runs(package: Package) -> Iterator[Finding]:
+    runs = runs_by_id(package)
+    rules = {r["id"]: r for r in declared_rules(package) if isinstance(r.get("id"), str)}
+    for index, record in stop_records(package):
+        run_id = record.get("run")
+        run = runs.get(run_id) if isinstance(run_id, str) else None
+        if run is None:
+            continue  # IV305 / IV402 say why
+        who = f"stop record {index} (run {run_id})"
+        step = record.get("step") if isinstance(record.get("step"), int) and not isinstance(record.get("step"), bool) \
+            else None
+        scan = metrics_of(package, run)
+        logged = [point[0] for series in scan.series.values() for point in series] if scan is not None else []
+        inside = step is not None and logged and min(logged) <= step <= max(logged)
+        if step is not None and logged and not inside:
+            yield Finding("IV408", STOPS, pointer=pointer_of(["stops", index, "step"]), run=run_id,
+                          message=f"{who} is at step {step}, outside the steps {scan.path} logs "
+                                  f"({min(logged)}–{max(logged)}): give the step at which the rule fired")
+        yield from _stop_time_in_run(index, who, record, run, run_id)
+        rule = rules.get(record.get("rule"))
+        if inside and rule is not None and rule.get("kind") == "below_threshold" \
+                and isinstance(rule.get("metric"), str) and is_number(rule.get("threshold")):
+            yield from _floor_crossed(index, who, scan, step, rule, run_id)
+
+
+def _stop_time_in_run(index: int, who: str, record: dict, run: dict, run_id: str) -> Iterator[Finding]:
+    at = to_second(parse_time(record.get("at")))
+    if at is None:
+        return
+    started = to_second(parse_time(run.get("started_at")))
+    ended = to_second(parse_time(run.get("ended_at")))
+    if started is not None and at < started:
+        where = f"before the run started ({run['started_at']})"
+    elif ended is not None and at > ended:
+        where = f"after the run ended ({run['ended_at']})"
+    else:
+        return
+    yield Finding("IV408", STOPS, pointer=pointer_of(["stops", index, "at"]), run=run_id,
+                  message=f"{who} is dated {record['at']}, {where}: a stop happens while its run runs; write the "
+                          f"time the rule fired, or correct the run's times")
+
+
+def _floor_crossed(index: int, who: str, scan: readers.MetricsScan, step: int, rule: dict,
+                   run_id: str) -> Iterator[Finding]:
+    metric, floor = rule["metric"], rule["threshold"]
+    earlier = [point for point in scan.series.get(metric, ()) if point[0] <= step]
+    if not earlier:
+        yield Finding("IV408", STOPS, pointer=pointer_of(["stops", index, "rule"]), run=run_id,
+                      message=f"{who} says stop rule {rule['id']} ({metric} under {floor:g}) fired at step {step}, "
+                              f"but {scan.path} logs no {metric} at or before that step: nothing shows the floor "
+                              f"was crossed")
+        return
+    at_step, value, line = max(earlier, key=lambda p: (p[0], p[2]))
+    if math.isfinite(value) and value >= floor:
+        shown_step = f"at step {step}" if at_step == step else f"at step {at_step}, the last value before step {step}"
+        yield Finding("IV408", STOPS, pointer=pointer_of(["stops", index, "rule"]), run=run_id,
+                      message=f"{who} says stop rule {rule['id']} fired at step {step}, but {metric} is {value:g} "
+                              f"{shown_step} ({scan.path} line {line}), not under the floor {floor:g}: the metrics "
+                              f"deny the stop; give the rule and step that really stopped the run")
+
+
+def is_loss_like(name: str) -> bool:
+    """`loss`, `*_loss`, `grad_norm` (also under a logger's prefix: `train/loss`, `train/grad_norm`)."""
+    base = name.rsplit("/", 1)[-1].lower()
+    return base == "loss" or base.endswith("_loss") or base == "grad_norm" or base.endswith("_grad_norm")
+
+
+def _fp16_amp(package: Package, run: dict) -> bool:
+    ref = run.get("params")
+    rel = package.normalise_ref(ref) if isinstance(ref, str) else None
+    params = package.json_value(rel) if rel and package.is_file(rel) else None
+    return isinstance(params, dict) and (params.get("fp16") is True or params.get("mixed_precision") == "fp16")
+
+
+def _nonfinite_loss_like_in_unstopped_runs(package: Package) -> Iterator[Finding]:
+    watched = {metric for _, metric in watched_metrics(package)}  # IV404 reports those
+    records = stopped_by_record(package)
+    for index, run, run_id in indexed_runs(package):
+        if run.get("status") == "stopped" or run_id in records:
+            continue
+        scan = metrics_of(package, run)
+        if scan is None:
+            continue
+        names = [name for name in sorted(scan.series) if is_loss_like(name) and name not in watched]
+        if any(name.lower().endswith("grad_norm") for name in names) and _fp16_amp(package, run):
+            # The fp16 loss scaler skips an overflowing step and lowers the scale: transient by design. A
+            # gradient norm still non-finite at the run's last logged step never recovered.
+            names = [name for name in names if not name.lower().endswith("grad_norm")
+                     or not math.isfinite(scan.last(name)[1])]
+        for metric in names:
+            bad = scan.nonfinite(metric)
+            if not bad:
+                continue
+            step, value, line = bad[0]
+            more = f" ({len(bad)} non-finite values in all)" if len(bad) > 1 else ""
+            masked = ""
+            if metric.lower().endswith("grad_norm"):
+                masked = (": the step's loss was not finite either, even where the Trainer logged it finite "
+                          "(logging_nan_inf_filter=True logs the window's average instead)")
+            yield Finding("IV409", scan.path, line=line, run=run_id,
+                          message=f"run {run_id or index}: {metric} is {_token(value)} at step {step}{more}"
+                                  f"{masked}, yet the run was not stopped: its weights may be garbage; mark the run "
+                                  f"stopped with a stop record, or rerun it with logging_nan_inf_filter=False")
+
+
+def _accepted_runs_log_the_watched_metric(package: Package) -> Iterator[Finding]:
+    watched = sorted(watched_metrics(package))
+    if not watched:
+        return
+    runs = runs_by_id(package)
+    for name in dict.fromkeys(name for _, name in accepted_entries(package)):
+        run = runs.get(name)
+        scan = metrics_of(package, run) if run is not None else None
+        if scan is None or not scan.records:
+            continue  # no readable metrics: IV101 / IV103 / IV104 say why
+        for rule_id, metric in watched:
+            if metric in scan.series:
+                continue
+            logged = [n for n in sorted(scan.series) if is_loss_like(n)]
+            hint = (f" (it logs {', '.join(logged[:4])}: name the metric the runs log in the rule)" if logged
+                    else "")
+            yield Finding("IV410", scan.path, run=name,
+                          message=f"accepted run {name} never logs {metric}, the metric stop rule {rule_id} "
+                                  f"watches{hint}: nothing shows it stayed finite")

@@ -1,0 +1,76 @@
+"""IV612: times out of order. Nothing of a campaign happens before it was created, and a run ends after it starts.
+
+Only readable times are compared (an unreadable one is a schema finding); times are compared to the second, so
+a stop written a fraction of a second after an `ended_at` rounded down is not out of order.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Iterator
+
+from ..model import Finding, Rule, Severity
+from ..package import MANIFEST, STOPS, Package, pointer_of
+from ._campaign import indexed_runs, listed, parse_time, section, shown, stop_records
+
+RULES = [
+    Rule("IV612", Severity.ERROR, "times out of order",
+         explain="A run's `ended_at` comes after its `started_at`, and every run, stop and decision time comes "
+                 "after the campaign's `created_at`. A time out of order is a typo, a clock in another time zone "
+                 "written without its offset, or a record copied from another campaign: the reviewer cannot "
+                 "tell which runs happened in this campaign or how long they took. Write each time with its "
+                 "offset (RFC 3339) as the clock showed it.",
+         bad='"created_at": "2026-11-20T08:00:00Z", "runs": [{"started_at": "2026-11-20T21:00:00Z", '
+             '"ended_at": "2026-11-20T09:00:00Z"}]',
+         good='"created_at": "2026-11-20T08:00:00Z", "runs": [{"started_at": "2026-11-20T09:00:00Z", '
+              '"ended_at": "2026-11-20T21:00:00Z"}]'),
+]
+
+
+def to_second(moment: datetime | None) -> datetime | None:
+    return moment.replace(microsecond=0) if moment is not None else None
+
+
+def check(package: Package) -> Iterator[Finding]:
+    manifest = package.manifest
+    if not manifest:
+        return  # missing or unparsable manifest: IV101/IV104 say so
+    created = to_second(parse_time(manifest.get("created_at")))
+    yield from _runs_in_order(package, created)
+    if created is None:
+        return
+    for index, record in stop_records(package):
+        at = to_second(parse_time(record.get("at")))
+        if at is not None and at < created:
+            yield Finding("IV612", STOPS, pointer=pointer_of(["stops", index, "at"]),
+                          run=record.get("run") if isinstance(record.get("run"), str) else None,
+                          message=f"stop record {index} (run {shown(record.get('run'))}) is dated {record['at']}, "
+                                  f"before the campaign was created ({manifest['created_at']}): a stop cannot "
+                                  f"precede its campaign; write the time the rule fired, with its offset")
+    for index, decision in enumerate(listed(section(manifest, "timeline"), "decisions")):
+        at = to_second(parse_time(decision.get("at"))) if isinstance(decision, dict) else None
+        if at is not None and at < created:
+            yield Finding("IV612", MANIFEST, pointer=pointer_of(["timeline", "decisions", index, "at"]),
+                          message=f"timeline decision {index} is dated {decision['at']}, before the campaign was "
+                                  f"created ({manifest['created_at']}): write when it was decided, with its offset")
+
+
+def _runs_in_order(package: Package, created: datetime | None) -> Iterator[Finding]:
+    created_text = package.manifest.get("created_at")
+    for index, run, run_id in indexed_runs(package):
+        name = run_id or f"#{index}"
+        started = to_second(parse_time(run.get("started_at")))
+        ended = to_second(parse_time(run.get("ended_at")))
+        if started is not None and ended is not None and ended < started:
+            hours = (started - ended).total_seconds() / 3600
+            yield Finding("IV612", MANIFEST, pointer=pointer_of(["runs", index, "ended_at"]), run=run_id,
+                          message=f"run {name} ended at {run['ended_at']}, {hours:.4g} h before it started "
+                                  f"({run['started_at']}): fix the time that is wrong (a missing offset, a day "
+                                  f"off)")
+        if created is None:
+            continue
+        first_key, first = ("started_at", started) if started is not None else ("ended_at", ended)
+        if first is not None and first < created:
+            yield Finding("IV612", MANIFEST, pointer=pointer_of(["runs", index, first_key]), run=run_id,
+                          message=f"run {name} {first_key.replace('_at', '')} at {run[first_key]}, before the "
+                                  f"campaign was created ({created_text}): a run of this campaign cannot precede "
+                                  f"it; fix the time, or created_at")
