@@ -120,14 +120,34 @@ def short(exc: BaseException, limit: int = 400) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+# The 8-bit and 4-bit float formats, judged by their bit patterns (torch.isfinite is not implemented for most
+# of them, and for float8_e8m0fnu it answers True on its NaN byte 0xFF): dtype name -> (mask, value) such that
+# a byte is NaN or infinite exactly when byte & mask == value. None: the format has no NaN and no infinity.
+SMALL_FLOAT_NONFINITE = {
+    "float8_e4m3fn": (0x7F, 0x7F),  # NaN: S.1111.111 (no infinity)
+    "float8_e5m2": (0x7C, 0x7C),  # exponent all ones: infinity (mantissa 0) or NaN
+    "float8_e8m0fnu": (0xFF, 0xFF),  # NaN: 0xFF (an exponent only: no sign, no zero, no infinity)
+    "float8_e4m3fnuz": (0xFF, 0x80),  # NaN: the negative zero pattern, the only one
+    "float8_e5m2fnuz": (0xFF, 0x80),
+    "float4_e2m1fn_x2": None,  # two 4-bit values per byte, every pattern a finite number
+}
+
+
 def nonfinite_count(tensor) -> int:
     import torch
 
     if not (tensor.is_floating_point() or tensor.is_complex()) or tensor.numel() == 0:
         return 0
+    name = str(tensor.dtype).removeprefix("torch.")
+    if name in SMALL_FLOAT_NONFINITE:
+        pattern = SMALL_FLOAT_NONFINITE[name]
+        if pattern is None:
+            return 0
+        mask, value = pattern
+        return int(((tensor.contiguous().view(torch.uint8) & mask) == value).sum().item())
     try:
         return int((~torch.isfinite(tensor)).sum().item())
-    except (NotImplementedError, RuntimeError):  # float8 types: widen first, a NaN stays a NaN
+    except (NotImplementedError, RuntimeError):  # another narrow type: widen first, a NaN stays a NaN
         return int((~torch.isfinite(tensor.float())).sum().item())
 
 
