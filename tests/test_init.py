@@ -47,7 +47,7 @@ def test_init_writes_a_template_package(tmp_path):
     root = tmp_path / "my-campaign"
     written = write_template(root)
     names = {p.relative_to(root).as_posix() for p in written}
-    assert {"manifest.json", "stops.json", "reload.json", "params/control.json", "README.md"} <= names
+    assert {"manifest.json", "stops.json", "reload.json", "params/control.json", "TEMPLATE-README.md"} <= names
     for folder in ("params", "metrics", "predictions", "corpus", "analysis"):
         assert (root / folder).is_dir()
     manifest = json.loads((root / "manifest.json").read_text())
@@ -57,6 +57,16 @@ def test_init_writes_a_template_package(tmp_path):
     assert json.loads((root / "stops.json").read_text()) == {"stops": []}
     assert set(json.loads((root / "reload.json").read_text())["artifacts"]) == {a["id"] for a in manifest["artifacts"]}
     assert is_placeholder(manifest["stop_rules"]["declared_at"])
+    # What the Trainer logs its step loss as, and the cost the decision states (a placeholder until known).
+    assert [r["metric"] for r in manifest["stop_rules"]["rules"] if r["kind"] == "nonfinite_loss"] == ["loss"]
+    assert is_placeholder(manifest["decision"]["cost_per_accepted_usd"])
+
+
+def test_the_template_guide_says_it_is_one(tmp_path):
+    write_template(tmp_path / "c")
+    assert not (tmp_path / "c/README.md").exists()  # a campaign's own README.md is the campaign's to write
+    first_line = (tmp_path / "c/TEMPLATE-README.md").read_text().splitlines()[0]
+    assert "template" in first_line and "delete this file before sealing" in first_line
 
 
 def test_every_finding_on_a_fresh_template_points_at_a_placeholder(tmp_path):
@@ -65,6 +75,11 @@ def test_every_finding_on_a_fresh_template_points_at_a_placeholder(tmp_path):
     findings = run_checks(discover(root), Selection(), "static")
     mine = [f for f in findings if f.code.startswith(MY_FAMILIES)]
     assert {"IV304", "IV306", "IV401", "IV607"} <= {f.code for f in mine}
+    # Nothing is logged yet, so nothing is contradicted: the new run and stop rules stay quiet.
+    assert not {f.code for f in findings} & {"IV308", "IV408", "IV409", "IV410", "IV612"}
+    assert {f.path for f in findings if f.code == "IV107"} == {
+        "TEMPLATE-README.md", "manifest.json", "params/control.json", "params/variant-1.json"}
+    assert {f.severity.value for f in findings if f.code == "IV107"} == {"warning"}
     for finding in mine:
         assert _points_at_something_to_fill(root, finding), (finding.code, finding.pointer, finding.message)
     # Every other family's manifest findings also land on something to fill in, not on a template default.
@@ -128,3 +143,27 @@ def test_cli_check_of_a_fresh_template_fails_without_crashing(tmp_path):
     assert result.returncode == 1, result.stderr
     report = json.loads(result.stdout)
     assert report["verdict"] == "fail" and report["budget"]["cost_per_accepted_usd"] is None
+    assert {f["path"] for f in report["findings"] if f["code"] == "IV107"} >= {"TEMPLATE-README.md"}
+    assert {f["pointer"] for f in report["findings"] if f["code"] == "IV105"} >= {"/decision/cost_per_accepted_usd"}
+
+
+def _template_with_control_metrics(root, metric_name):
+    write_template(root)
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["decision"]["accepted"] = ["control"]
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    # The Trainer's log_history, written as the metrics file: its step loss is `loss`.
+    (root / "metrics/control.jsonl").write_text("".join(
+        json.dumps({"step": step, "name": metric_name, "value": value}) + "\n" for step, value in [(10, 0.9), (20, 0.6)]))
+    return root
+
+
+def test_template_rule_watches_the_loss_the_trainer_logs(tmp_path):
+    root = _template_with_control_metrics(tmp_path / "c", "loss")
+    assert not [f for f in run_checks(discover(root), Selection(), "static") if f.code == "IV410"]
+
+
+def test_template_rule_with_a_run_logging_another_name_is_IV410(tmp_path):
+    root = _template_with_control_metrics(tmp_path / "c", "train_loss")
+    (finding,) = [f for f in run_checks(discover(root), Selection(), "static") if f.code == "IV410"]
+    assert finding.run == "control" and "never logs loss" in finding.message

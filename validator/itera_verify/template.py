@@ -70,7 +70,8 @@ def template_manifest(campaign_id: str) -> dict:
         "stop_rules": {
             "declared_at": _fill(TIME + ": write the stop rules before the first run starts"),
             "rules": [
-                {"id": "nonfinite-loss", "kind": "nonfinite_loss", "metric": "train_loss"},
+                # `loss` is the name the Trainer logs its step loss under (log_history).
+                {"id": "nonfinite-loss", "kind": "nonfinite_loss", "metric": "loss"},
                 {"id": "metric-floor", "kind": "below_threshold", "metric": "eval_macro_f1",
                  "threshold": _fill("floor under which a run is stopped and never accepted, e.g. 0.6")},
                 {"id": "truncated", "kind": "truncated_input"},
@@ -101,6 +102,8 @@ def template_manifest(campaign_id: str) -> dict:
             "summary": _fill("the conclusion in words, with the scores it rests on"),
             "accepted": [],
             "error_analysis": "analysis/errors.md",
+            "cost_per_accepted_usd": _fill("(rental + included other expenses) / number of accepted runs, in USD; "
+                                           "remove this field when nothing is accepted"),
         },
     }
 
@@ -118,7 +121,35 @@ def template_params(run_id: str) -> dict:
             "note": _fill("every parameter the run uses; hash this file into config_sha256 when the run starts")}
 
 
+# The guide init writes beside the template. Its name and first line say it is the template's, not the
+# campaign's: it describes how to fill the template in, so it has no place in the sealed archive (IV107).
+TEMPLATE_README = "TEMPLATE-README.md"
 README = """\
+# itera-verify init template: delete this file before sealing
+
+This file is the guide `itera-verify init` wrote beside the template; it says nothing about your
+campaign. Delete it (or replace it by the campaign's own README.md) before sealing: while it is here,
+the check warns (IV107).
+
+Every `<...>` value in these files is a placeholder: replace it before the run it concerns.
+`itera-verify . --no-reload --no-seal` lists what is still to fill in.
+
+Before the first run starts: the question, the frozen corpus (corpus/eval_ids.txt, its revision and
+sha256), the plan (lots, window, reserved hours, declared_at) and the stop rules (with declared_at).
+The nonfinite_loss rule watches `loss`, the name the Trainer logs; keep the Trainer's NaN filter off
+(logging_nan_inf_filter=False) so a NaN loss is logged as NaN.
+
+Per run, as it runs: params/<run>.json (and its sha256 in config_sha256), metrics/<run>.jsonl
+({"step": int, "name": str, "value": number} per line), then predictions/<run>.jsonl (one record per
+eval id). A stopped run gets a record in stops.json, with the rule that fired and the reason.
+
+At the end: artifacts and reload.json, the timeline, the decision (with cost_per_accepted_usd) and
+analysis/errors.md.
+"""
+
+# What init wrote as README.md before it named its guide TEMPLATE-README.md: still recognised (IV107), since
+# packages started from that template carry it.
+LEGACY_READMES = ("""\
 # Campaign package template (itera-output/1)
 
 Every `<...>` value in these files is a placeholder: replace it before the run it concerns.
@@ -132,9 +163,31 @@ Per run, as it runs: params/<run>.json (and its sha256 in config_sha256), metric
 eval id). A stopped run gets a record in stops.json, with the rule that fired and the reason.
 
 At the end: artifacts and reload.json, the timeline, the decision and analysis/errors.md.
-"""
+""",)
 
 FOLDERS = ("params", "metrics", "predictions", "corpus", "analysis")
+
+
+def document_bytes(value: Any) -> bytes:
+    return (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def template_files(campaign_id: str) -> dict[str, bytes]:
+    """Every file init writes for this campaign id, with its exact bytes (IV107 compares packages with them)."""
+    manifest = template_manifest(campaign_id)
+    files = {
+        "manifest.json": document_bytes(manifest),
+        "stops.json": document_bytes({"stops": []}),
+        "reload.json": document_bytes(template_reload()),
+    }
+    for run in manifest["runs"]:
+        files[run["params"]] = document_bytes(template_params(run["id"]))
+    files[TEMPLATE_README] = README.encode("utf-8")
+    return files
+
+
+def template_run_ids() -> list[str]:
+    return [run["id"] for run in template_manifest("campaign")["runs"]]
 
 
 def write_template(outdir, campaign_id: str | None = None) -> list[Path]:
@@ -145,25 +198,15 @@ def write_template(outdir, campaign_id: str | None = None) -> list[Path]:
     campaign_id = campaign_id if campaign_id is not None else _id_from_name(outdir.resolve().name)
     if not RUN_ID.match(campaign_id):
         raise UsageError(f"campaign id {campaign_id!r}: use letters, digits, '.', '_' and '-' (it names the archive)")
-    manifest = template_manifest(campaign_id)
-    documents: dict[str, Any] = {
-        "manifest.json": manifest,
-        "stops.json": {"stops": []},
-        "reload.json": template_reload(),
-    }
-    for run in manifest["runs"]:
-        documents[run["params"]] = template_params(run["id"])
     try:
         outdir.mkdir(parents=True, exist_ok=True)
         for folder in FOLDERS:
             (outdir / folder).mkdir(exist_ok=True)
         written = []
-        for rel, value in documents.items():
+        for rel, data in template_files(campaign_id).items():
             path = outdir / rel
-            path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+            path.write_bytes(data)
             written.append(path)
-        (outdir / "README.md").write_text(README, encoding="utf-8")
-        written.append(outdir / "README.md")
     except OSError as exc:
         raise UsageError(f"{outdir}: cannot write the template ({exc.strerror})") from exc
     return written

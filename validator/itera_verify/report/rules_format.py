@@ -7,14 +7,14 @@ from ..model import Rule
 
 
 def list_rules(rules: dict[str, Rule]) -> str:
-    lines = []
-    family = None
-    for code, rule in rules.items():
-        if rule.family != family:
-            family = rule.family
-            lines.append(f"\n[{family}]" if lines else f"[{family}]")
-        lines.append(f"{code}  {rule.severity.value:<7}  {rule.title}")
-    return "\n".join(lines) + "\n"
+    """Each family once, in the order of its first code, its codes in order: a family whose codes are not
+    contiguous (artifacts: IV501–IV503 and IV510–IV511) is not split around another's."""
+    by_family: dict[str, list[Rule]] = {}
+    for code in sorted(rules):
+        by_family.setdefault(rules[code].family, []).append(rules[code])
+    blocks = [f"[{family}]\n" + "\n".join(f"{r.code}  {r.severity.value:<7}  {r.title}" for r in members)
+              for family, members in by_family.items()]
+    return "\n\n".join(blocks) + "\n"
 
 
 def explain_rule(rule: Rule) -> str:
