@@ -52,3 +52,32 @@ def package_dir(built, tmp_path) -> Path:
     dest = tmp_path / "pkg"
     shutil.copytree(built["package"], dest, symlinks=True)
     return dest
+
+
+@pytest.fixture(scope="session")
+def built_classifier(tmp_path_factory) -> dict:
+    """The LoRA classification campaign (plain BERT base, SEQ_CLS adapter, Trainer checkpoint) and its hub cache,
+    built once for all workers, in its own folder beside the demo's."""
+    shared = tmp_path_factory.getbasetemp().parent / "itera-classifier-fixture"
+    shared.mkdir(exist_ok=True)
+    with FileLock(str(shared) + ".lock"):
+        info_file = shared / "info.json"
+        if not info_file.exists():
+            from fixtures.classifier_package import build_classifier_package
+
+            for stale in ("package", "hf-cache"):
+                shutil.rmtree(shared / stale, ignore_errors=True)
+            info = build_classifier_package(shared / "package", shared / "hf-cache")
+            info_file.write_text(json.dumps(info, default=str))
+    info = json.loads(info_file.read_text())
+    info["package"] = str(shared / "package")
+    info["hf_cache"] = str(shared / "hf-cache")
+    return info
+
+
+@pytest.fixture
+def classifier_dir(built_classifier, tmp_path) -> Path:
+    """A private copy of the clean classification campaign, for one test to change."""
+    dest = tmp_path / "classifier-pkg"
+    shutil.copytree(built_classifier["package"], dest, symlinks=True)
+    return dest

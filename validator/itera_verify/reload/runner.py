@@ -91,6 +91,7 @@ def plan(package: Package, artifact: dict, device: str, threads: int) -> dict | 
         "package_root": root, "device": device, "dtype": _text(entry.get("dtype")), "class": _text(entry.get("class")),
         "hf_cache": os.path.abspath(package.hf_cache) if package.hf_cache else None,  # the child runs elsewhere
         "base": artifact.get("base") if isinstance(artifact.get("base"), dict) else None,
+        "num_labels": entry.get("num_labels"),  # the loader checks it: a task head's size (peft, SPEC reload.json)
         "fp16": fp16_run(package, _text(artifact.get("run"))), "threads": threads,
     }
 

@@ -12,6 +12,12 @@ from . import safetensors as safetensors_loader
 from .transformers import check_loading_info, dtype_keyword, model_class
 
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+# The heads PEFT itself adds to modules_to_save for a task (PeftModelForSequenceClassification and the like).
+TASK_HEADS = {"SEQ_CLS": ("classifier", "score"), "TOKEN_CLS": ("classifier", "score"),
+              "QUESTION_ANS": ("qa_outputs",)}
+LABELLED_TASKS = ("SEQ_CLS", "TOKEN_CLS")
+# A head's output layer, whose rows are the labels (BERT, Llama-style `score`, RoBERTa's classifier.out_proj).
+OUTPUT_LAYERS = ("classifier.out_proj.weight", "classifier.weight", "score.weight")
 TASK_CLASSES = {"CAUSAL_LM": "AutoModelForCausalLM", "SEQ_CLS": "AutoModelForSequenceClassification",
                 "SEQ_2_SEQ_LM": "AutoModelForSeq2SeqLM", "TOKEN_CLS": "AutoModelForTokenClassification",
                 "QUESTION_ANS": "AutoModelForQuestionAnswering", "FEATURE_EXTRACTION": "AutoModel"}
@@ -30,17 +36,23 @@ def read_adapter_config(folder: Path, outcome: Outcome) -> dict:
     return value
 
 
-def check_adapter_weights(folder: Path, device, outcome: Outcome) -> None:
-    """Every adapter tensor present, non-empty and finite, before PEFT sees the file."""
+def check_adapter_weights(folder: Path, device, outcome: Outcome) -> dict[str, tuple[int, ...]]:
+    """Every adapter tensor present, non-empty and finite, before PEFT sees the file; returns their shapes."""
     file_outcome = Outcome(outcome.job)
     safetensors_file, pickle_file = folder / "adapter_model.safetensors", folder / "adapter_model.bin"
+    shapes: dict[str, tuple[int, ...]] = {}
     if safetensors_file.is_file():
         safetensors_loader.load_file(safetensors_file, device, None, file_outcome)
+        from safetensors import safe_open
+
+        with safe_open(str(safetensors_file), framework="pt") as handle:  # the header only: already checked
+            shapes = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
     elif pickle_file.is_file():
         state = safe_torch_load(pickle_file, outcome, device)
         for name, tensor in (state.items() if isinstance(state, dict) else ()):
             if hasattr(tensor, "numel"):
                 safetensors_loader.check_tensor(name, tensor, None, pickle_file, file_outcome)
+                shapes[str(name)] = tuple(tensor.shape)
     else:
         raise Stop(LOAD, f"{outcome.rel(folder)} holds no adapter_model.safetensors or adapter_model.bin")
     outcome.problems += file_outcome.problems
@@ -55,10 +67,64 @@ def check_adapter_weights(folder: Path, device, outcome: Outcome) -> None:
         outcome.fail(LOAD, "the adapter file holds no tensor")
     if outcome.problems:
         raise Stop.recorded()  # attaching a broken adapter would only bury these under a size-mismatch error
+    return shapes
 
 
-def load_base(config: dict, job: dict, device, outcome: Outcome):
-    """The base model from the local hub cache only, at the revision PEFT itself would use."""
+def model_key(adapter_key: str) -> str:
+    """The model's own name for a tensor PEFT saved: `base_model.model.classifier.weight` -> `classifier.weight`
+    (older files keep `.modules_to_save.<adapter>` inside the name)."""
+    key = adapter_key.removeprefix("base_model.model.")
+    parts = key.split(".")
+    if "modules_to_save" in parts:
+        at = parts.index("modules_to_save")
+        parts = parts[:at] + parts[at + 2:] if at + 2 < len(parts) else parts[:at] + parts[at + 1:]
+    return ".".join(parts)
+
+
+def saved_modules(config: dict, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Whole modules the adapter carries (modules_to_save, the task head PEFT adds): model key -> shape.
+
+    These are loaded over the base by the adapter, so a base checkpoint that lacks them is not incomplete."""
+    names = list(config.get("modules_to_save") or ()) + list(TASK_HEADS.get(config.get("task_type"), ()))
+    names = [n for n in names if isinstance(n, str) and n]
+    provided = {}
+    for adapter_key, shape in shapes.items():
+        key = model_key(adapter_key)
+        parts = key.split(".")[:-1]
+        # PEFT matches a saved module by the end of its name; its own submodules (classifier.dense) come along.
+        modules = [".".join(parts[:end]) for end in range(1, len(parts) + 1)]
+        if any(module == n or module.endswith("." + n) for module in modules for n in names):
+            provided[key] = shape
+    return provided
+
+
+def num_labels(config: dict, job: dict, provided: dict[str, tuple[int, ...]], outcome: Outcome) -> int | None:
+    """How many labels the task head has: the rows of the adapter's saved output layer (the base config of a
+    plain encoder knows nothing of the head), or reload.json's `num_labels`; both given, they must agree."""
+    requested = job.get("num_labels")
+    if requested is not None and (not isinstance(requested, int) or isinstance(requested, bool) or requested < 1):
+        raise Stop(LOAD, f"reload.json num_labels {requested!r} is not a positive integer")
+    saved = None
+    if config.get("task_type") in LABELLED_TASKS:
+        saved = next(((key, shape[0]) for layer in OUTPUT_LAYERS for key, shape in sorted(provided.items())
+                      if (key == layer or key.endswith("." + layer)) and len(shape) == 2), None)
+    if saved and requested is not None and saved[1] != requested:
+        raise Stop(LOAD, f"reload.json num_labels is {requested}, but the adapter's {saved[0]} has {saved[1]} "
+                         "rows (one per label)")
+    if saved:
+        outcome.facts["num_labels"], outcome.facts["num_labels_from"] = saved[1], f"adapter {saved[0]}"
+        return saved[1]
+    if requested is not None:
+        outcome.facts["num_labels"], outcome.facts["num_labels_from"] = requested, "reload.json"
+    return requested
+
+
+def load_base(config: dict, job: dict, device, outcome: Outcome,
+              shapes: dict[str, tuple[int, ...]] | None = None):
+    """The base model from the local hub cache only, at the revision PEFT itself would use.
+
+    `shapes`: the adapter's tensors. Keys the adapter provides (a new task head) may be absent from the base;
+    the head is built with as many labels as the adapter's head has rows."""
     name, revision = config.get("base_model_name_or_path"), config.get("revision")
     outcome.facts["base"] = f"{name}@{revision or 'default branch'}"
     if not isinstance(name, str) or not name:
@@ -76,15 +142,21 @@ def load_base(config: dict, job: dict, device, outcome: Outcome):
     scan_folder(Path(config_file).parent, outcome)
     cls = model_class(job.get("class") or TASK_CLASSES.get(config.get("task_type")), None, "AutoModel")
     dtype = torch_dtype(job)
+    provided = saved_modules(config, shapes or {})
+    labels = num_labels(config, job, provided, outcome)
+    kwargs = {dtype_keyword(): dtype} if dtype is not None else {}
+    if labels is not None:
+        kwargs["num_labels"] = labels
     try:
         model, info = cls.from_pretrained(name, revision=revision, cache_dir=cache, local_files_only=True,
-                                          trust_remote_code=False, output_loading_info=True,
-                                          **({dtype_keyword(): dtype} if dtype is not None else {}))
+                                          trust_remote_code=False, output_loading_info=True, **kwargs)
     except OSError as exc:  # a snapshot without its weights: still not available offline
         raise Stop(BASE_UNAVAILABLE, f"base {name}@{revision} does not load from the hub cache: {short(exc)}") from exc
     except Exception as exc:
         raise Stop(LOAD, f"base {name}@{revision}: {short(exc)}") from exc
-    check_loading_info(model, info, "base model")
+    from_adapter = check_loading_info(model, info, "base model", frozenset(provided), "the adapter")
+    if from_adapter:
+        outcome.facts["base_keys_from_adapter"] = from_adapter  # a new head, trained and saved by the run
     return model
 
 
@@ -123,8 +195,8 @@ def attach(base, folder: Path, device, outcome: Outcome, *, trainable: bool = Fa
 
 def load_adapter_model(folder: Path, job: dict, device, outcome: Outcome, *, trainable: bool = False):
     config = read_adapter_config(folder, outcome)
-    check_adapter_weights(folder, device, outcome)
-    base = load_base(config, job, device, outcome)
+    shapes = check_adapter_weights(folder, device, outcome)
+    base = load_base(config, job, device, outcome, shapes)
     return attach(base, folder, device, outcome, trainable=trainable)
 
 

@@ -86,13 +86,20 @@ def _tied(model, key: str, missing: set[str]) -> bool:
                if name != key and name not in missing)
 
 
-def check_loading_info(model, info: dict, label: str) -> None:
-    """Missing, unexpected or resized keys are failures: a model with random weights still 'loads'."""
+def check_loading_info(model, info: dict, label: str, provided: frozenset[str] = frozenset(),
+                       provider: str = "") -> list[str]:
+    """Missing, unexpected or resized keys are failures: a model with random weights still 'loads'.
+
+    `provided`: keys that `provider` (an adapter's modules_to_save) loads over the model right after, so their
+    absence here is by design (a new task head on a plain base). Returns those keys, sorted."""
     missing = {str(k) for k in info.get("missing_keys") or ()}
     missing = {k for k in missing if not _tied(model, k, missing)}
+    covered = sorted(missing & provided)
+    missing -= provided
     problems = []
     if missing:
-        problems.append(f"{len(missing)} missing key(s): {', '.join(sorted(missing)[:5])}")
+        problems.append(f"{len(missing)} missing key(s): {', '.join(sorted(missing)[:5])}"
+                        + (f" (in neither the checkpoint nor {provider})" if provider else ""))
     unexpected = sorted(str(k) for k in info.get("unexpected_keys") or ())
     if unexpected:
         problems.append(f"{len(unexpected)} unexpected key(s): {', '.join(unexpected[:5])}")
@@ -104,6 +111,7 @@ def check_loading_info(model, info: dict, label: str) -> None:
         problems.append("; ".join(errors[:2]))
     if problems:
         raise Stop(LOAD, f"{label}: " + "; ".join(problems))
+    return covered
 
 
 def load_model(folder: Path, job: dict, device, outcome: Outcome, *, default_class: str = "AutoModel"):
