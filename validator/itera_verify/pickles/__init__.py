@@ -1,0 +1,169 @@
+"""Static pickle scanner (IV506): lists every global a pickle would import, without ever unpickling it.
+
+A pickle is a program: GLOBAL / STACK_GLOBAL / INST import any callable and REDUCE / OBJ / NEWOBJ call it.
+We walk the opcodes (opcodes.py) and compare each imported name with an allowlist (allowlist.py, SPEC §6).
+Everything a reviewer's tools would unpickle is read the way they read it (containers.py, zips.py,
+streams.py): every stream of a raw pickle file and what follows it, every member of a zip-format torch file
+(whose layout must be unambiguous), numpy object arrays by their header, compressed pickles. Whether a file
+is a candidate is decided by its bytes, never by its name alone. The scan decides; torch's
+`weights_only=True` is the second lock, never the first.
+"""
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..files import open_binary
+from .allowlist import ALLOWED_GLOBALS, INERT_CONFIG, INERT_CONFIG_FILES, is_allowed
+from .containers import NPY_MAGIC, ZIP_MAGIC, from_head, scan_container
+from .opcodes import MAX_ARGUMENT, MAX_LINE, scan_stream
+from .zips import AmbiguousZip
+
+__all__ = ["ALLOWED_GLOBALS", "INERT_CONFIG", "INERT_CONFIG_FILES", "MAX_ARGUMENT", "MAX_LINE", "NPY_MAGIC",
+           "PICKLE_EXTENSIONS", "SCAN_SETTING", "SNIFF_BYTES", "ZIP_MAGIC", "ScanResult", "category_of",
+           "has_pickle_extension", "is_allowed", "is_pickle_or_torch_zip", "is_safetensors", "scan_file",
+           "scan_package", "scan_stream", "sniff", "sniff_head"]
+
+PICKLE_EXTENSIONS = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle")
+SNIFF_BYTES = 16
+MAX_SAFETENSORS_HEADER = 100_000_000  # the safetensors library's own limit
+
+
+@dataclass
+class ScanResult:
+    is_pickle: bool
+    globals: set[str] = field(default_factory=set)
+    unsafe: list[str] = field(default_factory=list)  # sorted globals outside the allowlist
+    error: str | None = None  # the file could not be read whole, or not unambiguously: never load it
+    category: str = "weights"  # "inert-config" for training_args.bin: scanned, never loaded
+
+    @property
+    def loadable(self) -> bool:
+        """May torch.load(weights_only=True) see this file? Only a complete, allowlisted pickle."""
+        return self.is_pickle and not self.unsafe and self.error is None and self.category != "inert-config"
+
+    def refusal(self) -> str:
+        if self.unsafe:
+            return f"names globals outside the allowlist: {', '.join(self.unsafe)}"
+        if self.error:
+            return f"cannot be scanned ({self.error})"
+        if self.category == "inert-config":
+            return "is a training-arguments pickle: scanned only, never loaded"
+        return "is not a pickle"
+
+
+def sniff(path: str | os.PathLike) -> str | None:
+    """What the first bytes say: 'pickle' (protocol 2+ magic), 'zip', 'npy', a compression ('gzip', 'bz2',
+    'lzma', 'zstd', 'zlib'), 'opcode' (begins with a pickle opcode, as protocol 0/1 and headerless pickles
+    do) or None (a valid safetensors file is None, whatever its first byte)."""
+    try:
+        with open_binary(path) as fh:
+            head = fh.read(SNIFF_BYTES)
+    except OSError:
+        return None
+    return sniff_head(head, path)
+
+
+def sniff_head(head: bytes, path: str | os.PathLike) -> str | None:
+    """sniff() on the first SNIFF_BYTES bytes already read."""
+    kind = from_head(head)
+    if kind in ("pickle", "opcode") and head[8:9] == b"{" and is_safetensors(path, head):
+        return None  # its 8-byte header length happens to begin like a pickle
+    return kind
+
+
+def is_safetensors(path: str | os.PathLike, head: bytes) -> bool:
+    """An 8-byte little-endian header length, then a JSON header of tensor entries inside the file: only then
+    is a file safetensors (a name or a '{' at byte 8 proves nothing)."""
+    length = int.from_bytes(head[:8], "little")
+    try:
+        size = os.stat(path).st_size
+        if not 2 <= length <= min(MAX_SAFETENSORS_HEADER, size - 8):
+            return False
+        with open_binary(path) as fh:
+            fh.seek(8)
+            header = json.loads(fh.read(length))
+    except (OSError, ValueError, RecursionError):
+        return False
+    if not isinstance(header, dict):
+        return False
+    data_size = size - 8 - length
+    for key, entry in header.items():
+        if key == "__metadata__":
+            if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+                return False
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (isinstance(entry, dict) and isinstance(entry.get("dtype"), str)
+                and isinstance(entry.get("shape"), list) and all(type(d) is int and d >= 0 for d in entry["shape"])
+                and isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+                and 0 <= offsets[0] <= offsets[1] <= data_size):
+            return False
+    return True
+
+
+def has_pickle_extension(path: str | os.PathLike) -> bool:
+    return str(path).lower().endswith(PICKLE_EXTENSIONS)
+
+
+def is_pickle_or_torch_zip(path: str | os.PathLike, head: bytes | None = None) -> bool:
+    """Worth scanning: a pickle extension, or the first bytes of a pickle, a zip, a numpy array or compressed
+    data. `head`: the first SNIFF_BYTES bytes when already in memory (the file is then not opened)."""
+    return has_pickle_extension(path) or (sniff(path) if head is None else sniff_head(head, path)) is not None
+
+
+def category_of(path: str | os.PathLike) -> str:
+    return "inert-config" if Path(path).name in INERT_CONFIG_FILES else "weights"
+
+
+def scan_file(path: str | os.PathLike) -> ScanResult:
+    """Scan one file. A file that is neither a pickle nor a container holding one gives is_pickle=False."""
+    result = ScanResult(is_pickle=False, category=category_of(path))
+    found: set[str] = set()
+    named = has_pickle_extension(path)
+    try:
+        kind = sniff(path)
+        if kind is not None or (named and not _is_safetensors_file(path)):
+            size = os.stat(path).st_size
+            with open_binary(path) as fh:
+                result.is_pickle, result.error = scan_container(fh, size, Path(path).name, found, named=named)
+    except AmbiguousZip as exc:
+        # Two readers could see two archives: whatever either would unpickle is unknown. Never loadable.
+        result.is_pickle, result.error = True, f"ambiguous zip archive: {exc}"
+    except zipfile.BadZipFile as exc:
+        result.is_pickle, result.error = True, f"damaged zip archive ({exc})"
+    except (OSError, EOFError, RuntimeError, ValueError, NotImplementedError, zlib.error) as exc:
+        result.is_pickle = True
+        result.error = f"{type(exc).__name__}: {exc}"
+    result.globals = found
+    result.unsafe = sorted(g for g in found if not is_allowed(g, result.category))
+    return result
+
+
+def _is_safetensors_file(path) -> bool:
+    try:
+        with open_binary(path) as fh:
+            return is_safetensors(path, fh.read(SNIFF_BYTES))
+    except OSError:
+        return False
+
+
+SCAN_SETTING = "pickle_scan"  # package.settings key: {relative path: ScanResult}
+
+
+def scan_package(package) -> dict[str, ScanResult]:
+    """Scan each candidate file of a package once (pickle extension or pickle-like first bytes); the results
+    stay on the package so the reload step refuses what the scan refused, without scanning twice."""
+    results: dict[str, ScanResult] = package.settings.setdefault(SCAN_SETTING, {})
+    for rel in sorted(package.files):
+        if rel in results:
+            continue
+        path = package.os_path(rel)
+        # The first bytes of a document the checks already read come from memory: no second open per file.
+        if is_pickle_or_torch_zip(path, package.cached_head(rel, SNIFF_BYTES)):
+            results[rel] = scan_file(path)
+    return results

@@ -1,0 +1,204 @@
+"""What holds a pickle: zip archives (torch files, .npz), numpy arrays, compressed files, raw streams.
+
+`scan_container` reads the first bytes and dispatches; containers nest (a pickle in a zip in a gzip) up to
+MAX_DEPTH. Every member of a zip is scanned except torch's tensor storages (`<archive>/data/<n>`, raw bytes
+torch never unpickles), whatever its name: torch unpickles data.pkl and constants.pkl, and a reviewer's tool
+may unpickle anything else.
+"""
+from __future__ import annotations
+
+import ast
+import bz2
+import gzip
+import io
+import lzma
+import re
+import tempfile
+import zlib
+
+from .opcodes import Reader, scan_stream
+from .streams import scan_raw
+from .zips import open_checked
+
+ZIP_MAGIC = b"PK\x03\x04"
+NPY_MAGIC = b"\x93NUMPY"
+MAX_DEPTH = 3
+MAX_NPY_HEADER = 1 << 20  # numpy reads up to 10,000 characters unless allow_pickle=True; we read this far
+MAX_DECOMPRESSED = 1 << 30
+_STORAGE = re.compile(r"[^/]+/(\.data/|data/)\d+")  # torch's storage records, as torch names them
+_PICKLE_NAMES = (".pkl", ".pickle")
+
+
+def compression_of(head: bytes) -> str | None:
+    """The compression format the first bytes announce (gzip, bz2, xz / lzma, zstd, zlib)."""
+    if head.startswith(b"\x1f\x8b"):
+        return "gzip"
+    if head.startswith(b"BZh") and head[3:4].isdigit() and head[3:4] != b"0":
+        return "bz2"
+    if head.startswith(b"\xfd7zXZ\x00") or (head[:1] == b"\x5d" and head[1:3] == b"\x00\x00" and len(head) >= 13):
+        return "lzma"
+    if head.startswith(b"\x28\xb5\x2f\xfd"):
+        return "zstd"
+    if len(head) >= 2 and head[0] == 0x78 and (head[0] << 8 | head[1]) % 31 == 0:
+        return "zlib"
+    return None
+
+
+class _ZlibReader(io.RawIOBase):
+    """A zlib stream (joblib's "zlib" compression) as a readable file."""
+
+    def __init__(self, raw):
+        self.raw, self.inflate, self.left = raw, zlib.decompressobj(), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self.left and not self.inflate.eof:
+            chunk = self.raw.read(1 << 16)
+            if not chunk:
+                raise zlib.error("the zlib stream ends early")
+            self.left = self.inflate.decompress(chunk)
+        data, self.left = self.left[:len(buffer)], self.left[len(buffer):]
+        buffer[:len(data)] = data
+        return len(data)
+
+
+def _decompressor(kind: str, raw):
+    if kind == "gzip":
+        return gzip.GzipFile(fileobj=raw)
+    if kind == "bz2":
+        return bz2.BZ2File(raw)
+    if kind == "lzma":
+        return lzma.LZMAFile(raw)
+    if kind == "zstd":
+        import zstandard
+
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True))
+    return io.BufferedReader(_ZlibReader(raw))
+
+
+def _scan_compressed(kind, fh, name, found, depth, certain) -> tuple[bool, str | None]:
+    """Decompress (bounded) and scan what is inside; a head that no pickle could start with is skipped."""
+    fh.seek(0)
+    try:
+        with _decompressor(kind, fh) as inner:
+            head = inner.read(16)
+    except (OSError, EOFError, ValueError, lzma.LZMAError, zlib.error) as exc:
+        return (True, f"{kind} data does not decompress ({exc})") if certain else (False, None)
+    inner_name = re.sub(r"\.(gz|bz2|xz|lzma|zst|zstd|z)$", "", name, flags=re.I)
+    certain = certain or inner_name.lower().endswith(PICKLE_LIKE)
+    if not (certain or from_head(head) is not None):
+        return False, None
+    with tempfile.SpooledTemporaryFile(max_size=32 << 20) as spool:
+        fh.seek(0)
+        try:
+            with _decompressor(kind, fh) as inner:
+                while chunk := inner.read(1 << 20):
+                    spool.write(chunk)
+                    if spool.tell() > MAX_DECOMPRESSED:
+                        return True, f"{kind} data decompresses to more than {MAX_DECOMPRESSED} bytes"
+        except (OSError, EOFError, ValueError, lzma.LZMAError, zlib.error) as exc:
+            return True, f"{kind} data does not decompress ({exc})"
+        size = spool.tell()
+        return scan_container(spool, size, inner_name, found, depth + 1, certain)
+
+
+PICKLE_LIKE = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle", ".npy", ".npz", ".joblib")
+
+
+def from_head(head: bytes) -> str | None:
+    """The container the first bytes announce: 'zip', 'npy', a compression, 'pickle' (PROTO), 'opcode'."""
+    from .opcodes import OPCODE_BYTES
+
+    if head.startswith(ZIP_MAGIC):
+        return "zip"
+    if head.startswith(NPY_MAGIC):
+        return "npy"
+    if (kind := compression_of(head)) is not None:
+        return kind
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return "pickle"
+    if head[:1] and head[0] in OPCODE_BYTES:
+        return "opcode"
+    return None
+
+
+def scan_container(fh, size: int, name: str, found: set[str], depth: int = 1, certain: bool = False,
+                   named: bool = False) -> tuple[bool, str | None]:
+    """(holds a pickle, why it cannot be scanned) for `size` bytes of a seekable file named `name`."""
+    if depth > MAX_DEPTH:
+        return True, f"containers nested more than {MAX_DEPTH} deep ({name})"
+    fh.seek(0)
+    kind = from_head(fh.read(16))
+    if kind == "zip":
+        return _scan_zip(fh, size, name, found, depth)
+    if kind == "npy":
+        return _scan_npy(fh, size, found)
+    if kind in ("gzip", "bz2", "lzma", "zstd", "zlib"):
+        result = _scan_compressed(kind, fh, name, found, depth, certain)
+        if result != (False, None):
+            return result
+        # Not compressed data after all (lzma-alone and zlib have weak magic): read it as it is.
+    return scan_raw(fh, 0, size, found, certain, named)
+
+
+def _scan_zip(fh, size, name, found, depth) -> tuple[bool, str | None]:
+    any_pickle, error = False, None
+    with open_checked(fh, size) as archive:
+        for info in archive.infolist():
+            if info.is_dir():
+                continue
+            if _STORAGE.fullmatch(info.filename):
+                # Raw tensor bytes torch never unpickles; only an array or archive (np.load reads an .npz
+                # member whatever its name) is looked into, by a magic no tensor plausibly starts with.
+                with archive.open(info) as member:
+                    if not member.read(8).startswith((NPY_MAGIC, ZIP_MAGIC)):
+                        continue
+            certain = info.filename.lower().endswith(_PICKLE_NAMES)
+            with archive.open(info) as member:
+                is_pickle, member_error = scan_container(member, info.file_size, info.filename, found, depth + 1,
+                                                         certain)
+            any_pickle = any_pickle or is_pickle
+            if member_error and error is None:
+                error = f"{info.filename}: {member_error}"
+    return any_pickle, error
+
+
+def _scan_npy(fh, size, found) -> tuple[bool, str | None]:
+    """A .npy holding an object array (numpy's own reading of its header) carries a pickle after it."""
+    import numpy as np
+
+    fh.seek(0)
+    head = fh.read(8)
+    version = (head[6], head[7]) if len(head) == 8 else None
+    if version not in ((1, 0), (2, 0), (3, 0)):
+        return True, f"numpy format version {version} (numpy reads 1.0, 2.0 and 3.0 only)"
+    width = 2 if version == (1, 0) else 4
+    length = int.from_bytes(fh.read(width), "little")
+    if length > MAX_NPY_HEADER or 8 + width + length > size:
+        return True, f"a numpy header of {length} bytes"
+    raw = fh.read(length)
+    try:
+        header = raw.decode("utf8" if version == (3, 0) else "latin1")
+        try:
+            fields = ast.literal_eval(header)
+        except SyntaxError:
+            if version > (2, 0):
+                raise
+            from numpy.lib import format as npformat
+
+            fields = ast.literal_eval(getattr(npformat, "_filter_header")(header))
+        if not isinstance(fields, dict) or "descr" not in fields:
+            raise ValueError("the header is not a dictionary with a descr")
+        dtype = np.lib.format.descr_to_dtype(fields["descr"])
+    except (SyntaxError, ValueError, TypeError, UnicodeDecodeError, MemoryError, RecursionError,
+            AttributeError) as exc:
+        return True, f"a numpy header numpy may read otherwise ({type(exc).__name__}: {exc})"
+    if not dtype.hasobject:
+        return False, None
+    consumed = 8 + width + length
+    return scan_raw(fh, consumed, size - consumed, found, certain=True)
+
+
+__all__ = ["ZIP_MAGIC", "NPY_MAGIC", "from_head", "scan_container", "compression_of", "Reader", "scan_stream"]
