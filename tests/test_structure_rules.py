@@ -17,11 +17,17 @@ def test_clean_package_has_no_structure_findings(package_dir):
     assert not [f for f in static_findings(package_dir) if f.code.startswith("IV1")]
 
 
-@pytest.mark.parametrize("rel", ["stops.json", "reload.json", "corpus/eval_ids.txt"])
+@pytest.mark.parametrize("rel", ["stops.json", "reload.json"])
 def test_deleted_required_file_is_IV101(package_dir, rel):
     (package_dir / rel).unlink()
     found = only(static_findings(package_dir), "IV101")
-    assert found, f"deleting {rel} went unnoticed"
+    assert [f.path for f in found] == [rel], f"deleting {rel} went unnoticed"
+
+
+def test_deleted_eval_ids_file_the_manifest_names_is_IV106_not_IV101(package_dir):
+    (package_dir / "corpus/eval_ids.txt").unlink()
+    found = static_findings(package_dir)
+    assert [f.pointer for f in only(found, "IV106")] == ["/corpus/eval_ids"] and not only(found, "IV101")
 
 
 def test_missing_manifest_is_IV101(package_dir):
@@ -37,11 +43,41 @@ def test_completed_run_without_predictions_is_IV101(package_dir):
     assert found[0].run == "control"
 
 
-def test_deleted_params_file_is_IV101_with_its_pointer(package_dir):
+def test_deleted_params_file_is_IV106_with_its_pointer_not_IV101(package_dir):
     params = load_json(package_dir, "manifest.json")["runs"][1]["params"]
     (package_dir / params).unlink()
-    found = only(static_findings(package_dir), "IV101")
-    assert [f.pointer for f in found] == ["/runs/1/params"]
+    found = static_findings(package_dir)
+    assert [f.pointer for f in only(found, "IV106")] == ["/runs/1/params"] and not only(found, "IV101")
+    assert "does not exist" in only(found, "IV106")[0].message
+
+
+def test_run_naming_no_params_file_at_all_is_IV101(package_dir):
+    edit_manifest(package_dir, lambda m: m["runs"][1].pop("params"))
+    assert [f.pointer for f in only(static_findings(package_dir), "IV101")] == ["/runs/1/params"]
+
+
+def test_a_reference_under_a_near_name_suggests_the_file_that_is_there(package_dir):
+    params = load_json(package_dir, "manifest.json")["runs"][1]["params"]  # params/lora-r16.json
+    edit_manifest(package_dir, lambda m: m["runs"][1].__setitem__("params", params.replace("-", "_")))
+    (finding,) = only(static_findings(package_dir), "IV106")
+    assert finding.pointer == "/runs/1/params" and f"did you mean {params}?" in finding.message
+
+
+def test_a_folder_reference_under_a_near_name_suggests_the_folder(package_dir):
+    path = load_json(package_dir, "manifest.json")["artifacts"][0]["path"]  # artifacts/control-model
+    edit_manifest(package_dir, lambda m: m["artifacts"][0].__setitem__("path", path.replace("-", "_")))
+    found = [f for f in static_findings(package_dir) if f.code == "IV106" and f.path == "manifest.json"]
+    assert [f.pointer for f in found] == ["/artifacts/0/path"] and f"did you mean {path}?" in found[0].message
+
+
+def test_no_suggestion_for_a_far_name_or_a_file_another_run_names(package_dir):
+    manifest = load_json(package_dir, "manifest.json")
+    taken = manifest["runs"][2]["params"]  # params/lora-r64.json, named by its own run
+    edit_manifest(package_dir, lambda m: (m["runs"][0].__setitem__("params", taken.replace(".json", "x.json")),
+                                          m["runs"][0].__setitem__("metrics", "metrics/zzzz.jsonl")))
+    found = only(static_findings(package_dir), "IV106")
+    assert sorted(f.pointer for f in found) == ["/runs/0/metrics", "/runs/0/params"]
+    assert not any("did you mean" in f.message for f in found), [f.message for f in found]
 
 
 def test_stopped_run_without_predictions_is_fine(package_dir):
@@ -133,9 +169,23 @@ def test_unknown_role_is_IV105_with_pointer_and_line(package_dir):
     assert '"baseline"' in text[found[0].line - 1]
 
 
-def test_naive_timestamp_is_IV105(package_dir):
+def test_naive_timestamp_is_IV105_saying_the_expected_form_not_the_regex(package_dir):
     edit_manifest(package_dir, lambda m: m.__setitem__("created_at", "2026-11-20 08:00:00"))
-    assert [f.pointer for f in only(static_findings(package_dir), "IV105")] == ["/created_at"]
+    found = only(static_findings(package_dir), "IV105")
+    assert [f.pointer for f in found] == ["/created_at"]
+    assert "an RFC 3339 time such as 2026-11-20T08:00:00Z" in found[0].message and "[0-9]" not in found[0].message
+
+
+def test_a_stop_time_in_stops_json_is_said_in_words_too(package_dir):
+    edit_json(package_dir, "stops.json", lambda s: s["stops"][0].__setitem__("at", "yesterday"))
+    found = [f for f in only(static_findings(package_dir), "IV105") if f.path == "stops.json"]
+    assert found and "'yesterday' is not an RFC 3339 time" in found[0].message, [f.message for f in found]
+
+
+def test_unsafe_id_is_said_in_words(package_dir):
+    edit_manifest(package_dir, lambda m: m.__setitem__("campaign_id", "my campaign"))
+    (finding,) = [f for f in only(static_findings(package_dir), "IV105") if f.pointer == "/campaign_id"]
+    assert "is not an id of letters, digits" in finding.message and "^[A-Za-z0-9]" not in finding.message
 
 
 def test_run_id_unsafe_as_a_file_name_is_IV105(package_dir):

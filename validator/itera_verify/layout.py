@@ -17,7 +17,7 @@ class Reference:
     pointer: str  # where the manifest names it
     value: str  # as written
     kind: str  # "params" | "metrics" | "predictions" | "eval_ids" | "analysis" | "artifact"
-    required: bool  # a missing target is IV101 (required item) rather than IV106
+    required: bool  # the item itself is required (IV101 when not named; a named target that is absent is IV106)
     run: str | None = None
 
     @property

@@ -6,6 +6,7 @@ from typing import Iterator
 
 from ..model import Finding, Rule, Severity
 from ..package import MANIFEST, RELOAD, Package, pointer_of
+from ..template import is_placeholder
 
 RULES = [
     Rule("IV501", Severity.ERROR, "adapter base revision not pinned",
@@ -71,6 +72,13 @@ def _is_local_path(name: str) -> bool:
         or not HUB_ID.fullmatch(name)
 
 
+def _not_a_hub_id(name: str) -> str:
+    """IV502's message: a template placeholder is not filled in yet, which is not the same as a local path."""
+    if is_placeholder(name):
+        return f"base {name!r} is still a template placeholder: give the base's hub id (org/name)"
+    return f"base {name!r} is a local path, not a hub id"
+
+
 def _artifact_path(package: Package, artifact: dict) -> str | None:
     path = _text(artifact.get("path"))
     return package.normalise_ref(path) if path else None
@@ -102,7 +110,7 @@ def _base_findings(package: Package, index: int, artifact: dict) -> Iterator[Fin
             yield Finding("IV501", MANIFEST, pointer=pointer, message=f"{shown}: the base is not pinned", **where)
         if name and _is_local_path(name):
             yield Finding("IV502", MANIFEST, pointer=pointer_of(["artifacts", index, "base", "name"]),
-                          message=f"base {name!r} is a local path, not a hub id", **where)
+                          message=_not_a_hub_id(name), **where)
     if adapter is None:
         return
     rel, config = adapter
@@ -112,8 +120,8 @@ def _base_findings(package: Package, index: int, artifact: dict) -> Iterator[Fin
         yield Finding("IV501", rel, pointer="/revision",
                       message=f"{shown}: PEFT will load whatever the base's default branch holds", **where)
     if adapter_name and _is_local_path(adapter_name):
-        yield Finding("IV502", rel, pointer="/base_model_name_or_path",
-                      message=f"base {adapter_name!r} is a local path, not a hub id", **where)
+        yield Finding("IV502", rel, pointer="/base_model_name_or_path", message=_not_a_hub_id(adapter_name),
+                      **where)
     if revision and adapter_revision and revision != adapter_revision:
         yield Finding("IV503", rel, pointer="/revision",
                       message=f"adapter_config.json pins {adapter_revision}, the manifest {revision}; "

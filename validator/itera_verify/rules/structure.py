@@ -1,8 +1,10 @@
 """IV101–IV106: the package's structure. Required items present, not empty, parsable, valid, references real."""
 from __future__ import annotations
 
+import difflib
 import json
 import math
+from pathlib import PurePosixPath
 from typing import Iterator
 
 import yaml
@@ -24,7 +26,8 @@ RULES = [
     Rule("IV101", Severity.ERROR, "required item missing",
          explain="The package must hold manifest.json, stops.json, reload.json, the frozen eval ids, and for every "
                  "run its params and raw metrics, plus predictions for every completed run. A reviewer cannot "
-                 "judge a run whose inputs or outputs are not delivered.",
+                 "judge a run whose inputs or outputs are not delivered. IV101 is an item not named at all (or a "
+                 "fixed document absent); a named file that is not there is IV106.",
          bad='{"id": "control", "status": "completed", "predictions": null}',
          good='{"id": "control", "status": "completed", "predictions": "predictions/control.jsonl"}'),
     Rule("IV102", Severity.ERROR, "empty file (0 bytes)",
@@ -42,11 +45,16 @@ RULES = [
     Rule("IV105", Severity.ERROR, "document violates its schema",
          explain="manifest.json, stops.json, reload.json and each params file follow the JSON Schemas shipped "
                  "with the tool (schemas/*.schema.json). The finding names the JSON pointer of the offending "
-                 "value. Unknown extra fields are allowed.",
+                 "value. Unknown extra fields are allowed. A number in the manifest must be finite (NaN and "
+                 "Infinity are not JSON) and sane: money at most 10,000,000 USD, hours at most 100,000, a lot "
+                 "at most 3,650 days and 100,000 GPUs, a threshold within 1e15; the budget and threshold "
+                 "rules cannot judge anything else.",
          bad='{"id": "control", "role": "baseline"}', good='{"id": "control", "role": "control"}'),
     Rule("IV106", Severity.ERROR, "referenced path does not exist",
-         explain="The manifest (artifact paths, the error analysis) or reload.json names a path that is not in "
-                 "the package. Fix the reference or deliver the file.",
+         explain="The manifest (params, metrics, predictions, eval ids, artifact paths, the error analysis) or "
+                 "reload.json names a path that is not in the package. Fix the reference or deliver the file. "
+                 "When an entry of the same kind exists under a near name (`lora_r4` for `lora-r4`) that nothing "
+                 "else names, the finding suggests it.",
          bad='{"id": "control-model", "path": "artifacts/control-model"}  (no such folder)',
          good='{"id": "control-model", "path": "artifacts/control"}  (the folder exists)'),
 ]
@@ -127,24 +135,52 @@ def _missing(package: Package) -> Iterator[Finding]:
                               message=f"run {run_id or index}: no {what} file named")
     for ref in references(package):
         rel = package.normalise_ref(ref.value)
-        if ref.required and rel is not None and not package.is_file(rel):
+        if ref.required and rel is not None and package.exists(rel) and not package.is_file(rel):
             yield Finding("IV101", MANIFEST, pointer=ref.pointer, run=ref.run,
-                          message=f"{ref.kind.replace('_', ' ')} file {ref.value} is missing")
+                          message=f"{ref.kind.replace('_', ' ')} file {ref.value} is a folder, not a file")
+
+
+SUGGESTED_AT_MOST = 20  # near-name searches per package: each compares with the package's paths
 
 
 def _dangling(package: Package) -> Iterator[Finding]:
-    for ref in references(package):
-        rel = package.normalise_ref(ref.value)
-        if not ref.required and rel is not None and not package.exists(rel):
-            yield Finding("IV106", MANIFEST, pointer=ref.pointer, run=ref.run,
-                          message=f"{ref.kind} path {ref.value} does not exist in the package")
+    """IV106: a named path that is not there (IV101 is for an item not named at all). When an entry of the same
+    kind exists under a near name (`lora_r4` for `lora-r4`), the message names it."""
+    refs = [(ref, package.normalise_ref(ref.value)) for ref in references(package)]
     entries = package.reload_spec.get("artifacts")
-    for artifact_id, entry in (entries.items() if isinstance(entries, dict) else []):
-        if isinstance(entry, dict) and isinstance(entry.get("path"), str):
-            rel = package.normalise_ref(entry["path"])
-            if rel is not None and not package.exists(rel):
-                yield Finding("IV106", RELOAD, pointer=pointer_of(["artifacts", artifact_id, "path"]),
-                              artifact=artifact_id, message=f"path {entry['path']} does not exist in the package")
+    reload_refs = [(artifact_id, entry["path"], package.normalise_ref(entry["path"]))
+                   for artifact_id, entry in (entries.items() if isinstance(entries, dict) else [])
+                   if isinstance(entry, dict) and isinstance(entry.get("path"), str)]
+    named = {rel for _, rel in refs if rel} | {rel for _, _, rel in reload_refs if rel}
+    near = _NearNames(package, named)
+    for ref, rel in refs:
+        if rel is not None and not package.exists(rel):
+            what = f"{ref.kind.replace('_', ' ')} {'file' if ref.required else 'path'}"
+            yield Finding("IV106", MANIFEST, pointer=ref.pointer, run=ref.run,
+                          message=f"{what} {ref.value} does not exist in the package{near.hint(rel)}")
+    for artifact_id, value, rel in reload_refs:
+        if rel is not None and not package.exists(rel):
+            yield Finding("IV106", RELOAD, pointer=pointer_of(["artifacts", artifact_id, "path"]),
+                          artifact=artifact_id,
+                          message=f"path {value} does not exist in the package{near.hint(rel)}")
+
+
+class _NearNames:
+    """Entries of the package a missing reference probably meant: the same suffix, the same depth, a close
+    spelling (difflib), and not named by another reference already."""
+
+    def __init__(self, package: Package, named: set[str]):
+        self.package, self.named, self.searches = package, named, 0
+
+    def hint(self, rel: str) -> str:
+        if self.searches >= SUGGESTED_AT_MOST:
+            return ""
+        self.searches += 1
+        suffix, depth = PurePosixPath(rel).suffix, rel.count("/")
+        candidates = [p for group in (self.package.files, self.package.dirs, self.package.links) for p in group
+                      if p.count("/") == depth and PurePosixPath(p).suffix == suffix and p not in self.named]
+        match = difflib.get_close_matches(rel, candidates, n=1, cutoff=0.8)
+        return f" (did you mean {match[0]}?)" if match else ""
 
 
 def _parse_and_substance(package: Package, rel: str, kind: str | None) -> Iterator[Finding]:
@@ -215,9 +251,37 @@ def _schema(package: Package, rel: str, schema: str) -> Iterator[Finding]:
             error = best_match(error.context)  # anyOf/oneOf: the branch that explains the problem
         pointer = pointer_of(error.absolute_path)
         lines = lines if lines is not None else pointer_lines(doc.text)
-        message = error.message if len(error.message) <= 300 else error.message[:297] + "..."
+        message = _in_words(error) or error.message
+        message = message if len(message) <= 300 else message[:297] + "..."
         yield Finding("IV105", rel, pointer=pointer, line=line_of(doc.text, pointer, lines),
                       message=f"{schema} schema: {message}")
+
+
+def _in_words(error) -> str | None:
+    """A pattern error as the form expected, not the regex: `'2026-11-20' is not an RFC 3339 time such as ...`."""
+    defs = validator("manifest").schema.get("$defs", {})
+    if error.validator == "not" and error.validator_value == defs.get("text", {}).get("not"):
+        return f"{_shown(error.instance)} is still a template placeholder: fill it in"
+    if error.validator != "pattern":
+        return None
+    for name, expected in PATTERN_WORDS.items():
+        if isinstance(defs.get(name), dict) and defs[name].get("pattern") == error.validator_value:
+            return f"{_shown(error.instance)} is not {expected}"
+    return None
+
+
+# The manifest schema's patterns ($defs, read from the schema, never copied) in words.
+PATTERN_WORDS = {
+    "timestamp": "an RFC 3339 time such as 2026-11-20T08:00:00Z (with Z or an offset such as +02:00)",
+    "id": "an id of letters, digits, '.', '_' and '-' that starts with a letter or a digit (at most 128)",
+    "sha256": "a SHA-256 digest: 64 lowercase hex digits",
+    "text": "a text that says something (not blank)",
+}
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _manifest_numbers(package: Package) -> Iterator[Finding]:
