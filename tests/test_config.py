@@ -78,6 +78,12 @@ def test_every_key_parses():
     ({"device": "tpu"}, "device"),
     ({"timeout": -1}, "timeout"),
     ({"tmp-patterns": "/scratch/"}, "tmp-patterns"),
+    ({"tariffs": {"RTX 4090": {"3": float("nan")}}}, "nan"),
+    ({"tariffs": {"RTX 4090": {"3": float("inf")}}}, "inf"),
+    ({"tariffs": {"RTX 4090": {"3": 1e300}}}, "1e\\+300"),
+    ({"tariffs": {"RTX 4090": {"3": "cheap"}}}, "cheap"),
+    ({"tariffs": {"RTX 4090": {"a week": 110}}}, "a week"),
+    ({"tariffs": {"RTX 4090": 47.14}}, "RTX 4090"),
 ])
 def test_a_wrong_key_code_or_value_is_a_usage_error_naming_it(table, named):
     with pytest.raises(UsageError, match=named):
@@ -97,6 +103,12 @@ def test_unknown_code_in_the_file_is_exit_2_naming_it(package_dir, tmp_path):
     write(tmp_path / "pyproject.toml", '[tool.itera-verify]\nlevels = { IV999 = "warning" }\n')
     result = verify_in(tmp_path, package_dir)
     assert result.returncode == 2 and "IV999" in result.stderr and "pyproject.toml" in result.stderr
+
+
+def test_a_nan_tariff_in_the_file_is_exit_2_naming_it(package_dir, tmp_path):
+    write(tmp_path / "itera-verify.toml", '[tariffs]\n"RTX 4090" = { "3" = nan }\n')
+    result = verify_in(tmp_path, package_dir)
+    assert result.returncode == 2 and "tariffs" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_a_broken_toml_file_is_exit_2(package_dir, tmp_path):

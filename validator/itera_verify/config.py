@@ -106,9 +106,7 @@ def parse_config(table: Any, source: Path | None = None) -> Config:
         raise UsageError(f"{where}: tmp-patterns must be a list of path prefixes")
     config.tmp_patterns = tuple(patterns)
     if "tariffs" in table:
-        if not isinstance(table["tariffs"], dict):
-            raise UsageError(f"{where}: tariffs must be a table")
-        config.tariffs = table["tariffs"]
+        config.tariffs = _tariffs(table["tariffs"], where)
     if "device" in table:
         if table["device"] not in ("auto", "cuda", "cpu"):
             raise UsageError(f"{where}: device must be auto, cuda or cpu")
@@ -119,3 +117,27 @@ def parse_config(table: Any, source: Path | None = None) -> Config:
             raise UsageError(f"{where}: timeout must be a positive number of seconds")
         config.timeout = float(table["timeout"])
     return config
+
+
+def _tariffs(tariffs: Any, where: str) -> dict[str, Any]:
+    """GPU -> {days: USD}. TOML has nan and inf: a price the budget rules cannot compare would switch IV602 off
+    for that lot in silence, so each price must be a finite amount within the manifest's own bounds."""
+    from .rules._campaign import MAX_DAYS, MAX_USD
+
+    if not isinstance(tariffs, dict):
+        raise UsageError(f"{where}: tariffs must be a table")
+    for gpu, prices in tariffs.items():
+        if not isinstance(prices, dict):
+            raise UsageError(f"{where}: tariffs.{gpu!r} must be a table of \"DAYS\" = USD")
+        for days, price in prices.items():
+            try:
+                length = float(days)
+            except ValueError:
+                length = float("nan")
+            if not 0 < length <= MAX_DAYS:
+                raise UsageError(f"{where}: tariffs.{gpu!r}: {days!r} is not a lot length in days "
+                                 f"(between 0 and {MAX_DAYS:,})")
+            if isinstance(price, bool) or not isinstance(price, (int, float)) or not 0 <= price <= MAX_USD:
+                raise UsageError(f"{where}: tariffs.{gpu!r}.{days!r} = {price!r} is not a price in USD "
+                                 f"(between 0 and {MAX_USD:,})")
+    return tariffs
