@@ -204,6 +204,23 @@ def test_trainer_masked_nan_loss_beside_a_nan_grad_norm_is_IV409(package_dir):
     assert not only(found, "IV404")  # train_loss, the rule's metric, stayed finite
 
 
+def test_nan_grad_norm_only_in_the_checkpoints_trainer_state_is_IV409(package_dir):
+    # The metrics file was written without grad_norm; the Trainer's own log_history still has the masked NaN.
+    state = "checkpoints/control/checkpoint-4/trainer_state.json"
+    edit_json(package_dir, state, lambda s: s["log_history"][1].update(loss=0.0, grad_norm=float("nan")))
+    (finding,) = only(static_findings(package_dir), "IV409")
+    assert finding.path == state and finding.pointer == "/log_history/1/grad_norm" and finding.run == "control"
+    assert "grad_norm is NaN at step 2 in the Trainer's log" in finding.message
+
+
+def test_nan_in_both_the_metrics_file_and_the_trainer_state_is_one_IV409(package_dir):
+    state = "checkpoints/control/checkpoint-4/trainer_state.json"
+    edit_json(package_dir, state, lambda s: s["log_history"][1].update(grad_norm=float("nan")))
+    append_jsonl(package_dir, "metrics/control.jsonl", [{"step": 2, "name": "grad_norm", "value": float("nan")}])
+    (finding,) = only(static_findings(package_dir), "IV409")
+    assert finding.path == "metrics/control.jsonl"
+
+
 def test_infinite_eval_loss_in_an_accepted_run_is_IV409(package_dir):
     append_jsonl(package_dir, "metrics/lora-r16.jsonl", [{"step": 4, "name": "eval_loss", "value": float("inf")}])
     (finding,) = only(static_findings(package_dir), "IV409")

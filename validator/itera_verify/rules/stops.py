@@ -9,6 +9,7 @@ from ..model import Finding, Rule, Severity
 from ..package import MANIFEST, STOPS, Package, pointer_of
 from ._campaign import (accepted_entries, filled_text, first_run_start, indexed_runs, is_number, listed,
                         parse_time, runs_by_id, section, shown, stop_records, stopped_by_record)
+from . import _losses
 from .timeline import to_second
 
 RULES = [
@@ -33,7 +34,8 @@ RULES = [
     Rule("IV404", Severity.ERROR, "non-finite loss in a run that was not stopped",
          explain="A `nonfinite_loss` stop rule names a metric (usually the training loss). A NaN or infinite "
                  "value of it in a run that was not stopped means the rule did not fire as declared: the run's "
-                 "weights may be garbage. Stop the run (status `stopped` and a stop record) or rerun it.",
+                 "weights may be garbage. Stop the run (status `stopped` and a stop record) or rerun it. Other "
+                 "loss-like metrics and `grad_norm` are IV409's.",
          bad='metrics/control.jsonl: {"step": 3, "name": "train_loss", "value": NaN}   (control completed)',
          good='metrics/control.jsonl: {"step": 3, "name": "train_loss", "value": 2.31}'),
     Rule("IV405", Severity.ERROR, "accepted run under a declared threshold",
@@ -68,7 +70,9 @@ RULES = [
          explain="A NaN or infinite `loss`, `*_loss` or `grad_norm` means the updates went wrong and the weights "
                  "may be garbage. The Trainer hides a NaN step loss by default (logging_nan_inf_filter=True logs "
                  "the window's average instead) while `grad_norm` still shows NaN: a finite loss beside a NaN "
-                 "grad_norm is that masked NaN. Stop the run (status `stopped` and a stop record) or rerun it; "
+                 "grad_norm is that masked NaN. The run's metrics file is read, and the `log_history` of every "
+                 "trainer_state.json under the run's artifacts (where the Trainer keeps grad_norm even when the "
+                 "metrics file leaves it out). Stop the run (status `stopped` and a stop record) or rerun it; "
                  "train with logging_nan_inf_filter=False to see the loss itself. The metric a `nonfinite_loss` "
                  "rule names is IV404's, not reported here again. Under fp16 mixed precision (params `fp16: "
                  "true` or `mixed_precision: fp16`) a non-finite grad_norm is the loss scaler skipping an "
@@ -272,12 +276,15 @@ def _stops_agree_with_runs(package: Package) -> Iterator[Finding]:
         step = record.get("step") if isinstance(record.get("step"), int) and not isinstance(record.get("step"), bool) \
             else None
         scan = metrics_of(package, run)
-        logged = [point[0] for series in scan.series.values() for point in series] if scan is not None else []
-        inside = step is not None and logged and min(logged) <= step <= max(logged)
-        if step is not None and logged and not inside:
+        first = last = None
+        if scan is not None and scan.series:
+            first = min(point[0] for series in scan.series.values() for point in series)
+            last = max(point[0] for series in scan.series.values() for point in series)
+        inside = step is not None and first is not None and first <= step <= last
+        if step is not None and first is not None and not inside:
             yield Finding("IV408", STOPS, pointer=pointer_of(["stops", index, "step"]), run=run_id,
                           message=f"{who} is at step {step}, outside the steps {scan.path} logs "
-                                  f"({min(logged)}–{max(logged)}): give the step at which the rule fired")
+                                  f"({first}–{last}): give the step at which the rule fired")
         yield from _stop_time_in_run(index, who, record, run, run_id)
         rule = rules.get(record.get("rule"))
         if inside and rule is not None and rule.get("kind") == "below_threshold" \
@@ -321,48 +328,43 @@ def _floor_crossed(index: int, who: str, scan: readers.MetricsScan, step: int, r
                               f"deny the stop; give the rule and step that really stopped the run")
 
 
-def is_loss_like(name: str) -> bool:
-    """`loss`, `*_loss`, `grad_norm` (also under a logger's prefix: `train/loss`, `train/grad_norm`)."""
-    base = name.rsplit("/", 1)[-1].lower()
-    return base == "loss" or base.endswith("_loss") or base == "grad_norm" or base.endswith("_grad_norm")
-
-
-def _fp16_amp(package: Package, run: dict) -> bool:
-    ref = run.get("params")
-    rel = package.normalise_ref(ref) if isinstance(ref, str) else None
-    params = package.json_value(rel) if rel and package.is_file(rel) else None
-    return isinstance(params, dict) and (params.get("fp16") is True or params.get("mixed_precision") == "fp16")
-
-
 def _nonfinite_loss_like_in_unstopped_runs(package: Package) -> Iterator[Finding]:
-    watched = {metric for _, metric in watched_metrics(package)}  # IV404 reports those
+    watched = {metric for _, metric in watched_metrics(package)}  # IV404 reports those, in the metrics file
     records = stopped_by_record(package)
     for index, run, run_id in indexed_runs(package):
         if run.get("status") == "stopped" or run_id in records:
             continue
+        name = run_id or f"#{index}"
+        fp16 = _losses.fp16_amp(package, run)
         scan = metrics_of(package, run)
-        if scan is None:
-            continue
-        names = [name for name in sorted(scan.series) if is_loss_like(name) and name not in watched]
-        if any(name.lower().endswith("grad_norm") for name in names) and _fp16_amp(package, run):
-            # The fp16 loss scaler skips an overflowing step and lowers the scale: transient by design. A
-            # gradient norm still non-finite at the run's last logged step never recovered.
-            names = [name for name in names if not name.lower().endswith("grad_norm")
-                     or not math.isfinite(scan.last(name)[1])]
-        for metric in names:
-            bad = scan.nonfinite(metric)
-            if not bad:
+        reported = {metric for metric in watched if scan is not None and scan.nonfinite(metric)}  # IV404's
+        for metric in sorted(scan.series) if scan is not None else ():
+            bad = scan.nonfinite(metric) if _losses.is_loss_like(metric) and metric not in watched else []
+            if not bad or (fp16 and _losses.is_grad_norm(metric) and math.isfinite(scan.last(metric)[1])):
                 continue
+            reported.add(metric)
             step, value, line = bad[0]
-            more = f" ({len(bad)} non-finite values in all)" if len(bad) > 1 else ""
-            masked = ""
-            if metric.lower().endswith("grad_norm"):
-                masked = (": the step's loss was not finite either, even where the Trainer logged it finite "
-                          "(logging_nan_inf_filter=True logs the window's average instead)")
             yield Finding("IV409", scan.path, line=line, run=run_id,
-                          message=f"run {run_id or index}: {metric} is {_token(value)} at step {step}{more}"
-                                  f"{masked}, yet the run was not stopped: its weights may be garbage; mark the run "
-                                  f"stopped with a stop record, or rerun it with logging_nan_inf_filter=False")
+                          message=_nonfinite_message(name, metric, value, step, len(bad)))
+        # The Trainer's own log keeps what a metrics file written from it may have left out (grad_norm).
+        for logged in _losses.trainer_log_nonfinite(package, run_id) if run_id is not None else ():
+            if logged.metric in reported or (fp16 and _losses.is_grad_norm(logged.metric) and logged.last_finite):
+                continue
+            reported.add(logged.metric)
+            yield Finding("IV409", logged.path, pointer=logged.pointer, run=run_id,
+                          message=_nonfinite_message(name, logged.metric, logged.value, shown(logged.step),
+                                                     logged.count, source=f" in the Trainer's log ({logged.path})"))
+
+
+def _nonfinite_message(run: str, metric: str, value: float, step, count: int, source: str = "") -> str:
+    more = f" ({count} non-finite values in all)" if count > 1 else ""
+    masked = ""
+    if _losses.is_grad_norm(metric):
+        masked = (": the step's loss was not finite either, even where the Trainer logged it finite "
+                  "(logging_nan_inf_filter=True logs the window's average instead)")
+    return (f"run {run}: {metric} is {_token(value)} at step {step}{source}{more}{masked}, yet the run was not "
+            f"stopped: its weights may be garbage; mark the run stopped with a stop record, or rerun it with "
+            f"logging_nan_inf_filter=False")
 
 
 def _accepted_runs_log_the_watched_metric(package: Package) -> Iterator[Finding]:
@@ -378,7 +380,7 @@ def _accepted_runs_log_the_watched_metric(package: Package) -> Iterator[Finding]
         for rule_id, metric in watched:
             if metric in scan.series:
                 continue
-            logged = [n for n in sorted(scan.series) if is_loss_like(n)]
+            logged = [n for n in sorted(scan.series) if _losses.is_loss_like(n)]
             hint = (f" (it logs {', '.join(logged[:4])}: name the metric the runs log in the rule)" if logged
                     else "")
             yield Finding("IV410", scan.path, run=name,
