@@ -13,7 +13,8 @@ import zstandard
 
 from itera_verify.archive import (ArchiveReader, ArchiveWriter, Corrupt, NotZstd, SumsError, TooLarge, Truncated,
                                   format_sums, parse_sums, tar_header)
-from itera_verify.archive.reader import _number, parse_pax
+from itera_verify.archive.profile import OutsideProfile, octal
+from itera_verify.archive.reader import parse_pax
 from itera_verify.archive.writer import REGULAR, SYMLINK
 from itera_verify.archive.zstdframes import FrameError, FrameScanner
 
@@ -109,20 +110,23 @@ def test_a_file_of_8_gib_or_more_gets_a_pax_size_record():
     reader.close()
 
 
-def test_base256_size_field_is_read():
-    assert _number(b"\x80" + (9 << 30).to_bytes(11, "big"), "size") == 9 << 30
-    with pytest.raises(Corrupt):
-        _number(b"\xff" * 12, "size")
+def test_base256_numbers_are_outside_the_profile():
+    """The writer stores 8 GiB and more as a PAX size record, never in GNU base-256 (archive/profile.py)."""
+    assert octal(b"%011o\0" % (8 ** 11 - 1), "size", 0, "top/a") == 8 ** 11 - 1
+    for field in (b"\x80" + (9 << 30).to_bytes(11, "big"), b"\xff" * 12, b"\x000000000012", b" 0000000012\0",
+                  b"+0000000012\0", b"0_000000012\0"):
+        with pytest.raises(OutsideProfile):
+            octal(field, "size", 0, "top/a")
 
 
-def test_gnu_long_names_are_read():
+def test_gnu_long_names_are_refused_as_outside_the_profile():
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
         info = tarfile.TarInfo(LONG_NAME)
         info.size = 3
         tar.addfile(info, io.BytesIO(b"abc"))
-    got = read_archive(zstandard.ZstdCompressor().compress(buffer.getvalue()))
-    assert got == [(LONG_NAME, "file", 3, "", sha(b"abc"))]
+    with pytest.raises(OutsideProfile, match="GNU long name"):
+        read_archive(zstandard.ZstdCompressor().compress(buffer.getvalue()))
 
 
 def test_gnu_tar_lists_the_archive(tmp_path):

@@ -6,9 +6,12 @@ unsafe members are reported (IV703), every check runs again on the extracted pac
 --reload), and the result is compared with the recorded `SEAL/verification.json`.
 
 How a broken archive reads: a stream cut short is IV702 (the sealed members after the cut are missing); a
-corrupt stream, or a file that is not zstd at all, is IV701 (its bytes are not what was sealed); expanding past
---max-size is IV705. None of them is a traceback, and after any of them nothing is re-checked (a partial
-package would only produce noise). Default --max-size: 20 × the archive's size, at least 1 GiB — weight
+corrupt stream, or a file that is not zstd at all, is IV701 (its bytes are not what was sealed); a header
+outside the tar profile the seal writes (archive/profile.py: GNU tar could read other members than the audit
+does) is IV703, named after its member; expanding past --max-size is IV705. None of them is a traceback, and
+after any of them nothing is re-checked (a partial package would only produce noise). SEAL/ holds what the
+seal wrote and nothing else: any other member there is IV702, and every file there beside the two records is
+scanned for a pickle. Default --max-size: 20 × the archive's size, at least 1 GiB — weight
 shards expand about 1.3×, JSONL and text 5-10×, so a real package stays far below, while a bomb (thousands to
 one) is stopped after a bounded amount of work and disk.
 """
@@ -18,6 +21,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -36,7 +40,8 @@ from .verify_flow import build_report, check_package, check_processes
 
 GiB = 1 << 30
 SUMS, RECORD = "SEAL/SHA256SUMS", "SEAL/verification.json"
-STREAM_CODES = {"truncated": "IV702", "too-large": "IV705", "not-zstd": "IV701", "corrupt": "IV701"}
+STREAM_CODES = {"truncated": "IV702", "too-large": "IV705", "not-zstd": "IV701", "corrupt": "IV701",
+                "profile": "IV703"}
 
 
 def default_max_size(archive_bytes: int) -> int:
@@ -49,29 +54,34 @@ def audit(archive, *, reload: bool = False, max_size: int | None = None, device:
     """Audit a sealed archive. Raises UsageError (exit 2) when it cannot be read at all."""
     selection = selection or Selection()
     path = Path(archive)
-    if not path.exists():
-        raise UsageError(f"{archive}: no such file")
-    if path.is_dir():
-        raise UsageError(f"{archive}: is a folder (give the sealed .tar.zst archive)")
     resolved_device = None
     if reload:
         from .reload import resolve_device
 
         resolved_device = resolve_device(device)
-    size = path.stat().st_size
-    limit = max_size or default_max_size(size)
-    with termination_unwinds():
-        workdir = tempfile.mkdtemp(prefix="itera-audit-", dir=scratch_folder(path))  # mode 0700: private
-        try:
-            extraction = _extract(path, workdir, limit, progress, keep_prefix=None if reload else safetensors_header)
-            report = _recheck(path, workdir, extraction, selection, reload=reload, device=resolved_device,
-                              hf_cache=hf_cache, timeout=timeout, jobs=jobs, progress=progress)
-            archive_findings = _archive_findings(path, extraction, limit)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-    if extraction.error is not None or not extraction.archive_sha256:
-        # The stream failed before its end, so the reader hashed part of it: the whole file's digest all the same.
-        extraction.archive_sha256 = _file_sha256(path)
+    fd = open_archive(path)
+    try:
+        size = os.fstat(fd).st_size
+        limit = max_size or default_max_size(size)
+        with termination_unwinds():
+            folder = scratch_folder(path, fd)
+            workdir = tempfile.mkdtemp(prefix="itera-audit-", dir=folder)  # mode 0700: private
+            seal_side = tempfile.mkdtemp(prefix="itera-audit-seal-", dir=folder)  # SEAL/ extras, outside the tree
+            try:
+                extraction = _extract(path, fd, workdir, limit, progress, seal_side,
+                                      keep_prefix=None if reload else safetensors_header)
+                report = _recheck(path, size, workdir, extraction, selection, reload=reload,
+                                  device=resolved_device, hf_cache=hf_cache, timeout=timeout, jobs=jobs,
+                                  progress=progress)
+                archive_findings = _archive_findings(path, extraction, limit)
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+                shutil.rmtree(seal_side, ignore_errors=True)
+        if extraction.error is not None or not extraction.archive_sha256:
+            # The stream failed before its end, so the reader hashed part of it: the whole file's digest all the same.
+            extraction.archive_sha256 = _file_sha256(path, fd)
+    finally:
+        os.close(fd)
     archive_sha256 = extraction.archive_sha256
     report.archive = {"path": str(path), "sha256": archive_sha256, "bytes": size}
     report.audit["archive_sha256"] = archive_sha256
@@ -91,7 +101,32 @@ MEMORY_SCRATCH = Path("/dev/shm")
 SYSTEM_TEMP = ("/tmp", "/var/tmp", "/usr/tmp")
 
 
-def scratch_folder(archive: Path) -> str | None:
+def open_archive(path: Path) -> int:
+    """The archive, opened once for the whole audit: a regular file, or UsageError (exit 2). O_NONBLOCK, so a
+    fifo cannot block the open itself; the type is checked on the open descriptor (no swap in between)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except PermissionError:
+        raise UsageError(f"{path}: permission denied") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        what = ("is a folder (give the sealed .tar.zst archive)" if stat.S_ISDIR(mode) else
+                f"is {_FILE_TYPES.get(stat.S_IFMT(mode), 'not a regular file')}, not a sealed .tar.zst archive")
+        raise UsageError(f"{path}: {what}")
+    os.set_blocking(fd, True)
+    return fd
+
+
+_FILE_TYPES = {stat.S_IFIFO: "a fifo", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+               stat.S_IFSOCK: "a socket"}
+
+
+def scratch_folder(archive: Path, fd: int | None = None) -> str | None:
     """Where the private extraction folder goes; None: the temporary folder the user or system chose.
 
     Memory (/dev/shm) when nobody chose a temporary folder (no TMPDIR, TEMP or TMP; Python's default), every
@@ -104,8 +139,11 @@ def scratch_folder(archive: Path) -> str | None:
     if not MEMORY_SCRATCH.is_dir() or not os.access(MEMORY_SCRATCH, os.W_OK | os.X_OK):
         return None
     try:
-        with open(archive, "rb", buffering=0) as source:
-            declared = declared_content_size(source.fileno())
+        if fd is None:
+            with open(archive, "rb", buffering=0) as source:
+                declared = declared_content_size(source.fileno())
+        else:
+            declared = declared_content_size(fd)
         room = os.statvfs(MEMORY_SCRATCH)
     except OSError:
         return None
@@ -125,9 +163,10 @@ def _available_memory() -> int:
     return 0
 
 
-def _file_sha256(path: Path) -> str:
+def _file_sha256(path: Path, fd: int) -> str:
     try:
-        with open(path, "rb") as source:
+        with os.fdopen(os.dup(fd), "rb") as source:
+            source.seek(0)
             return hashlib.file_digest(source, "sha256").hexdigest()
     except OSError as exc:
         raise UsageError(f"{path}: cannot read ({exc.strerror or exc})") from exc
@@ -145,11 +184,13 @@ def safetensors_header(name: str, size: int, first_bytes: bytes) -> int | None:
     return 8 + header_length if header_length <= 100_000_000 else None
 
 
-def _extract(path: Path, workdir: str, limit: int, progress: Progress, keep_prefix=None) -> Extraction:
+def _extract(path: Path, fd: int, workdir: str, limit: int, progress: Progress, seal_side: str,
+             keep_prefix=None) -> Extraction:
     progress.start("audit", f"reading {path.name}", total=None, unit="B")
     try:
-        with open(path, "rb", buffering=0) as source:
-            return safe_extract(source, workdir, max_expanded=limit, keep_prefix=keep_prefix,
+        with os.fdopen(os.dup(fd), "rb", buffering=0) as source:
+            source.seek(0)
+            return safe_extract(source, workdir, max_expanded=limit, keep_prefix=keep_prefix, seal_side=seal_side,
                                 on_bytes=lambda n: progress.advance("audit", n))
     except PermissionError as exc:
         raise UsageError(f"{path}: permission denied") from exc
@@ -159,10 +200,10 @@ def _extract(path: Path, workdir: str, limit: int, progress: Progress, keep_pref
         progress.finish("audit")
 
 
-def _recheck(path: Path, workdir: str, extraction: Extraction, selection: Selection, *, reload: bool,
+def _recheck(path: Path, size: int, workdir: str, extraction: Extraction, selection: Selection, *, reload: bool,
              device: str | None, hf_cache, timeout: float, jobs: int, progress: Progress) -> Report:
     """Every check again on the extracted package; skipped when the stream itself failed."""
-    facts = {"archive": str(path), "archive_bytes": path.stat().st_size,
+    facts = {"archive": str(path), "archive_bytes": size,
              "archive_sha256": None,  # audit() fills it in
              "expanded_bytes": extraction.expanded_bytes, "members": extraction.members,
              "files": sum(1 for name in extraction.files if not name.startswith("SEAL/")),
@@ -196,15 +237,37 @@ def _recheck(path: Path, workdir: str, extraction: Extraction, selection: Select
 def _archive_findings(path: Path, extraction: Extraction, limit: int) -> list[Finding]:
     findings = [Finding("IV703", name, message=f"unsafe member: {why}; not extracted")
                 for name, why in extraction.refused]
+    findings += _seal_extra_findings(extraction)
     error = extraction.error
     if error is not None:
         what = {"too-large": f"the archive expands beyond {limit} bytes (--max-size); stopped there",
                 "truncated": f"the archive is truncated: {error}; the members after that point are missing",
-                "not-zstd": f"not a sealed archive: {error}"}.get(error.kind, f"the archive is corrupt: {error}")
-        findings.append(Finding(STREAM_CODES[error.kind], path.name, message=what))
+                "not-zstd": f"not a sealed archive: {error}",
+                "profile": f"outside the tar profile the seal writes: {error}; GNU tar may extract other "
+                           "members than the audit reads, so the whole archive is refused and nothing re-checked"
+                }.get(error.kind, f"the archive is corrupt: {error}")
+        findings.append(Finding(STREAM_CODES[error.kind], getattr(error, "member", "") or path.name, message=what))
         return findings
     findings += _detached_checksum(path, extraction)
     findings += _sums_findings(extraction)
+    return findings
+
+
+def _seal_extra_findings(extraction: Extraction) -> list[Finding]:
+    """IV702 for a SEAL/ member the seal never writes (never trusted, whatever SHA256SUMS lists); every SEAL/
+    file other than the two records was written aside and is scanned: a pickle there is named."""
+    from .pickles import scan_file
+
+    top = extraction.top
+    findings = [Finding("IV702", name, message=f"SEAL/ holds {what}: only SHA256SUMS, verification.json and "
+                                               "report.html are the seal's; not trusted")
+                for name, what in extraction.seal_extras]
+    for rel, side in sorted(extraction.seal_side.items()):
+        scan = scan_file(side)
+        if scan.is_pickle:
+            findings.append(Finding("IV702", f"{top}/{rel}", message=f"a pickle inside SEAL/, which {scan.refusal()}"
+                                    if scan.unsafe or scan.error else "a pickle inside SEAL/, where the seal "
+                                    "writes none"))
     return findings
 
 
@@ -232,7 +295,8 @@ def _sums_findings(extraction: Extraction) -> list[Finding]:
                         message=f"SEAL/SHA256SUMS is malformed: {exc}")]
     top = extraction.top
     refused = {name.split("/", 1)[-1] for name, _ in extraction.refused}
-    present = {name: digest for name, digest in extraction.files.items() if name != SUMS}
+    extras = {name.split("/", 1)[-1] for name, _ in extraction.seal_extras}  # IV702 already, listed or not
+    present = {name: digest for name, digest in extraction.files.items() if name != SUMS and name not in extras}
     findings = []
     for name in sorted(listed):
         if name in present:

@@ -9,9 +9,11 @@ workflow turns them into findings. Defences:
 - links: a symlink whose target is absolute or climbs out of the top folder is refused; once everything is
   extracted each symlink is resolved for real and removed if it lands outside (chains of inside-looking links);
   a hard link must name a regular file extracted earlier, and is made with descriptors too;
-- devices, fifos, unknown member types, links or folders announcing data, names seen twice: refused;
-- the top folder's `SEAL/` is never written to disk: SHA256SUMS and verification.json are kept in memory
-  (bounded), other SEAL/ members are hashed only, so the extracted tree is the package as it was sealed.
+- devices, fifos, names seen twice, names with empty or `.` components: refused (the reader has already
+  refused every header outside the seal's profile, archive/profile.py, and the whole stream with it);
+- the top folder's `SEAL/` is never written into the tree: SHA256SUMS and verification.json are kept in memory
+  (bounded); any other SEAL/ file is hashed and, when the caller gives a `seal_side` folder, written there
+  (outside the tree) so it can be scanned; the extracted tree is the package as it was sealed.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from .reader import ArchiveReader, Member
 
 SEAL_PREFIX = "SEAL/"
 KEPT = {"SEAL/SHA256SUMS": 64 << 20, "SEAL/verification.json": 64 << 20}
+SEAL_WRITTEN = {*KEPT, "SEAL/report.html"}  # every SEAL/ member the seal writes (verify_flow.py hands them over)
 
 
 @dataclass
@@ -32,6 +35,8 @@ class Extraction:
     top: str | None = None
     files: dict[str, str] = field(default_factory=dict)  # name under the top folder -> sha256 (regular files)
     seal_files: dict[str, bytes] = field(default_factory=dict)  # kept SEAL/ members
+    seal_side: dict[str, str] = field(default_factory=dict)  # other SEAL/ files -> where they were written
+    seal_extras: list[tuple[str, str]] = field(default_factory=list)  # (SEAL/ member the seal never writes, what)
     refused: list[tuple[str, str]] = field(default_factory=list)  # (member name, why)
     members: int = 0
     error: ArchiveError | None = None
@@ -46,11 +51,13 @@ def member_parts(name: str) -> list[str] | str:
         return "a NUL byte in the name"
     if name.startswith("/"):
         return "an absolute name"
-    parts = [p for p in name.split("/") if p not in ("", ".")]
+    parts = (name[:-1] if name.endswith("/") else name).split("/")  # only a directory ends in / (the reader)
     if ".." in parts:
         return "`..` in the name"
-    if not parts:
+    if parts == [""]:
         return "an empty name"
+    if "" in parts or "." in parts:
+        return "a name with empty or `.` components (the seal writes none; tools resolve them differently)"
     return parts
 
 
@@ -124,8 +131,9 @@ KeepPrefix = Callable[[str, int, bytes], "int | None"]
 
 class _Extractor:
     def __init__(self, root: str, result: Extraction, on_bytes: Callable[[int], None],
-                 keep_prefix: KeepPrefix | None = None):
+                 keep_prefix: KeepPrefix | None = None, seal_side: str | None = None):
         self.tree = _Tree(root)
+        self.seal_side = seal_side
         self.root = root
         self.result = result
         self.on_bytes = on_bytes
@@ -215,18 +223,34 @@ class _Extractor:
         self.refuse(member, what.get(member.kind, f"an unsupported member type {member.typeflag!r}"))
 
     def _seal_member(self, reader: ArchiveReader, member: Member, rel: str) -> None:
-        if member.kind == "directory":
+        if rel == "SEAL" and member.kind == "directory":
             return
-        if member.kind != "file":
+        if member.kind not in ("file", "directory"):
             return self.refuse(member, f"a {member.kind} inside SEAL/")
+        if rel not in SEAL_WRITTEN:
+            # Never trusted, whatever SHA256SUMS says; still hashed (and scanned by the caller) below.
+            self.result.seal_extras.append((member.name, f"a {member.kind} the seal never writes"))
+            if member.kind == "directory":
+                return
         limit = KEPT.get(rel)
         if limit is not None and member.size > limit:
             return self.refuse(member, f"{member.size} bytes, more than a seal record can be ({limit})")
-        digest, kept = hashlib.sha256(), []
-        for piece in reader.data(member):
-            digest.update(piece)
-            if limit is not None:
-                kept.append(bytes(piece))
+        digest, kept, fd = hashlib.sha256(), [], None
+        if limit is None and self.seal_side is not None:
+            side = os.path.join(self.seal_side, f"{len(self.result.seal_side)}-{rel.rsplit('/', 1)[-1]}"[:200])
+            fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            self.result.seal_side[rel] = side
+        try:
+            for piece in reader.data(member):
+                digest.update(piece)
+                if limit is not None:
+                    kept.append(bytes(piece))
+                elif fd is not None:
+                    _write_all(fd, piece)
+                self.on_bytes(len(piece))
+        finally:
+            if fd is not None:
+                os.close(fd)
         self.result.files[rel] = digest.hexdigest()
         if limit is not None:
             self.result.seal_files[rel] = b"".join(kept)
@@ -249,13 +273,14 @@ def _within(path: str, top: str) -> bool:
 
 def safe_extract(fileobj, root: str, *, max_expanded: int | None,
                  on_bytes: Callable[[int], None] = lambda n: None, keep_prefix: KeepPrefix | None = None,
-                 hash_archive: bool = True) -> Extraction:
+                 hash_archive: bool = True, seal_side: str | None = None) -> Extraction:
     """Extract into `root` (an empty private folder). Never raises for a bad archive: see Extraction.error.
 
     `keep_prefix` lets the caller write only the leading bytes of members it will not read in full;
-    `hash_archive=False` leaves the archive's own SHA-256 to the caller (archive_sha256 stays "")."""
+    `hash_archive=False` leaves the archive's own SHA-256 to the caller (archive_sha256 stays "");
+    `seal_side`: an empty private folder outside `root` for the SEAL/ files other than the two records."""
     result = Extraction()
-    extractor = _Extractor(root, result, on_bytes, keep_prefix)
+    extractor = _Extractor(root, result, on_bytes, keep_prefix, seal_side)
     reader = None
     try:
         reader = ArchiveReader(fileobj, max_expanded=max_expanded, frames="scan", hash_archive=hash_archive)

@@ -6,7 +6,9 @@ decompresses into a small pool of buffers (counting the expanded bytes against a
 bomb costs a bounded amount of work and memory), and the caller parses tar headers and receives member data
 as views into those buffers. When the frame boundaries are known (the seal's own archive) or found by walking
 the frame headers (a regular file), frames are decompressed in parallel instead (parallel.py). Headers are
-parsed here (ustar, GNU long names, PAX records); sizes are never trusted beyond what the stream delivers.
+parsed here, in the one profile the seal writes and GNU tar reads the same way (profile.py: ustar and PAX
+records; no GNU long names, global headers or sparse members); sizes are never trusted beyond what the stream
+delivers.
 Every problem is an ArchiveError, never a bare library exception.
 """
 from __future__ import annotations
@@ -22,23 +24,27 @@ from typing import Iterator
 
 import zstandard
 
+from . import profile
 from .errors import ArchiveError, Corrupt, NotZstd, TooLarge, Truncated  # noqa: F401 (ArchiveError re-exported)
 from .parallel import FrameParallelExpanded
+from .profile import OutsideProfile, parse_pax  # noqa: F401 (parse_pax re-exported)
 from .zstdframes import FrameError, FrameScanner, frame_table
 
 BLOCK = 512
 RAW_CHUNK = 1 << 20
 CHUNK = 2 << 20
-MAX_META = 1 << 20  # a PAX record set or GNU long name larger than this is not a real archive
+MAX_META = 1 << 20  # a PAX record set larger than this is not a real archive
 
-KINDS = {b"0": "file", b"\0": "file", b"7": "file", b"1": "hardlink", b"2": "symlink", b"3": "char-device",
-         b"4": "block-device", b"5": "directory", b"6": "fifo"}
+
+
+def _text(field: bytes) -> str:
+    return field.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
 
 
 @dataclass
 class Member:
     name: str
-    kind: str  # file | directory | symlink | hardlink | fifo | char-device | block-device | other
+    kind: str  # file | directory | symlink | hardlink | fifo | char-device | block-device (profile.MEMBER_KINDS)
     size: int
     mode: int
     mtime: int
@@ -191,54 +197,7 @@ def _scan(fileobj) -> list[tuple[int, int]] | None:
         raise {"not-zstd": NotZstd, "truncated": Truncated}.get(exc.kind, Corrupt)(str(exc)) from None
 
 
-# ---- stage 3: tar ----------------------------------------------------------------------------------------
-def _number(field: bytes, what: str) -> int:
-    if field and field[0] & 0x80:  # GNU base-256: the only way to store 8 GiB and more without PAX
-        if field[0] == 0xFF:
-            raise Corrupt(f"negative {what} in a tar header")
-        return int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
-    text = field.split(b"\0", 1)[0].strip(b" ")
-    if not text:
-        return 0
-    try:
-        return int(text, 8)
-    except ValueError:
-        raise Corrupt(f"invalid {what} {text[:20]!r} in a tar header") from None
-
-
-def _text(field: bytes) -> str:
-    return field.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-
-
-def _checksum_ok(header: bytes) -> bool:
-    stored = _number(header[148:156], "header checksum")
-    unsigned = sum(header[:148]) + 256 + sum(header[156:])
-    if stored == unsigned:
-        return True
-    # Old tars summed signed bytes (b - 256 above 127); worked out only when needed (a Python loop per header
-    # adds up over 20,000 members).
-    signed = unsigned - 256 * sum(1 for b in header[:148] + header[156:] if b > 127)
-    return stored == signed
-
-
-def parse_pax(data: bytes) -> dict[str, str]:
-    """PAX records `<length> <key>=<value>\\n`; malformed records are corruption, not guesses."""
-    records: dict[str, str] = {}
-    pos = 0
-    while pos < len(data):
-        if data[pos:].strip(b"\0") == b"":
-            break
-        space = data.find(b" ", pos, pos + 21)
-        if space < 0 or not data[pos:space].isdigit():
-            raise Corrupt("malformed PAX record")
-        length = int(data[pos:space])
-        record = data[space + 1: pos + length]
-        if length <= space - pos or pos + length > len(data) or not record.endswith(b"\n") or b"=" not in record:
-            raise Corrupt("malformed PAX record")
-        key, _, value = record[:-1].partition(b"=")
-        records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
-        pos += length
-    return records
+# ---- stage 3: tar (the profile: profile.py) --------------------------------------------------------------
 
 
 class ArchiveReader:
@@ -248,6 +207,7 @@ class ArchiveReader:
     reading back what it wrote), or "scan" to find them by walking the frame and block headers of a regular
     file (the audit): several frames are then decompressed on several threads. Without, or for a single
     frame, one sequential pass. `hash_archive=False`: the caller hashes the file itself (archive_sha256 is "").
+    Only the seal's own tar profile is read (profile.py): anything else raises OutsideProfile.
     Raises ArchiveError (from the constructor for a malformed frame structure)."""
 
     def __init__(self, fileobj, *, max_expanded: int | None = None,
@@ -298,7 +258,7 @@ class ArchiveReader:
 
     # ---- members ---------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Member]:
-        overrides: dict[str, str] = {}
+        records: dict[str, str] | None = None  # the PAX records of the header just read, for the next member
         while True:
             if self._unread:
                 self._skip(self._unread, "a member's data")
@@ -306,52 +266,66 @@ class ArchiveReader:
             offset = self._position
             header = self._read_exact(BLOCK, "a tar header")
             if header == bytes(BLOCK):
+                if records is not None:
+                    raise OutsideProfile("an extended header followed by the end of the archive",
+                                         records.get("path", ""), offset)
                 self._finish()
                 return
-            if not _checksum_ok(header):
-                raise Corrupt(f"bad tar header checksum at offset {offset}")
-            typeflag = header[156:157]
-            size = _number(header[124:136], "size")
-            if typeflag in (b"x", b"g", b"L", b"K"):
-                overrides.update(self._meta(typeflag, size))
+            try:
+                typeflag, size = profile.check_block(header, offset)
+            except OutsideProfile as exc:
+                if exc.member.startswith("././@"):  # an extended header or long name: name the member it is for
+                    exc.member = self._next_name(header)
+                raise
+            if typeflag == profile.PAX:
+                if records is not None:  # GNU tar and other readers keep different ones of the two
+                    raise OutsideProfile("two extended headers in a row", records.get("path", "") or
+                                         _text(header[0:100]), offset)
+                records = self._pax(size, offset)
                 continue
-            member = self._member(header, typeflag, size, overrides, offset)
-            overrides = {}
-            has_data = member.kind == "file" or member.kind == "other"
-            self._data_left = member.size if has_data else 0
+            member = self._member(header, typeflag, size, records or {}, offset)
+            records = None
+            self._data_left = member.size if member.kind == "file" else 0
             self._unread = self._data_left + (-self._data_left % BLOCK)
             self.members += 1
             yield member
 
-    def _meta(self, typeflag: bytes, size: int) -> dict[str, str]:
+    def _pax(self, size: int, offset: int) -> dict[str, str]:
         if size > MAX_META:
             raise Corrupt(f"a {size}-byte tar extended header (more than {MAX_META})")
         data = self._read_exact(size, "an extended header")
         self._skip(-size % BLOCK, "an extended header")
-        if typeflag == b"x":
-            return parse_pax(data)
-        if typeflag == b"g":
-            parse_pax(data)  # validated, then ignored: global records must not rename members
-            return {}
-        value = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-        return {"path" if typeflag == b"L" else "linkpath": value}
+        try:
+            return profile.parse_pax(data, offset)
+        except OutsideProfile as exc:
+            if not exc.member:
+                exc.member = self._next_name()
+            raise
+
+    def _next_name(self, header: bytes | None = None) -> str:
+        """The name field of the next header (after `header`'s data when given): the member a refused extended
+        header or long name was for. Best effort, only to name it in the finding."""
+        try:
+            if header is not None:
+                size = int(header[124:136].rstrip(b"\0 ") or b"0", 8)
+                if size > MAX_META:
+                    return _text(header[0:100])
+                self._skip(size + (-size % BLOCK), "an extended header")
+            return _text(self._read_exact(BLOCK, "a tar header")[0:100])
+        except (ArchiveError, ValueError):
+            return _text(header[0:100]) if header is not None else ""
 
     @staticmethod
-    def _member(header: bytes, typeflag: bytes, size: int, overrides: dict[str, str], offset: int) -> Member:
-        name = _text(header[0:100])
-        if header[257:263] == b"ustar\0" and header[345] != 0:  # POSIX ustar prefix (GNU uses it otherwise)
-            name = _text(header[345:500]) + "/" + name
-        name = overrides.get("path", name)
-        linkname = overrides.get("linkpath", _text(header[157:257]))
-        if "size" in overrides:
-            if not overrides["size"].isdigit():
-                raise Corrupt(f"invalid PAX size {overrides['size'][:20]!r}")
-            size = int(overrides["size"])
-        kind = KINDS.get(typeflag, "other")
-        if typeflag == b"\0" and name.endswith("/"):
-            kind = "directory"
-        mode = _number(header[100:108], "mode") & 0o7777
-        mtime = _number(header[136:148], "mtime")
+    def _member(header: bytes, typeflag: bytes, size: int, records: dict[str, str], offset: int) -> Member:
+        header_name = _text(header[0:100])
+        name = records.get("path") or profile.text(header[0:100], "name", offset, header_name)
+        linkname = records.get("linkpath") or profile.text(header[157:257], "link name", offset, name)
+        if "size" in records:
+            size = int(records["size"])
+        kind = profile.MEMBER_KINDS[typeflag]
+        profile.check_member(kind, name, size, linkname, records, offset)
+        mode = int(header[100:108].rstrip(b"\0 "), 8) & 0o7777
+        mtime = int(records["mtime"]) if "mtime" in records else int(header[136:148].rstrip(b"\0 "), 8)
         return Member(name, kind, size, mode, mtime, linkname, typeflag, offset)
 
     def data(self, member: Member) -> Iterator[memoryview]:

@@ -1,0 +1,132 @@
+"""The differential against GNU tar 1.34: raw tar streams built from header pieces in and outside the seal's
+profile (archive/profile.py); whenever the audit's extraction accepts a stream whole, GNU tar must list the
+same members and extract the same tree, byte for byte. Used by tests/test_tar_differential.py (a bounded
+number of examples) and by `make fuzz` (tests/fuzz/properties.py registers it)."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from hypothesis import strategies as st
+
+from tests import tar_forms as tf
+
+TOP = "top"
+NAMES = [f"{TOP}/a.txt", f"{TOP}/b/c.json", f"{TOP}/b/", f"{TOP}/SEAL/SHA256SUMS", f"{TOP}/SEAL/zz", f"{TOP}/d/",
+         f"{TOP}/" + "long-folder/" * 9 + "weights.safetensors", f"{TOP}/é/ünï.txt", f"{TOP}/bad\udcff.bin",
+         f"{TOP}/" + "x" * 95 + "/y" * 4, f"{TOP}/e/./f", f"{TOP}//g", f"{TOP}/h/", "other/x", f"{TOP}/b/c.json/"]
+TYPEFLAGS = [b"0", b"0", b"0", b"5", b"2", b"1", b"\0", b"7", b"S", b"D", b"M", b"V", b"X", b"6", b"A"]
+PAX_RECORDS = [("path", None), ("linkpath", None), ("size", "3"), ("size", "0"), ("mtime", "1700000000"),
+               ("mtime", "-1"), ("hdrcharset", "BINARY"), ("GNU.sparse.name", None), ("GNU.sparse.size", "7"),
+               ("comment", "hello"), ("atime", "1"), ("uid", "0"), ("path", ""), ("size", "3 "),
+               ("SCHILY.xattr.user.x", "y")]
+
+
+def _name(draw) -> str:
+    return draw(st.sampled_from(NAMES))
+
+
+@st.composite
+def _piece(draw, depth: int = 0) -> bytes:
+    kind = draw(st.sampled_from(["file", "file", "file", "dir", "symlink", "hardlink", "raw", "pax", "pax",
+                                 "global", "long", "nested"] if depth == 0 else ["file", "dir", "raw"]))
+    name = _name(draw)
+    data = draw(st.sampled_from([b"", b"abc", b"x" * 700, b"\x80\x02}q\x00."]))
+    if kind == "file":
+        return tf.regular(name.rstrip("/") if draw(st.booleans()) else name, data)
+    if kind == "dir":
+        return tf.header(name.encode("utf-8", "surrogateescape"), b"5", mode=0o755)
+    if kind == "symlink":
+        return tf.header(name.rstrip("/").encode("utf-8", "surrogateescape"), b"2", mode=0o777,
+                         linkname=draw(st.sampled_from([b"a.txt", b"../a.txt", b"b", b"", b"/etc"])))
+    if kind == "hardlink":
+        return tf.header(name.rstrip("/").encode("utf-8", "surrogateescape"), b"1",
+                         linkname=draw(st.sampled_from([f"{TOP}/a.txt", f"{TOP}/b/c.json", "top/zz"])).encode())
+    if kind == "raw":  # one header with a field outside the profile, and maybe data after it
+        typeflag = draw(st.sampled_from(TYPEFLAGS))
+        size_field = draw(st.sampled_from([None, None, b"\x00" + b"%010o\0" % len(data), b" %010o\0" % len(data),
+                                           b"\x80" + len(data).to_bytes(11, "big"), b"%011o " % len(data)]))
+        magic = draw(st.sampled_from([b"ustar\x0000", b"ustar\x0000", b"ustar  \0", bytes(8)]))
+        prefix = draw(st.sampled_from([b"", b"", f"{TOP}/p".encode()]))
+        block = tf.header(name.encode("utf-8", "surrogateescape"), typeflag, size=len(data), magic=magic,
+                          prefix=prefix, size_field=size_field, mode=0o644)
+        return block + tf.padded(data if draw(st.booleans()) else b"")
+    if kind in ("pax", "global"):
+        records = []
+        for key, value in draw(st.lists(st.sampled_from(PAX_RECORDS), min_size=1, max_size=3)):
+            records.append((key, _name(draw) if value is None else value))
+        return tf.extended(records, b"x" if kind == "pax" else b"g")
+    if kind == "long":
+        return tf.gnu_long(_name(draw), draw(st.sampled_from([b"L", b"K"])))
+    inner = b"".join(draw(st.lists(_piece(depth + 1), min_size=1, max_size=2)))  # headers hidden as data
+    return tf.regular(name, inner)
+
+
+@st.composite
+def tar_streams(draw) -> bytes:
+    """A tar.zst: a top folder, then pieces (mostly in profile, some not), then maybe the end blocks."""
+    pieces = [tf.header(f"{TOP}/".encode(), b"5", mode=0o755)] + draw(st.lists(_piece(), max_size=6))
+    tail = draw(st.sampled_from([tf.END, tf.END, tf.END, tf.END + bytes(512 * 18), b"", tf.BLOCK * b"\0"]))
+    return tf.zst(b"".join(pieces) + tail)
+
+
+def audit_view(archive: Path, work: Path) -> tuple[list[str], dict[str, tuple]] | None:
+    """What the audit's extraction accepts: (member names in order, the extracted tree), or None when it
+    refuses anything (a stream error, a refused member, a SEAL/ member the seal never writes)."""
+    from itera_verify.archive import ArchiveError, ArchiveReader
+    from itera_verify.archive.extract import safe_extract
+
+    root, side = work / "ours", work / "seal-side"
+    root.mkdir()
+    side.mkdir()
+    with open(archive, "rb") as source:
+        extraction = safe_extract(source, str(root), max_expanded=64 << 20, seal_side=str(side))
+    if extraction.error is not None or extraction.refused or extraction.seal_extras:
+        return None
+    view = tf.tree(root)
+    for rel, digest in extraction.files.items():
+        if rel.startswith("SEAL/"):  # kept aside, never written into the tree: GNU tar writes them in place
+            view[f"{extraction.top}/{rel}"] = ("file", digest)
+    try:
+        with open(archive, "rb") as source, ArchiveReader(source) as reader:
+            names = [member.name for member in reader]
+    except ArchiveError as error:  # extraction accepted what the reader alone refuses: a bug in itself
+        raise AssertionError(f"the reader refuses what the extraction accepted: {error}") from None
+    return names, view
+
+
+def compare_with_gnu(archive: Path, work: Path) -> bool:
+    """Assert that what the audit accepts GNU tar lists and extracts the same way. Returns whether the audit
+    accepted the archive (False: refused, nothing to compare)."""
+    ours = audit_view(archive, work)
+    if ours is None:
+        return False
+    names, view = ours
+    listed_rc, listed = tf.gnu_listing(archive)
+    extract_rc = tf.gnu_extract(archive, work / "gnu")
+    assert listed_rc == 0 and extract_rc == 0, f"GNU tar failed (list {listed_rc}, extract {extract_rc})"
+    if not any("\n" in name for name in names):
+        assert listed == names, f"GNU tar lists {listed}, the audit read {names}"
+    gnu_view = tf.tree(work / "gnu")
+    if names:  # the folder itself: the audit keeps SEAL/ out of its tree
+        gnu_view.pop(names[0].split("/")[0] + "/SEAL", None)
+    differ = sorted(set(gnu_view.items()) ^ set(view.items()))
+    assert not differ, f"GNU tar and the audit differ on {differ[:6]}"
+    return True
+
+
+def differential_property(ws, data: bytes) -> None:
+    """`make fuzz`: one generated tar.zst, compared with GNU tar when the audit accepts it."""
+    work = Path(tempfile.mkdtemp(prefix="tar-differential-", dir=getattr(ws, "scratch", None)))
+    try:
+        archive = work / "a.tar.zst"
+        archive.write_bytes(data)
+        compare_with_gnu(archive, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def available() -> bool:
+    return os.access(tf.TAR, os.X_OK) and shutil.which("zstd") is not None
