@@ -131,3 +131,10 @@ def test_one_hub_cache_holds_the_bert_base_beside_another(built_classifier, tmp_
         "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
     assert json.loads((snapshot / "config.json").read_text())["architectures"] == ["BertModel"]
     assert BERT_MODEL == "itera-fixtures/tiny-bert"
+
+
+def test_num_labels_that_is_not_a_positive_integer_is_a_schema_finding(classifier_dir):
+    edit_json(classifier_dir, "reload.json", lambda doc: doc["artifacts"]["lora-r8-adapter"].update(num_labels=0))
+    done = run_cli(classifier_dir, "--no-reload", "--no-seal", "--format", "json")
+    findings = json.loads(done.stdout)["findings"]
+    assert [(f["code"], f["path"]) for f in findings] == [("IV105", "reload.json")], findings
