@@ -304,7 +304,7 @@ def _sums_findings(extraction: Extraction) -> list[Finding]:
                 findings.append(Finding("IV701", f"{top}/{name}", message=(
                     f"content differs from SEAL/SHA256SUMS (sha256 {present[name][:12]}…, "
                     f"listed {listed[name][:12]}…)")))
-        elif name not in refused:
+        elif name not in refused and name not in extras:
             findings.append(Finding("IV702", f"{top}/{name}",
                                     message="listed in SEAL/SHA256SUMS but missing from the archive"))
     for name in sorted(set(present) - set(listed)):
