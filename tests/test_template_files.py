@@ -78,3 +78,9 @@ def test_template_stops_and_reload_files_are_valid_as_written(tmp_path):
     write_template(tmp_path / "c")
     paths = {f.path for f in only(static_findings(tmp_path / "c"), "IV107")}
     assert "stops.json" not in paths and "reload.json" not in paths
+
+
+def test_an_edited_guide_still_named_as_the_template_is_IV107(package_dir):
+    write_text(package_dir, TEMPLATE_README, README.replace("delete this file before sealing", "our notes"))
+    (finding,) = only(static_findings(package_dir), "IV107")
+    assert finding.path == TEMPLATE_README and "rename it README.md" in finding.message

@@ -13,7 +13,7 @@ from typing import Iterator
 
 from ..model import Finding, Rule, Severity
 from ..package import MANIFEST, Package
-from ..template import (LEGACY_READMES, README, document_bytes, template_files, template_params,
+from ..template import (LEGACY_READMES, README, TEMPLATE_README, document_bytes, template_files, template_params,
                         template_run_ids)
 
 RULES = [
@@ -22,7 +22,8 @@ RULES = [
                  "`<...>` placeholders. A file still byte for byte as init wrote it says nothing about this "
                  "campaign: the guide describes the template, a params file holds no parameter. Sealed, it "
                  "tells the reviewer the package was never finished. Delete the guide (or replace it by the "
-                 "campaign's own README.md) and fill in the documents. stops.json's `{\"stops\": []}` and a "
+                 "campaign's own README.md) and fill in the documents; an edited guide still named "
+                 "TEMPLATE-README.md is reported too (rename it README.md). stops.json's `{\"stops\": []}` and a "
                  "reload.json that fits the artifacts are valid as init wrote them and are not reported.",
          bad="TEMPLATE-README.md   (# itera-verify init template: delete this file before sealing)",
          good="README.md   (# reviews-lora-2026-11: does a LoRA r=16 variant reach macro-F1 >= 0.80?)"),
@@ -59,6 +60,7 @@ def _manifest_template(campaign_id: str) -> tuple[int, str]:
 
 def check(package: Package) -> Iterator[Finding]:
     known, sizes = _fixed_template_files()
+    unchanged: set[str] = set()
     # Only a file of a template file's size can be one: most packages hash nothing here.
     for rel, entry in package.files.items():
         if rel == MANIFEST or entry.size not in sizes:
@@ -66,6 +68,12 @@ def check(package: Package) -> Iterator[Finding]:
         meaning = known.get(package.sha256(rel))
         if meaning is not None:
             yield Finding("IV107", rel, message=f"{rel} is {meaning[0]}, unchanged: {meaning[1]}")
+            unchanged.add(rel)
+    if TEMPLATE_README in package.files and TEMPLATE_README not in unchanged:
+        # Edited, but still under the name that tells a reviewer it is the template's guide.
+        yield Finding("IV107", TEMPLATE_README,
+                      message=f"{TEMPLATE_README} is the name of the guide `itera-verify init` writes: rename it "
+                              f"README.md if it now describes this campaign, or delete it, before sealing")
     yield from _unchanged_manifest(package)
 
 
