@@ -40,7 +40,7 @@ from .archive.publish import (fsync_folder, partial_path, publish, read_back, re
                               write_checksum_file)
 from .forked import SIGNAL_POLL_SECONDS
 from .model import Finding, UsageError
-from .package import Package
+from .package import Package, inside_package
 from .progress import NULL_PROGRESS, Progress
 
 SEAL_DIR = "SEAL"
@@ -129,9 +129,7 @@ def _check_destination(package: Package, destination: Path, overwrite: bool) -> 
     folder = destination.parent
     if not folder.is_dir():
         raise UsageError(f"{folder}: no such folder for the archive")
-    root = os.path.realpath(package.root)
-    real_folder = os.path.realpath(folder)
-    if real_folder == root or real_folder.startswith(root.rstrip(os.sep) + os.sep):
+    if inside_package(package.root, folder):  # the guard --report uses too
         raise UsageError(f"{destination}: the archive cannot be written inside the package folder")
     if destination.is_dir():
         raise UsageError(f"{destination}: is a folder")
