@@ -21,7 +21,7 @@ from ..files import open_binary
 from .allowlist import ALLOWED_GLOBALS, INERT_CONFIG, INERT_CONFIG_FILES, is_allowed
 from .containers import NPY_MAGIC, ZIP_MAGIC, from_head, scan_container
 from .opcodes import MAX_ARGUMENT, MAX_LINE, scan_stream
-from .zips import AmbiguousZip
+from .zips import AmbiguousZip, read_layout
 
 __all__ = ["ALLOWED_GLOBALS", "INERT_CONFIG", "INERT_CONFIG_FILES", "MAX_ARGUMENT", "MAX_LINE", "NPY_MAGIC",
            "PICKLE_EXTENSIONS", "SCAN_SETTING", "SNIFF_BYTES", "ZIP_MAGIC", "ScanResult", "category_of",
@@ -131,6 +131,8 @@ def scan_file(path: str | os.PathLike) -> ScanResult:
             size = os.stat(path).st_size
             with open_binary(path) as fh:
                 result.is_pickle, result.error = scan_container(fh, size, Path(path).name, found, named=named)
+                if not result.is_pickle and kind != "zip":
+                    _refuse_hidden_zip(fh, size)
     except AmbiguousZip as exc:
         # Two readers could see two archives: whatever either would unpickle is unknown. Never loadable.
         result.is_pickle, result.error = True, f"ambiguous zip archive: {exc}"
@@ -142,6 +144,14 @@ def scan_file(path: str | os.PathLike) -> ScanResult:
     result.globals = found
     result.unsafe = sorted(g for g in found if not is_allowed(g, result.category))
     return result
+
+
+def _refuse_hidden_zip(fh, size: int) -> None:
+    """A zip behind leading bytes: zipfile finds it (it shifts every offset by them), so AmbiguousZip."""
+    window = min(size, 22 + 0xFFFF)
+    fh.seek(size - window)
+    if b"PK\x05\x06" in fh.read(window):
+        read_layout(fh, size)  # raises: the first local header is not at offset 0
 
 
 def _is_safetensors_file(path) -> bool:

@@ -74,7 +74,7 @@ def _decompressor(kind: str, raw):
     if kind == "zstd":
         import zstandard
 
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True))
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=False))
     return io.BufferedReader(_ZlibReader(raw))
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pickletools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAX_ARGUMENT = 1 << 30  # one opcode argument larger than this is not read: the stream is unscannable
 MAX_LINE = 64 << 20  # likewise for a protocol-0 text argument
@@ -25,12 +25,16 @@ _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
 IMPORTABLE = re.compile(rf"{_IDENTIFIER}\.[A-Za-z_][A-Za-z0-9_]*")  # module.name as find_class could resolve
 
 
+MAX_STRINGS_KEPT = 1 << 20
+
+
 @dataclass
 class Stream:
     """What one complete stream held, for recognising torch's legacy layout without unpickling it."""
     values: int = 0  # opcodes other than framing and memo bookkeeping
     first_int: int | None = None  # the first value's integer, when it is one (the legacy magic number)
-    strings: int = 0  # strings pushed (the legacy storage-key list is a list of strings)
+    strings: list[str] = field(default_factory=list)  # strings pushed (the legacy storage-key list)
+    storage_types: dict[str, str] = field(default_factory=dict)  # legacy ('storage', type, key, ...) ids
 
 
 class _Global(str):
@@ -86,13 +90,22 @@ def scan_stream(stream, found: set[str]) -> Stream:
                 found.add(f"{module}.{attr}")
             elif name in _EXT:
                 found.add(f"<copyreg extension code {arg}>")  # resolved through a registry at load time
+            elif name == "TUPLE" and marks:
+                _note_storage(stack[marks[-1]:], info)
             _apply_stack_effect(stack, marks, opcode, name, pos, above_mark)
             if name == "GLOBAL":
                 stack[-1] = _Global(f"{module}.{attr}")
             elif name in _STRING_OPS:
                 stack[-1] = arg
-                info.strings += 1
+                if len(info.strings) < MAX_STRINGS_KEPT:
+                    info.strings.append(arg if isinstance(arg, str) else "")
     return info
+
+
+def _note_storage(items: list, info: Stream) -> None:
+    """A legacy persistent id ('storage', torch.<Type>Storage, key, location, numel): the key's type."""
+    if len(items) >= 3 and items[0] == "storage" and isinstance(items[1], _Global) and type(items[2]) is str:
+        info.storage_types[items[2]] = str(items[1])
 
 
 def _apply_stack_effect(stack: list, marks: list[int], opcode, name: str, pos, above_mark: int) -> None:

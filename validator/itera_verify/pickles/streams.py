@@ -14,8 +14,11 @@ from .opcodes import IMPORTABLE, Reader, Stream, scan_stream
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch.serialization.MAGIC_NUMBER, the first legacy stream
 LEGACY_STREAMS = 5  # magic, protocol version, sys_info, the object, the storage keys; then the storages
-_ELEMENT_SIZES = (1, 2, 4, 8, 16)  # a legacy record gives its element count, not its element size
-MAX_STORAGE_STATES = 200_000  # (record, offset) pairs tried while fitting the storage records
+# A legacy record gives its element count; the element size comes from the storage type of its key.
+_ELEMENT_SIZES = {f"torch.{name}Storage": size for name, size in {
+    "BFloat16": 2, "Bool": 1, "Byte": 1, "Char": 1, "ComplexDouble": 16, "ComplexFloat": 8, "Double": 8,
+    "Float": 4, "Half": 2, "Int": 4, "Long": 8, "QInt32": 4, "QInt8": 1, "QUInt2x4": 1, "QUInt4x2": 1,
+    "QUInt8": 1, "Short": 2}.items()}
 MAX_TRAILING_SEARCH = 64 << 20  # junk longer than this is refused without searching it
 MAX_CANDIDATES = 512
 MAX_CANDIDATE_BYTES = 256 << 10  # each later stream is read this far at most: the search stays bounded
@@ -76,30 +79,22 @@ def _after_streams(fh, base, size, start, streams, broken, found, intent, why) -
 
 
 def _legacy_storages_fit(fh, base: int, size: int, streams) -> bool:
-    """torch.save(..., _use_new_zipfile_serialization=False): after the storage-key list, one record per key
-    (an 8-byte little-endian element count, then count × element size bytes), ending exactly at the end."""
+    """torch.save(..., _use_new_zipfile_serialization=False): after the storage-key list, one record per key,
+    in the list's order: an 8-byte little-endian element count, then count × the element size of the type
+    the object's persistent id gave that key; the last record ends the file."""
     if len(streams) < LEGACY_STREAMS:
         return False
-    first, keys = streams[0][0], streams[LEGACY_STREAMS - 1]
+    first, obj, keys = streams[0][0], streams[LEGACY_STREAMS - 2][0], streams[LEGACY_STREAMS - 1]
     if first.first_int != LEGACY_MAGIC or first.values != 1:
         return False
-    count, start = keys[0].strings, keys[1]
-    todo, seen = [(0, start)], set()
-    while todo:
-        index, pos = todo.pop()
-        if index == count:
-            if pos == size:
-                return True
-            continue
-        if (index, pos) in seen or pos + 8 > size:
-            continue
-        seen.add((index, pos))
-        if len(seen) > MAX_STORAGE_STATES:
+    pos = keys[1]
+    for key in keys[0].strings:
+        element_size = _ELEMENT_SIZES.get(obj.storage_types.get(key, ""))
+        if element_size is None or pos + 8 > size:
             return False
         fh.seek(base + pos)
-        numel = int.from_bytes(fh.read(8), "little")
-        todo.extend((index + 1, end) for size_of in _ELEMENT_SIZES if (end := pos + 8 + numel * size_of) <= size)
-    return False
+        pos += 8 + int.from_bytes(fh.read(8), "little") * element_size
+    return pos == size
 
 
 def _search(fh, base: int, size: int, start: int) -> set[str]:

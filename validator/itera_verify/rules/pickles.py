@@ -20,7 +20,9 @@ RULES = [
              "the numpy globals of RNG states are allowed (a Trainer's training_args.bin may also name the "
              "transformers and accelerate classes it holds: it is scanned, never loaded). A file naming anything "
              "else is never loaded, even if no artifact uses it: a delivered package must not carry a payload "
-             "for its reviewer. Save weights as safetensors and optimizer/RNG state with torch.save of tensors "
+             "for its reviewer. So is a pickle that cannot be scanned whole, exactly as its loaders would read "
+             "it: a zip whose layout two readers could read differently, bytes after the last pickle stream "
+             "that are not torch's storage records, a damaged or truncated file. Save weights as safetensors and optimizer/RNG state with torch.save of tensors "
              "and plain containers."),
          bad="torch.save({'weight': w, 'hook': MyCallback()}, 'optimizer.pt')   # names __main__.MyCallback",
          good="torch.save(optimizer.state_dict(), 'optimizer.pt')   # tensors, numbers and dicts only"),
@@ -40,6 +42,10 @@ def _owner(package: Package, rel: str) -> tuple[str | None, str | None]:
 def check(package: Package) -> Iterator[Finding]:
     for rel, result in scan_package(package).items():
         if not result.unsafe:
+            if result.is_pickle and result.error:
+                run, artifact = _owner(package, rel)
+                yield Finding("IV506", rel, run=run, artifact=artifact,
+                              message=f"pickle cannot be scanned ({result.error}); the file is never loaded")
             continue
         run, artifact = _owner(package, rel)
         shown = ", ".join(result.unsafe[:8]) + (f" and {len(result.unsafe) - 8} more" if len(result.unsafe) > 8 else "")

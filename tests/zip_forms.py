@@ -1,0 +1,116 @@
+"""Hand-made zip files that two zip readers read differently (issue 14), built from real torch.save archives.
+
+`two_directories` is the issue's file: Python's zipfile reads a benign torch archive, torch's own reader
+(miniz) a second one whose data.pkl is the payload. The others are layouts the strict reader refuses.
+"""
+from __future__ import annotations
+
+import io
+import struct
+import zipfile
+
+
+def torch_bytes(value=None) -> bytes:
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save({"weight": torch.zeros(2, 2)} if value is None else value, buffer)
+    return buffer.getvalue()
+
+
+def with_data_pkl(archive: bytes, data_pkl: bytes) -> bytes:
+    """The same torch archive (rewritten by zipfile, stored) with data.pkl replaced."""
+    source, out = zipfile.ZipFile(io.BytesIO(archive)), io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as target:
+        for info in source.infolist():
+            data = source.read(info)
+            target.writestr(info, data_pkl if info.filename.endswith("/data.pkl") else data)
+    return out.getvalue()
+
+
+def _layout(archive: bytes) -> tuple[bytes, bytes]:
+    """(the local records, the central directory) of a single-disk archive without comment."""
+    end = archive.rfind(b"PK\x05\x06")
+    cd_size, cd_offset = struct.unpack_from("<LL", archive, end + 12)
+    if cd_offset == 0xFFFFFFFF or cd_size == 0xFFFFFFFF:
+        z64 = struct.unpack_from("<Q", archive, end - 20 + 8)[0]
+        cd_size, cd_offset = struct.unpack_from("<QQ", archive, z64 + 40)
+    return archive[:cd_offset], archive[cd_offset:cd_offset + cd_size]
+
+
+def _shift_central(central: bytes, shift: int) -> tuple[bytes, int]:
+    out, pos, count = bytearray(central), 0, 0
+    while pos < len(out):
+        assert out[pos:pos + 4] == b"PK\x01\x02"
+        nlen, elen, clen = struct.unpack_from("<3H", out, pos + 28)
+        (offset,) = struct.unpack_from("<L", out, pos + 42)
+        struct.pack_into("<L", out, pos + 42, offset + shift)
+        pos += 46 + nlen + elen + clen
+        count += 1
+    return bytes(out), count
+
+
+def _zip64_end(entries: int, cd_size: int, cd_offset: int) -> bytes:
+    return struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, entries, entries, cd_size, cd_offset)
+
+
+def two_directories(benign: bytes, malicious: bytes) -> bytes:
+    """Both archives' members, then two central directories, each with its zip64 end record. The zip64
+    locator points at the malicious one (miniz follows it); zipfile reads the record right before the
+    locator, the benign one."""
+    bad_locals, bad_central = _layout(malicious)
+    good_locals, good_central = _layout(benign)
+    good_central, good_count = _shift_central(good_central, len(bad_locals))
+    bad_central, bad_count = _shift_central(bad_central, 0)
+    out = bytearray(bad_locals + good_locals)
+    bad_cd_at = len(out)
+    out += bad_central
+    bad_end_at = len(out)
+    out += _zip64_end(bad_count, len(bad_central), bad_cd_at)
+    good_cd_at = len(out)
+    out += good_central
+    out += _zip64_end(good_count, len(good_central), good_cd_at)
+    out += struct.pack("<4sLQL", b"PK\x06\x07", 0, bad_end_at, 1)
+    out += struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0)
+    return bytes(out)
+
+
+def prepended(archive: bytes, junk: bytes = b"#!junk\n" * 8) -> bytes:
+    """Bytes before the archive: zipfile shifts every offset by them, miniz does not."""
+    return junk + archive
+
+
+def appended(archive: bytes, extra: bytes) -> bytes:
+    return archive + extra
+
+
+def duplicate_name(archive: bytes, data_pkl: bytes) -> bytes:
+    """A second member named like data.pkl: zipfile keeps the last, miniz's sorted lookup finds either."""
+    out = io.BytesIO(archive)
+    with zipfile.ZipFile(out, "a") as target:
+        name = next(n for n in target.namelist() if n.endswith("/data.pkl"))
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            target.writestr(name, data_pkl)
+    return out.getvalue()
+
+
+def local_name_differs(archive: bytes) -> bytes:
+    """The first local header names another member than its central entry."""
+    data = bytearray(archive)
+    assert data[:4] == b"PK\x03\x04"
+    nlen = struct.unpack_from("<H", data, 26)[0]
+    data[30 + nlen - 1] ^= 0x01
+    return bytes(data)
+
+
+def gap_between_members(archive: bytes) -> bytes:
+    """Junk between the local records and the central directory (rebuilt around it)."""
+    local, central = _layout(archive)
+    junk = b"\x80\x02cposix\nsystem\n."
+    central, count = _shift_central(central, 0)
+    cd_at = len(local) + len(junk)
+    return (local + junk + central
+            + struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, count, count, len(central), cd_at, 0))
