@@ -137,12 +137,6 @@ def test_bare_rules_still_lists_the_rules_and_points_at_verify_for_a_folder_so_n
     assert "itera-verify verify rules" in result.stderr
 
 
-def test_audit_of_a_folder_points_at_verify(package_dir, tmp_path):
-    shutil.copytree(package_dir, tmp_path / "audit", symlinks=True)
-    line = one_line_error(run_cli("audit", "audit", cwd=tmp_path))
-    assert "itera-verify verify audit" in line
-
-
 def test_bare_form_still_checks_a_folder(package_dir):
     result = run_cli(package_dir, "--no-reload", "--no-seal")
     assert result.returncode == 0 and result.stdout.strip().splitlines()[-1].startswith("PASS")

@@ -226,9 +226,6 @@ def audit_command(archive, do_reload, max_size, device, hf_cache, timeout, jobs,
         fmt_chosen = _choose_format(fmt)
         targets = _report_targets(reports, fmt_chosen)
         _refuse_reports_inside(targets, archive, "archive")
-        if archive.is_dir():
-            raise UsageError(f"{shortened(archive)}: a folder, not an archive (to check a folder named "
-                             f"{archive.name}, run `itera-verify verify {shortened(archive)}`)")
         with _make_progress(quiet, verbose) as progress:
             report = audit(archive, reload=do_reload, max_size=max_size, device=device, hf_cache=hf_cache,
                            timeout=timeout, jobs=jobs, selection=Selection(strict=strict), progress=progress)
