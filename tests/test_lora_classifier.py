@@ -98,7 +98,7 @@ def test_num_labels_in_reload_json_that_agrees_with_the_adapter_passes(classifie
 
 def test_num_labels_in_reload_json_against_the_adapters_head_is_IV504(classifier_dir, built_classifier):
     edit_json(classifier_dir, "reload.json", lambda doc: doc["artifacts"]["lora-r8-adapter"].update(num_labels=5))
-    results, findings = reload(classifier_dir, built_classifier["hf_cache"], "lora-r8-adapter")
+    _, findings = reload(classifier_dir, built_classifier["hf_cache"], "lora-r8-adapter")
     assert [f.code for f in findings] == ["IV504"]
     assert "num_labels is 5, but the adapter's classifier.weight has 3 rows" in findings[0].message
 

@@ -46,7 +46,8 @@ def check_adapter_weights(folder: Path, device, outcome: Outcome) -> dict[str, t
         from safetensors import safe_open
 
         with safe_open(str(safetensors_file), framework="pt") as handle:  # the header only: already checked
-            shapes = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
+            names = handle.keys()
+            shapes = {name: tuple(handle.get_slice(name).get_shape()) for name in names}
     elif pickle_file.is_file():
         state = safe_torch_load(pickle_file, outcome, device)
         for name, tensor in (state.items() if isinstance(state, dict) else ()):
