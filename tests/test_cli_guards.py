@@ -74,6 +74,12 @@ def test_report_outside_the_package_is_written(package_dir, tmp_path):
     assert not [p for p in out.parent.iterdir() if p.name != "r.html"], "a partial report file was left behind"
 
 
+def test_report_to_dev_stdout_through_a_pipe_still_works(package_dir):
+    result = run_cli(package_dir, "--no-reload", "--no-seal", "--format", "text", "--report", "json=/dev/stdout")
+    assert result.returncode == 0, result.stderr[-1500:]
+    assert '"tool": "itera-verify"' in result.stdout
+
+
 def test_audit_report_onto_the_archive_is_refused_and_the_archive_stays(package_dir, tmp_path):
     dest = tmp_path / "dest"
     dest.mkdir()

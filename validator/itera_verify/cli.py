@@ -73,11 +73,11 @@ def _write_report(path: Path, text: str) -> None:
     """Write at the resolved path; a regular file is replaced (a new file, renamed over it), so that a hard
     link to a package file outside the package never becomes a way to write into the package. Anything else
     that exists (/dev/stdout, a fifo) is written as it is."""
+    if path.exists() and not path.is_file():  # /dev/stdout resolves to a pipe's name, which cannot be opened
+        path.write_text(text, encoding="utf-8")
+        return
     target = Path(os.path.realpath(path))
     target.parent.mkdir(parents=True, exist_ok=True)
-    if target.exists() and not target.is_file():
-        target.write_text(text, encoding="utf-8")
-        return
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
     try:
         partial.write_text(text, encoding="utf-8")
