@@ -358,13 +358,13 @@ def _nonfinite_loss_like_in_unstopped_runs(package: Package) -> Iterator[Finding
 
 def _nonfinite_message(run: str, metric: str, value: float, step, count: int, source: str = "") -> str:
     more = f" ({count} non-finite values in all)" if count > 1 else ""
-    masked = ""
+    head = f"run {run}: {metric} is {_token(value)} at step {step}{source}{more}, yet the run was not stopped"
     if _losses.is_grad_norm(metric):
-        masked = (": the step's loss was not finite either, even where the Trainer logged it finite "
-                  "(logging_nan_inf_filter=True logs the window's average instead)")
-    return (f"run {run}: {metric} is {_token(value)} at step {step}{source}{more}{masked}, yet the run was not "
-            f"stopped: its weights may be garbage; mark the run stopped with a stop record, or rerun it with "
-            f"logging_nan_inf_filter=False")
+        return (f"{head}: a non-finite gradient norm is how the Trainer's masked NaN shows (with "
+                f"logging_nan_inf_filter=True, its default, a NaN step loss is logged as the window's average, so "
+                f"the loss looks finite); the weights may be garbage: mark the run stopped with a stop record, or "
+                f"rerun it (logging_nan_inf_filter=False logs the loss as it is)")
+    return f"{head}: the weights may be garbage; mark the run stopped with a stop record, or rerun it"
 
 
 def _accepted_runs_log_the_watched_metric(package: Package) -> Iterator[Finding]:
