@@ -15,6 +15,7 @@ from ..lineblocks import line_blocks
 from ..layout import references
 from ..model import Finding, Rule, Severity, UsageError
 from ..package import MANIFEST, RELOAD, Package, pointer_of
+from ..pickles.strings import pickled_strings
 
 # Relative CPU time on a package of many files; run_checks balances its processes by it.
 COST = 25  # searches every text file and pickle; parses only the JSON documents that could hold a path
@@ -362,6 +363,16 @@ def _binary(package: Package, rel: str, matcher: TmpMatcher) -> Iterator[Finding
     """Pickled configs (training_args.bin) keep their strings as plain bytes: an output_dir under /tmp shows."""
     data = package.read_bytes(rel)
     if not matcher.may_match_bytes(data):
+        return
+    strings = pickled_strings(data)
+    if strings is not None:  # a pickle: the exact strings it holds, not bytes that run into the next opcode
+        hits = list(dict.fromkeys(s for s in strings if matcher.may_match_text(s) and matcher.text.search(s)))
+        for text in hits[:PER_FILE]:
+            yield Finding("IV201", rel, message=f"temporary-directory path stored in the pickle: {_short(text)}; "
+                          "the file is a record of the run, so fix the run: train with a relative output_dir "
+                          "(and relative paths elsewhere), or leave the file out of the package")
+        if len(hits) > PER_FILE:
+            yield Finding("IV201", rel, message=f"{len(hits) - PER_FILE} more temporary-directory paths in this file")
         return
     seen = set()
     for match in matcher.bytes.finditer(data):
