@@ -1,7 +1,6 @@
 """IV101–IV106 on the real example package: one planted defect per test."""
 from __future__ import annotations
 
-import json
 
 import pytest
 

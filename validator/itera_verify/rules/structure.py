@@ -13,7 +13,7 @@ from jsonschema.exceptions import best_match
 from ..jsonpos import line_of, pointer_lines
 from ..layout import FIXED_DOCUMENTS, document_kinds, references
 from ..model import Finding, Rule, Severity
-from ..package import MANIFEST, RELOAD, STOPS, Package, pointer_of
+from ..package import MANIFEST, RELOAD, Package, pointer_of
 from .. import readers
 from ..schemas import validator
 from ._campaign import numbers_out_of_range
