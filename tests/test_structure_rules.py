@@ -50,6 +50,13 @@ def test_deleted_params_file_is_IV106_with_its_pointer_not_IV101(package_dir):
     assert "does not exist" in only(found, "IV106")[0].message
 
 
+def test_params_naming_a_folder_is_IV101_not_IV106(package_dir):
+    edit_manifest(package_dir, lambda m: m["runs"][1].__setitem__("params", "analysis"))
+    found = static_findings(package_dir)
+    assert [f.pointer for f in only(found, "IV101")] == ["/runs/1/params"] and not only(found, "IV106")
+    assert "is a folder" in only(found, "IV101")[0].message
+
+
 def test_run_naming_no_params_file_at_all_is_IV101(package_dir):
     edit_manifest(package_dir, lambda m: m["runs"][1].pop("params"))
     assert [f.pointer for f in only(static_findings(package_dir), "IV101")] == ["/runs/1/params"]

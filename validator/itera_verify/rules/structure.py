@@ -136,8 +136,10 @@ def _missing(package: Package) -> Iterator[Finding]:
     for ref in references(package):
         rel = package.normalise_ref(ref.value)
         if ref.required and rel is not None and package.exists(rel) and not package.is_file(rel):
+            what = "a folder" if rel in package.dirs else "a link or a special file"
             yield Finding("IV101", MANIFEST, pointer=ref.pointer, run=ref.run,
-                          message=f"{ref.kind.replace('_', ' ')} file {ref.value} is a folder, not a file")
+                          message=f"{ref.kind.replace('_', ' ')} file {ref.value} is {what}, not a file in the "
+                                  f"package")
 
 
 SUGGESTED_AT_MOST = 20  # near-name searches per package: each compares with the package's paths
