@@ -34,6 +34,6 @@ def test_rules_command_lists_each_family_once_with_all_its_codes():
 def test_new_rules_belong_to_their_families():
     rules = all_rules()
     assert {code: rules[code].family for code in ("IV107", "IV308", "IV408", "IV409", "IV410", "IV612")} == {
-        "IV107": "template_files", "IV308": "identity", "IV408": "stops", "IV409": "stops", "IV410": "stops",
+        "IV107": "template_files", "IV308": "identity", "IV408": "stops", "IV409": "losses", "IV410": "losses",
         "IV612": "timeline"}
     assert {rules[code].severity.value for code in ("IV107", "IV308")} == {"warning"}

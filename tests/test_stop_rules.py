@@ -186,6 +186,18 @@ def test_floor_stop_before_the_metric_was_ever_logged_is_IV408(package_dir):
     assert "logs no eval_macro_f1 at or before that step" in finding.message
 
 
+def test_floor_stop_without_a_step_where_the_metric_never_fell_under_the_floor_is_IV408(package_dir):
+    edit_json(package_dir, "stops.json", lambda s: (s["stops"][0].pop("step"), s["stops"][0].update(rule="f1-floor")))
+    edit_manifest(package_dir, lambda m: m["stop_rules"]["rules"][1].update(threshold=0.3))
+    (finding,) = only(static_findings(package_dir), "IV408")
+    assert "no eval_macro_f1 in metrics/lora-r64.jsonl is under the floor (its lowest is 0.3812)" in finding.message
+
+
+def test_floor_stop_without_a_step_the_metrics_show_is_not_IV408(package_dir):
+    edit_json(package_dir, "stops.json", lambda s: (s["stops"][0].pop("step"), s["stops"][0].update(rule="f1-floor")))
+    assert not only(static_findings(package_dir), "IV408")
+
+
 def test_floor_stop_the_metrics_show_is_not_IV408(package_dir):
     _stop(package_dir, rule="f1-floor", step=2, reason="eval_macro_f1 0.38 under 0.6")
     assert not only(static_findings(package_dir), "IV408")

@@ -1,4 +1,4 @@
-"""IV401–IV410: stop rules. Declared before the first run, applied as declared, and never overruled later."""
+"""IV401–IV408: stop rules. Declared before the first run, applied as declared, and never overruled later."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,6 @@ from ..model import Finding, Rule, Severity
 from ..package import MANIFEST, STOPS, Package, pointer_of
 from ._campaign import (accepted_entries, filled_text, first_run_start, indexed_runs, is_number, listed,
                         parse_time, runs_by_id, section, shown, stop_records, stopped_by_record)
-from . import _losses
 from .timeline import to_second
 
 RULES = [
@@ -66,27 +65,6 @@ RULES = [
              '"eval_macro_f1", "value": 0.71}   (floor 0.6)',
          good='{"run": "lora-r64", "rule": "f1-floor", "step": 2, ...}   metrics: {"step": 2, "name": '
               '"eval_macro_f1", "value": 0.38}   (floor 0.6)'),
-    Rule("IV409", Severity.ERROR, "non-finite loss or gradient norm in a run that was not stopped",
-         explain="A NaN or infinite `loss`, `*_loss` or `grad_norm` means the updates went wrong and the weights "
-                 "may be garbage. The Trainer hides a NaN step loss by default (logging_nan_inf_filter=True logs "
-                 "the window's average instead) while `grad_norm` still shows NaN: a finite loss beside a NaN "
-                 "grad_norm is that masked NaN. The run's metrics file is read, and the `log_history` of every "
-                 "trainer_state.json under the run's artifacts (where the Trainer keeps grad_norm even when the "
-                 "metrics file leaves it out). Stop the run (status `stopped` and a stop record) or rerun it; "
-                 "train with logging_nan_inf_filter=False to see the loss itself. The metric a `nonfinite_loss` "
-                 "rule names is IV404's, not reported here again. Under fp16 mixed precision (params `fp16: "
-                 "true` or `mixed_precision: fp16`) a non-finite grad_norm is the loss scaler skipping an "
-                 "overflowing step, by design: it is reported only when the last logged grad_norm is still "
-                 "non-finite (the run never recovered).",
-         bad='{"step": 40, "name": "loss", "value": 0.0}  {"step": 40, "name": "grad_norm", "value": NaN}',
-         good='{"step": 40, "name": "loss", "value": 0.41}  {"step": 40, "name": "grad_norm", "value": 1.7}'),
-    Rule("IV410", Severity.ERROR, "accepted run never logs the nonfinite_loss metric",
-         explain="A `nonfinite_loss` stop rule watches one metric. An accepted run whose metrics never log it "
-                 "shows nothing that it stayed finite: the rule could not have fired. Log the metric under the "
-                 "name the rule gives (the Trainer logs its step loss as `loss`), or name in the rule the "
-                 "metric the runs log, before the first run.",
-         bad='rule {"kind": "nonfinite_loss", "metric": "train_loss"}   metrics: {"name": "loss", ...} only',
-         good='rule {"kind": "nonfinite_loss", "metric": "loss"}   metrics: {"step": 1, "name": "loss", "value": 2.31}'),
 ]
 
 
@@ -101,8 +79,6 @@ def check(package: Package) -> Iterator[Finding]:
     yield from _stops_under_declared_rules(package)
     yield from _status_agrees_with_stops(package)
     yield from _stops_agree_with_runs(package)
-    yield from _nonfinite_loss_like_in_unstopped_runs(package)
-    yield from _accepted_runs_log_the_watched_metric(package)
 
 
 def declared_rules(package: Package) -> list[dict]:
@@ -192,12 +168,12 @@ def _nonfinite_in_unstopped_runs(package: Package) -> Iterator[Finding]:
             step, value, line = bad[0]
             more = f" ({len(bad)} non-finite values in all)" if len(bad) > 1 else ""
             yield Finding("IV404", scan.path, line=line, run=run_id,
-                          message=f"run {run_id or index}: {metric} is {_token(value)} at step {step}{more}, yet "
+                          message=f"run {run_id or index}: {metric} is {nonfinite_token(value)} at step {step}{more}, yet "
                                   f"the run was not stopped: stop rule {rule_id} should have fired; mark the run "
                                   f"stopped with a stop record, or rerun it")
 
 
-def _token(value: float) -> str:
+def nonfinite_token(value: float) -> str:
     return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
 
 
@@ -287,9 +263,13 @@ def _stops_agree_with_runs(package: Package) -> Iterator[Finding]:
                                   f"({first}–{last}): give the step at which the rule fired")
         yield from _stop_time_in_run(index, who, record, run, run_id)
         rule = rules.get(record.get("rule"))
-        if inside and rule is not None and rule.get("kind") == "below_threshold" \
-                and isinstance(rule.get("metric"), str) and is_number(rule.get("threshold")):
+        if rule is None or rule.get("kind") != "below_threshold" or not isinstance(rule.get("metric"), str) \
+                or not is_number(rule.get("threshold")) or scan is None or not scan.series:
+            continue
+        if inside:
             yield from _floor_crossed(index, who, scan, step, rule, run_id)
+        elif step is None:
+            yield from _floor_ever_crossed(index, who, scan, rule, run_id)
 
 
 def _stop_time_in_run(index: int, who: str, record: dict, run: dict, run_id: str) -> Iterator[Finding]:
@@ -309,6 +289,20 @@ def _stop_time_in_run(index: int, who: str, record: dict, run: dict, run_id: str
                           f"time the rule fired, or correct the run's times")
 
 
+def _floor_ever_crossed(index: int, who: str, scan: readers.MetricsScan, rule: dict,
+                        run_id: str) -> Iterator[Finding]:
+    """A floor stop without a step: some logged value at least must be under the floor (or not finite)."""
+    metric, floor = rule["metric"], rule["threshold"]
+    points = scan.series.get(metric, ())
+    if any(not math.isfinite(p[1]) or p[1] < floor for p in points):
+        return
+    lowest = f"its lowest is {min(p[1] for p in points):g}" if points else f"it logs no {metric}"
+    yield Finding("IV408", STOPS, pointer=pointer_of(["stops", index, "rule"]), run=run_id,
+                  message=f"{who} says stop rule {rule['id']} ({metric} under {floor:g}) fired, but no {metric} "
+                          f"in {scan.path} is under the floor ({lowest}): the metrics deny the stop; give the rule "
+                          f"and step that really stopped the run")
+
+
 def _floor_crossed(index: int, who: str, scan: readers.MetricsScan, step: int, rule: dict,
                    run_id: str) -> Iterator[Finding]:
     metric, floor = rule["metric"], rule["threshold"]
@@ -326,63 +320,3 @@ def _floor_crossed(index: int, who: str, scan: readers.MetricsScan, step: int, r
                       message=f"{who} says stop rule {rule['id']} fired at step {step}, but {metric} is {value:g} "
                               f"{shown_step} ({scan.path} line {line}), not under the floor {floor:g}: the metrics "
                               f"deny the stop; give the rule and step that really stopped the run")
-
-
-def _nonfinite_loss_like_in_unstopped_runs(package: Package) -> Iterator[Finding]:
-    watched = {metric for _, metric in watched_metrics(package)}  # IV404 reports those, in the metrics file
-    records = stopped_by_record(package)
-    for index, run, run_id in indexed_runs(package):
-        if run.get("status") == "stopped" or run_id in records:
-            continue
-        name = run_id or f"#{index}"
-        fp16 = _losses.fp16_amp(package, run)
-        scan = metrics_of(package, run)
-        reported = {metric for metric in watched if scan is not None and scan.nonfinite(metric)}  # IV404's
-        for metric in sorted(scan.series) if scan is not None else ():
-            bad = scan.nonfinite(metric) if _losses.is_loss_like(metric) and metric not in watched else []
-            if not bad or (fp16 and _losses.is_grad_norm(metric) and math.isfinite(scan.last(metric)[1])):
-                continue
-            reported.add(metric)
-            step, value, line = bad[0]
-            yield Finding("IV409", scan.path, line=line, run=run_id,
-                          message=_nonfinite_message(name, metric, value, step, len(bad)))
-        # The Trainer's own log keeps what a metrics file written from it may have left out (grad_norm).
-        for logged in _losses.trainer_log_nonfinite(package, run_id) if run_id is not None else ():
-            if logged.metric in reported or (fp16 and _losses.is_grad_norm(logged.metric) and logged.last_finite):
-                continue
-            reported.add(logged.metric)
-            yield Finding("IV409", logged.path, pointer=logged.pointer, run=run_id,
-                          message=_nonfinite_message(name, logged.metric, logged.value, shown(logged.step),
-                                                     logged.count, source=f" in the Trainer's log ({logged.path})"))
-
-
-def _nonfinite_message(run: str, metric: str, value: float, step, count: int, source: str = "") -> str:
-    more = f" ({count} non-finite values in all)" if count > 1 else ""
-    head = f"run {run}: {metric} is {_token(value)} at step {step}{source}{more}, yet the run was not stopped"
-    if _losses.is_grad_norm(metric):
-        return (f"{head}: a non-finite gradient norm is how the Trainer's masked NaN shows (with "
-                f"logging_nan_inf_filter=True, its default, a NaN step loss is logged as the window's average, so "
-                f"the loss looks finite); the weights may be garbage: mark the run stopped with a stop record, or "
-                f"rerun it (logging_nan_inf_filter=False logs the loss as it is)")
-    return f"{head}: the weights may be garbage; mark the run stopped with a stop record, or rerun it"
-
-
-def _accepted_runs_log_the_watched_metric(package: Package) -> Iterator[Finding]:
-    watched = sorted(watched_metrics(package))
-    if not watched:
-        return
-    runs = runs_by_id(package)
-    for name in dict.fromkeys(name for _, name in accepted_entries(package)):
-        run = runs.get(name)
-        scan = metrics_of(package, run) if run is not None else None
-        if scan is None or not scan.records:
-            continue  # no readable metrics: IV101 / IV103 / IV104 say why
-        for rule_id, metric in watched:
-            if metric in scan.series:
-                continue
-            logged = [n for n in sorted(scan.series) if _losses.is_loss_like(n)]
-            hint = (f" (it logs {', '.join(logged[:4])}: name the metric the runs log in the rule)" if logged
-                    else "")
-            yield Finding("IV410", scan.path, run=name,
-                          message=f"accepted run {name} never logs {metric}, the metric stop rule {rule_id} "
-                                  f"watches{hint}: nothing shows it stayed finite")
