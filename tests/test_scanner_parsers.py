@@ -336,6 +336,11 @@ def planted_cli_run(built, tmp_path_factory):
         (package / rel).parent.mkdir(parents=True)
         (package / rel).write_bytes(build(markers / f"{name}.marker"))
         planted[name] = rel
+    # The file where a reload reads it: the real optimizer.pt for zipfile, the payload for torch.
+    optimizer = package / "checkpoints/control/checkpoint-4/optimizer.pt"
+    optimizer.write_bytes(zip_forms.two_directories(optimizer.read_bytes(), zip_forms.with_data_pkl(
+        zip_forms.torch_bytes(), payload(markers / "optimizer.marker"))))
+    planted["referenced_optimizer"] = "checkpoints/control/checkpoint-4/optimizer.pt"
     result = run_cli(package, "--no-seal", "--hf-cache", built["hf_cache"], "--format", "json", "--device", "cpu",
                      "--timeout", "300")
     return result, planted, markers
@@ -350,6 +355,31 @@ def test_form_is_IV506_through_the_command_line_and_never_runs(name, planted_cli
     findings = [f for f in json.loads(result.stdout)["findings"] if f["code"] == "IV506"]
     assert [f["path"] for f in findings if f["path"] == planted[name]] == [planted[name]]
     assert {f["path"] for f in findings} == set(planted.values())  # nothing else of the package
+
+
+def test_ambiguous_optimizer_of_a_checkpoint_is_never_loaded(planted_cli_run):
+    result, planted, markers = planted_cli_run
+    assert not (markers / "optimizer.marker").exists()
+    report = json.loads(result.stdout)
+    rel = planted["referenced_optimizer"]
+    (finding,) = [f for f in report["findings"] if f["code"] == "IV506" and f["path"] == rel]
+    assert "ambiguous zip" in finding["message"] and finding["run"] == "control"
+    assert rel in json.dumps([f for f in report["findings"] if f["code"] == "IV504"])  # the resume is refused
+
+
+def test_compressed_text_is_not_a_pickle_and_a_compressed_plain_pickle_is_clean(tmp_path):
+    (tmp_path / "metrics.csv.gz").write_bytes(gzip.compress(b"0.5,0.25\n" * 1000))
+    assert not scan_file(tmp_path / "metrics.csv.gz").is_pickle
+    (tmp_path / "state.pkl.gz").write_bytes(gzip.compress(pickle.dumps({"step": 3, "loss": [0.5]}, protocol=4)))
+    result = scan_file(tmp_path / "state.pkl.gz")
+    assert result.is_pickle and result.error is None and result.unsafe == []
+
+
+def test_legacy_file_with_junk_after_its_storages_is_refused(real_torch_files, tmp_path):
+    path = tmp_path / "legacy.bin"
+    path.write_bytes((real_torch_files / "many-legacy.bin").read_bytes() + b"\xff" * 7)
+    result = scan_file(path)
+    assert result.error and "storage records" in result.error and not result.loadable
 
 
 def test_clean_package_has_no_IV506(package_dir):

@@ -16,7 +16,7 @@ import re
 import tempfile
 import zlib
 
-from .opcodes import Reader, scan_stream
+from .opcodes import IMPORTABLE, OPCODE_BYTES, Reader, scan_stream
 from .streams import scan_raw
 from .zips import open_checked
 
@@ -88,8 +88,11 @@ def _scan_compressed(kind, fh, name, found, depth, certain) -> tuple[bool, str |
         return (True, f"{kind} data does not decompress ({exc})") if certain else (False, None)
     inner_name = re.sub(r"\.(gz|bz2|xz|lzma|zst|zstd|z)$", "", name, flags=re.I)
     certain = certain or inner_name.lower().endswith(PICKLE_LIKE)
-    if not (certain or from_head(head) is not None):
+    inner_kind = from_head(head)
+    if not (certain or inner_kind is not None):
         return False, None
+    if not certain and inner_kind == "opcode" and not _first_stream_may_be_pickle(kind, fh):
+        return False, None  # compressed text that merely begins with an opcode byte: not decompressed whole
     with tempfile.SpooledTemporaryFile(max_size=32 << 20) as spool:
         fh.seek(0)
         try:
@@ -104,13 +107,25 @@ def _scan_compressed(kind, fh, name, found, depth, certain) -> tuple[bool, str |
         return scan_container(spool, size, inner_name, found, depth + 1, certain)
 
 
+def _first_stream_may_be_pickle(kind: str, fh) -> bool:
+    """Read the first stream straight from the decompressor: does it parse, or import before it breaks?"""
+    fh.seek(0)
+    names: set[str] = set()
+    try:
+        with _decompressor(kind, fh) as inner:
+            scan_stream(Reader(inner, MAX_DECOMPRESSED), names)
+    except ValueError:
+        return any(IMPORTABLE.fullmatch(n) for n in names)
+    except (OSError, EOFError, lzma.LZMAError, zlib.error):
+        return False
+    return True
+
+
 PICKLE_LIKE = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle", ".npy", ".npz", ".joblib")
 
 
 def from_head(head: bytes) -> str | None:
     """The container the first bytes announce: 'zip', 'npy', a compression, 'pickle' (PROTO), 'opcode'."""
-    from .opcodes import OPCODE_BYTES
-
     if head.startswith(ZIP_MAGIC):
         return "zip"
     if head.startswith(NPY_MAGIC):
@@ -201,4 +216,4 @@ def _scan_npy(fh, size, found) -> tuple[bool, str | None]:
     return scan_raw(fh, consumed, size - consumed, found, certain=True)
 
 
-__all__ = ["ZIP_MAGIC", "NPY_MAGIC", "from_head", "scan_container", "compression_of", "Reader", "scan_stream"]
+__all__ = ["ZIP_MAGIC", "NPY_MAGIC", "from_head", "scan_container", "compression_of"]
