@@ -125,6 +125,13 @@ def test_a_package_path_beyond_path_max_is_one_line_exit_2(tmp_path):
     assert "path too long" in line and len(line) < 400
 
 
+def test_init_into_a_path_beyond_path_max_is_one_line_exit_2(tmp_path):
+    holder = tmp_path / "holder"
+    holder.mkdir()
+    line = one_line_error(run_cli("init", nested_chain(holder) + "/new"))
+    assert "too long" in line.lower() and len(line) < 400
+
+
 # ---- `verify` names the check unambiguously ---------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["rules", "audit", "init"])
 def test_verify_checks_a_folder_named_like_a_subcommand(package_dir, tmp_path, name):

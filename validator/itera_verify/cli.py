@@ -117,6 +117,10 @@ def _run(action) -> None:
     except UsageError as exc:
         click.echo(f"itera-verify: error: {exc}", err=True)
         sys.exit(2)
+    except OSError as exc:  # what no layer named: still the system refusing a path (too long, read-only, full)
+        where = f"{shortened(exc.filename)}: " if exc.filename else ""
+        click.echo(f"itera-verify: error: {where}{exc.strerror or exc}", err=True)
+        sys.exit(2)
     except KeyboardInterrupt:
         click.echo("itera-verify: interrupted", err=True)
         sys.exit(130)
