@@ -33,7 +33,20 @@ COMBINATIONS = {
     "save_best_debug": dict(save_strategy="best", eval_strategy="steps", metric_for_best_model="loss",
                             debug="underflow_overflow", hub_strategy="checkpoint"),
     "wsd_scheduler": dict(lr_scheduler_type="warmup_stable_decay", lr_scheduler_kwargs={"num_decay_steps": 2}),
+    "tensor_parallel": "tp_size",
+    "context_parallel": "cp_size",
+    "sequence_parallel": "sp_size",
 }
+
+
+def _options(name: str) -> dict:
+    options = COMBINATIONS[name]
+    if isinstance(options, str):  # a parallelism_config with one handler (its size > 1 creates it)
+        from accelerate.parallelism_config import ParallelismConfig
+
+        extra = {"sp_backend": "deepspeed"} if options == "sp_size" else {}
+        return {"parallelism_config": ParallelismConfig(**{options: 2}, **extra)}
+    return options
 
 
 def _training_args(tmp_path: Path, options: dict, output_dir: str = "runs/control"):
@@ -45,7 +58,7 @@ def _training_args(tmp_path: Path, options: dict, output_dir: str = "runs/contro
 @pytest.mark.parametrize("name", COMBINATIONS)
 def test_real_training_args_name_only_listed_classes(name, tmp_path):
     path = tmp_path / "training_args.bin"
-    torch.save(_training_args(tmp_path, COMBINATIONS[name]), path)
+    torch.save(_training_args(tmp_path, _options(name)), path)
     result = scan_file(path)
     assert result.error is None and result.unsafe == [], result
     assert "transformers.training_args.TrainingArguments" in result.globals
@@ -126,3 +139,13 @@ def test_tmp_path_in_a_binary_that_is_no_pickle_is_still_found(package_dir):
     (package_dir / rel).write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 8 + b"/tmp/scratch/data\x00" + bytes(16))
     found = [f for f in static_findings(package_dir) if f.code == "IV201" and f.path == rel]
     assert [("/tmp/scratch/data" in f.message) for f in found] == [True]
+
+
+def test_every_listed_name_is_a_class_at_its_own_module():
+    """No re-export on the list: each name is where the class itself says it lives."""
+    import importlib
+
+    for name in sorted(INERT_CONFIG):
+        module, _, attr = name.rpartition(".")
+        obj = getattr(importlib.import_module(module), attr)
+        assert isinstance(obj, type) and f"{obj.__module__}.{obj.__qualname__}" == name, name

@@ -54,6 +54,9 @@ INERT_CONFIG = frozenset({
     "accelerate.state.PartialState",
     "accelerate.utils.dataclasses.DistributedType",
     "accelerate.parallelism_config.ParallelismConfig",
+    "accelerate.utils.dataclasses.TorchTensorParallelConfig",
+    "accelerate.utils.dataclasses.TorchContextParallelConfig",
+    "accelerate.utils.dataclasses.DeepSpeedSequenceParallelConfig",
     # Under DeepSpeed (SPEC, multi-GPU readings): the configuration objects TrainingArguments keeps.
     "transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig",
     "transformers.integrations.deepspeed.HfDeepSpeedConfig",
