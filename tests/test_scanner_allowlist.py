@@ -7,32 +7,32 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from itera_verify.pickles import INERT_CONFIG, scan_file
+
 from tests.helpers import static_findings
 
 # Option combinations a real run uses (on the CPU: fp16/bf16 off), each pickled the way the Trainer saves it.
 COMBINATIONS = {
     "defaults": {},
-    "eval_steps_cosine": dict(eval_strategy="steps", eval_steps=2, save_strategy="epoch", lr_scheduler_type="cosine",
-                              optim="adamw_torch", report_to="none"),
-    "eval_epoch_adafactor": dict(eval_strategy="epoch", lr_scheduler_type="linear", optim="adafactor", report_to=[],
-                                 logging_strategy="no"),
-    "no_save_sgd_hub_end": dict(lr_scheduler_type="constant_with_warmup", optim="sgd", save_strategy="no",
-                                hub_strategy="end"),
-    "accelerator_config": dict(lr_scheduler_type="cosine_with_restarts", optim="adamw_torch_fused",
-                               accelerator_config={"split_batches": True, "even_batches": False}),
-    "tensorboard_checkpointing": dict(lr_scheduler_type="polynomial", optim="adagrad", report_to="tensorboard",
-                                      gradient_checkpointing=True,
-                                      gradient_checkpointing_kwargs={"use_reentrant": False}),
-    "plateau_no_deepspeed": dict(lr_scheduler_type="reduce_lr_on_plateau", eval_strategy="steps", eval_steps=5,
-                                 optim="rmsprop", deepspeed=None),
-    "best_model": dict(lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr": 1e-6},
-                       load_best_model_at_end=True, eval_strategy="steps", save_strategy="steps",
-                       metric_for_best_model="loss"),
-    "save_best_debug": dict(save_strategy="best", eval_strategy="steps", metric_for_best_model="loss",
-                            debug="underflow_overflow", hub_strategy="checkpoint"),
-    "wsd_scheduler": dict(lr_scheduler_type="warmup_stable_decay", lr_scheduler_kwargs={"num_decay_steps": 2}),
+    "eval_steps_cosine": {"eval_strategy": "steps", "eval_steps": 2, "save_strategy": "epoch", "lr_scheduler_type": "cosine",
+                              "optim": "adamw_torch", "report_to": "none"},
+    "eval_epoch_adafactor": {"eval_strategy": "epoch", "lr_scheduler_type": "linear", "optim": "adafactor", "report_to": [],
+                                 "logging_strategy": "no"},
+    "no_save_sgd_hub_end": {"lr_scheduler_type": "constant_with_warmup", "optim": "sgd", "save_strategy": "no",
+                                "hub_strategy": "end"},
+    "accelerator_config": {"lr_scheduler_type": "cosine_with_restarts", "optim": "adamw_torch_fused",
+                               "accelerator_config": {"split_batches": True, "even_batches": False}},
+    "tensorboard_checkpointing": {"lr_scheduler_type": "polynomial", "optim": "adagrad", "report_to": "tensorboard",
+                                      "gradient_checkpointing": True,
+                                      "gradient_checkpointing_kwargs": {"use_reentrant": False}},
+    "plateau_no_deepspeed": {"lr_scheduler_type": "reduce_lr_on_plateau", "eval_strategy": "steps", "eval_steps": 5,
+                                 "optim": "rmsprop", "deepspeed": None},
+    "best_model": {"lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": {"min_lr": 1e-6},
+                       "load_best_model_at_end": True, "eval_strategy": "steps", "save_strategy": "steps",
+                       "metric_for_best_model": "loss"},
+    "save_best_debug": {"save_strategy": "best", "eval_strategy": "steps", "metric_for_best_model": "loss",
+                            "debug": "underflow_overflow", "hub_strategy": "checkpoint"},
+    "wsd_scheduler": {"lr_scheduler_type": "warmup_stable_decay", "lr_scheduler_kwargs": {"num_decay_steps": 2}},
     "tensor_parallel": "tp_size",
     "context_parallel": "cp_size",
     "sequence_parallel": "sp_size",
@@ -83,7 +83,10 @@ def test_fixture_trainer_checkpoint_names_only_listed_classes(built):
 def test_deepspeed_configuration_classes_by_exact_path(tmp_path):
     """DeepSpeed is not installed here: the classes themselves, pickled by reference, carry the exact names."""
     from accelerate.utils.deepspeed import HfDeepSpeedConfig as AccelerateConfig
-    from transformers.integrations.deepspeed import HfDeepSpeedConfig, HfTrainerDeepSpeedConfig
+    from transformers.integrations.deepspeed import (
+        HfDeepSpeedConfig,
+        HfTrainerDeepSpeedConfig,
+    )
 
     for cls in (HfTrainerDeepSpeedConfig, HfDeepSpeedConfig, AccelerateConfig):
         path = tmp_path / "training_args.bin"

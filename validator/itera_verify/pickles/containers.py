@@ -48,19 +48,20 @@ class _ZlibReader(io.RawIOBase):
     """A zlib stream (joblib's "zlib" compression) as a readable file."""
 
     def __init__(self, raw):
-        self.raw, self.inflate, self.left = raw, zlib.decompressobj(), b""
+        self.raw, self.inflate, self.left, self.at = raw, zlib.decompressobj(), b"", 0
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:
-        while not self.left and not self.inflate.eof:
+        while self.at == len(self.left) and not self.inflate.eof:
             chunk = self.raw.read(1 << 16)
             if not chunk:
                 raise zlib.error("the zlib stream ends early")
-            self.left = self.inflate.decompress(chunk)
-        data, self.left = self.left[:len(buffer)], self.left[len(buffer):]
+            self.left, self.at = self.inflate.decompress(chunk), 0
+        data = memoryview(self.left)[self.at:self.at + len(buffer)]
         buffer[:len(data)] = data
+        self.at += len(data)
         return len(data)
 
 
@@ -74,7 +75,8 @@ def _decompressor(kind: str, raw):
     if kind == "zstd":
         import zstandard
 
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=False))
+        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=False)
+        return io.BufferedReader(reader)
     return io.BufferedReader(_ZlibReader(raw))
 
 
@@ -86,7 +88,7 @@ def _scan_compressed(kind, fh, name, found, depth, certain) -> tuple[bool, str |
             head = inner.read(16)
     except (OSError, EOFError, ValueError, lzma.LZMAError, zlib.error) as exc:
         return (True, f"{kind} data does not decompress ({exc})") if certain else (False, None)
-    inner_name = re.sub(r"\.(gz|bz2|xz|lzma|zst|zstd|z)$", "", name, flags=re.I)
+    inner_name = re.sub(r"\.(gz|bz2|xz|lzma|zst|zstd|z)$", "", name, flags=re.IGNORECASE)
     certain = certain or inner_name.lower().endswith(PICKLE_LIKE)
     inner_kind = from_head(head)
     if not (certain or inner_kind is not None):
@@ -180,6 +182,15 @@ def _scan_zip(fh, size, name, found, depth) -> tuple[bool, str | None]:
     return any_pickle, error
 
 
+def _filter_header():
+    """numpy's own filter for Python 2 headers (1L, u'...'), wherever this numpy keeps it."""
+    try:
+        from numpy.lib._format_impl import _filter_header as filter_header
+    except ImportError:
+        from numpy.lib.format import _filter_header as filter_header
+    return filter_header
+
+
 def _scan_npy(fh, size, found) -> tuple[bool, str | None]:
     """A .npy holding an object array (numpy's own reading of its header) carries a pickle after it."""
     import numpy as np
@@ -201,9 +212,7 @@ def _scan_npy(fh, size, found) -> tuple[bool, str | None]:
         except SyntaxError:
             if version > (2, 0):
                 raise
-            from numpy.lib import format as npformat
-
-            fields = ast.literal_eval(getattr(npformat, "_filter_header")(header))
+            fields = ast.literal_eval(_filter_header()(header))
         if not isinstance(fields, dict) or "descr" not in fields:
             raise ValueError("the header is not a dictionary with a descr")
         dtype = np.lib.format.descr_to_dtype(fields["descr"])
@@ -216,4 +225,4 @@ def _scan_npy(fh, size, found) -> tuple[bool, str | None]:
     return scan_raw(fh, consumed, size - consumed, found, certain=True)
 
 
-__all__ = ["ZIP_MAGIC", "NPY_MAGIC", "from_head", "scan_container", "compression_of"]
+__all__ = ["NPY_MAGIC", "ZIP_MAGIC", "compression_of", "from_head", "scan_container"]
