@@ -319,3 +319,48 @@ def test_a_signal_the_kernel_hands_to_another_thread_interrupts_the_wait_for_a_c
         poker.join()
         signal.signal(signal.SIGUSR1, previous)
     assert time.monotonic() - started < 5
+
+
+def test_select_runs_only_the_families_that_have_an_enabled_code(defective, monkeypatch):
+    from itera_verify.rules import StartedChecks
+
+    ran = []
+    for module in families():
+        original = module.check
+
+        def recording(package, _original=original, _name=module.__name__.rsplit(".", 1)[-1], **kwargs):
+            ran.append(_name)
+            return _original(package, **kwargs)
+
+        monkeypatch.setattr(module, "check", recording)
+    findings = run_checks(discover(defective), Selection(select=("IV201",)), "static")
+    assert set(ran) == {"paths"}
+    assert {f.code for f in findings} == {"IV201"}
+    started = StartedChecks(discover(defective), Selection(select=("IV1", "IV506")), "static")
+    started.cancel()
+    assert [m.__name__.rsplit(".", 1)[-1] for m in started.modules] == ["pickles", "structure", "template_files"]
+
+
+def test_a_detached_child_hands_back_its_pickle_scan_and_parsed_run_files(defective, monkeypatch):
+    """The parent builds the report and plans the reloads from what the child already read: it must not scan
+    the pickles or parse the metrics a second time."""
+    from itera_verify import pickles
+    from itera_verify.rules import StartedChecks
+
+    package = discover(defective)
+    started = StartedChecks(package, Selection(), "static", detached=True)
+    try:
+        started.result()
+    finally:
+        started.cancel()
+    scanned = package.settings.get(pickles.SCAN_SETTING, {})
+    assert any(rel.endswith(".pt") or rel.endswith(".bin") for rel in scanned), sorted(scanned)[:5]
+    assert getattr(package, "_reader_scans", None), "the parsed run files stayed in the child"
+
+    def no_second_scan(path):
+        raise AssertionError(f"{path} scanned again in the parent")
+
+    monkeypatch.setattr(pickles, "scan_file", no_second_scan)
+    assert pickles.scan_package(package) == scanned  # everything already known: nothing is opened again
+    metrics_rel = package.manifest["runs"][0]["metrics"]
+    assert any(key[1] == metrics_rel for key in package._reader_scans), sorted(package._reader_scans)[:5]

@@ -364,3 +364,17 @@ def test_every_renderer_handles_an_empty_report():
     report = Report(package="empty/", reloaded=False, runs=None, curves=None)
     for name in ("text", "json", "junit", "github", "html"):
         assert render(name, report)
+
+
+def test_junit_takes_a_family_from_the_registry_when_the_report_does_not_name_it():
+    """IV409 lives in rules/losses.py, not in the IV4xx stop rules: the module that declares a code is its
+    family, whatever its hundred says."""
+    from itera_verify.rules import all_rules
+
+    report = Report(package="pkg", mode="verify", reloaded=False,
+                    findings=[Finding("IV409", "metrics/control.jsonl", severity=Severity.ERROR, message="NaN")])
+    report.rules = {}
+    names = [case.get("name") for case in parse_junit(render("junit", report)).iter("testcase")]
+    family = all_rules()["IV409"].family
+    assert family == "losses"
+    assert any(name.startswith(f"{family} ") or name == family for name in names), names

@@ -10,19 +10,19 @@ import xml.etree.ElementTree as ET
 from typing import Iterable
 
 from ..model import Finding
+from ..rules import all_rules
 from . import Report
 from .text_format import clean, human_bytes, location, severity_of, verdict_line
 
-# Families are the rule modules; when the report does not name them, the code's hundred does.
-FAMILY_BY_PREFIX = {"IV1": "structure", "IV2": "paths", "IV3": "identity", "IV4": "stops", "IV5": "artifacts",
-                    "IV6": "budget", "IV7": "archive"}
 
 
 def family_of(report: Report, code: str) -> str:
+    """The rule module that declares the code: as the report names it, else as the registry does."""
     rule = report.rules.get(code) if isinstance(report.rules, dict) else None
     if isinstance(rule, dict) and rule.get("family"):
         return str(rule["family"])
-    return FAMILY_BY_PREFIX.get(code[:3], "other")
+    declared = all_rules().get(code)
+    return declared.family if declared is not None and declared.family else "other"
 
 
 def finding_line(finding: Finding) -> str:

@@ -15,6 +15,7 @@ from typing import Iterable
 from ..forked import ChildLost, Forked, can_fork
 from ..model import Finding, Rule, Severity
 from ..package import Package
+from ..pickles import SCAN_SETTING
 
 
 @lru_cache(maxsize=1)
@@ -101,7 +102,9 @@ class StartedChecks:
     def __init__(self, package: Package, selection: Selection, phase: str = "static", *, processes: int = 1,
                  detached: bool = False):
         self.package, self.selection = package, selection
-        self.modules = [m for m in families() if getattr(m, "PHASE", "static") == phase]
+        # A family with no enabled code is not run at all (--select IV201 runs the path rules alone).
+        self.modules = [m for m in families() if getattr(m, "PHASE", "static") == phase
+                        and any(selection.enabled(rule.code) for rule in m.RULES)]
         forking = can_fork() and (processes > 1 or detached)
         shares = _balanced(self.modules, processes) if forking else [[(m, None) for m in self.modules]]
         self.parts = {module.__name__: part[1] for share in shares for module, part in share if part is not None}
@@ -123,11 +126,11 @@ class StartedChecks:
         by_unit.update(_run_share(self.package, self.selection, self.here)[0])
         for child, share in self._forked:
             try:
-                findings, digests = child.result()
+                findings, learned = child.result()
             except ChildLost:
-                findings, digests = _run_share(self.package, self.selection, share)
+                findings, learned = _run_share(self.package, self.selection, share)
             by_unit.update(findings)
-            self.package.digests.update(digests)
+            _adopt(self.package, learned)
         return [finding for module in self.modules for index in range(self.parts.get(module.__name__, 1))
                 for finding in by_unit.get((module.__name__, index), [])]
 
@@ -150,7 +153,26 @@ def _run_share(package: Package, selection: Selection, units: list[Unit]) -> tup
                 continue
             finding.severity = selection.severity(finding.code)
             findings.append(finding)
-    return by_unit, dict(package.digests)
+    return by_unit, _learned(package)
+
+
+def _learned(package: Package) -> dict:
+    """What a share's checks computed that the parent uses after them: the digests (the seal compares them),
+    the pickle scan (the reloads refuse what it refused) and the parsed run files (the report's runs table and
+    curves), so the parent never reads or scans a file a second time."""
+    return {"digests": dict(package.digests), "pickle_scan": dict(package.settings.get(SCAN_SETTING, {})),
+            "reader_scans": dict(getattr(package, "_reader_scans", None) or {})}
+
+
+def _adopt(package: Package, learned: dict) -> None:
+    package.digests.update(learned["digests"])
+    if learned["pickle_scan"]:
+        package.settings.setdefault(SCAN_SETTING, {}).update(learned["pickle_scan"])
+    if learned["reader_scans"]:
+        if getattr(package, "_reader_scans", None) is None:
+            package._reader_scans = {}
+        for key, value in learned["reader_scans"].items():
+            package._reader_scans.setdefault(key, value)
 
 
 def _balanced(modules: list[ModuleType], processes: int) -> list[list[Unit]]:
