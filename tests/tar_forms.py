@@ -159,7 +159,7 @@ def _block_of(tar: bytes, info: tarfile.TarInfo) -> bytes:
 def gnu_listing(archive: Path) -> tuple[int, list[str]]:
     run = subprocess.run([TAR, "--zstd", "-tf", str(archive), "--quoting-style=literal"], capture_output=True,
                          env={**os.environ, "LC_ALL": "C.UTF-8"}, timeout=60)
-    return run.returncode, run.stdout.decode("utf-8", "surrogateescape").splitlines()
+    return run.returncode, run.stdout.decode("utf-8", "surrogateescape").split("\n")[:-1]  # not splitlines: \x1e
 
 
 def gnu_extract(archive: Path, into: Path) -> int:

@@ -157,7 +157,7 @@ def test_names_the_writer_makes_through_pax_read_as_gnu_tar_reads_them(tmp_path)
     assert compare_with_gnu(archive, tmp_path)
 
 
-@settings(max_examples=120, deadline=None, derandomize=True, database=None,
+@settings(max_examples=400, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck))
 @given(tar_streams())
 def test_fuzzed_archives_the_audit_accepts_are_what_gnu_tar_extracts(data):

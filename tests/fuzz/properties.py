@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from hypothesis import strategies as st
 
-from . import binary, strategies
+from . import binary, strategies, tar_differential
 from .workspace import Outcome, Workspace, time_limit, watch
 
 CSV_METRICS = "metrics/control.csv"
@@ -316,4 +316,6 @@ READERS: list[Reader] = [
     Reader("tar member reader", lambda ws: binary.tar_zst_archives(), tar_reader_property,
            _module_exists("itera_verify.archive.reader")),
     Reader("audit (archive)", audit_strategy, audit_property, _module_exists("itera_verify.audit_flow")),
+    Reader("tar differential (GNU tar 1.34)", lambda ws: tar_differential.tar_streams(),
+           tar_differential.differential_property, tar_differential.available),
 ]

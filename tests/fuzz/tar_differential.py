@@ -31,9 +31,10 @@ def _name(draw) -> str:
 @st.composite
 def _piece(draw, depth: int = 0) -> bytes:
     kind = draw(st.sampled_from(["file", "file", "file", "dir", "symlink", "hardlink", "raw", "pax", "pax",
-                                 "global", "long", "nested"] if depth == 0 else ["file", "dir", "raw"]))
+                                 "global", "long", "nested", "hidden"] if depth == 0 else ["file", "dir", "raw"]))
     name = _name(draw)
-    data = draw(st.sampled_from([b"", b"abc", b"x" * 700, b"\x80\x02}q\x00."]))
+    data = draw(st.one_of(st.sampled_from([b"", b"abc", b"x" * 700, b"\x80\x02}q\x00."]),
+                          _writer_members()))  # the headers of other members, hidden where data belongs
     if kind == "file":
         return tf.regular(name.rstrip("/") if draw(st.booleans()) else name, data)
     if kind == "dir":
@@ -44,6 +45,10 @@ def _piece(draw, depth: int = 0) -> bytes:
     if kind == "hardlink":
         return tf.header(name.rstrip("/").encode("utf-8", "surrogateescape"), b"1",
                          linkname=draw(st.sampled_from([f"{TOP}/a.txt", f"{TOP}/b/c.json", "top/zz"])).encode())
+    if kind == "hidden":  # a file whose size field readers may parse differently, other headers as its data
+        field = draw(st.sampled_from([b"\x00%010o\0", b" %010o\0", b"%011o ", b"%o\0\0\0\0\0\0\0", b"0_%09o\0"]))
+        size_field = (field % len(data)).ljust(12, b"\0")[:12] if b"%" in field else field
+        return tf.header(f"{TOP}/hidden".encode(), b"0", size_field=size_field) + tf.padded(data)
     if kind == "raw":  # one header with a field outside the profile, and maybe data after it
         typeflag = draw(st.sampled_from(TYPEFLAGS))
         size_field = draw(st.sampled_from([None, None, b"\x00" + b"%010o\0" % len(data), b" %010o\0" % len(data),
@@ -53,21 +58,61 @@ def _piece(draw, depth: int = 0) -> bytes:
         block = tf.header(name.encode("utf-8", "surrogateescape"), typeflag, size=len(data), magic=magic,
                           prefix=prefix, size_field=size_field, mode=0o644)
         return block + tf.padded(data if draw(st.booleans()) else b"")
-    if kind in ("pax", "global"):
+    if kind in ("pax", "global"):  # then a plain member, so that only the records decide
         records = []
-        for key, value in draw(st.lists(st.sampled_from(PAX_RECORDS), min_size=1, max_size=3)):
+        for key, value in draw(st.lists(st.sampled_from(PAX_RECORDS), min_size=1, max_size=3, unique_by=lambda r: r[0])):
             records.append((key, _name(draw) if value is None else value))
-        return tf.extended(records, b"x" if kind == "pax" else b"g")
+        return tf.extended(records, b"x" if kind == "pax" else b"g") + tf.regular(f"{TOP}/plain{len(data)}", data)
     if kind == "long":
         return tf.gnu_long(_name(draw), draw(st.sampled_from([b"L", b"K"])))
     inner = b"".join(draw(st.lists(_piece(depth + 1), min_size=1, max_size=2)))  # headers hidden as data
     return tf.regular(name, inner)
 
 
+WRITER_NAMES = st.one_of(
+    st.sampled_from(["a.txt", "b/c.json", "é/ünï.txt", "bad\udcff.bin", "x" * 95 + "/y" * 4, "sp ace\\back\nline",
+                     "long-folder/" * 9 + "w.safetensors", "SEAL/SHA256SUMS", "SEAL/verification.json"]),
+    st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="/\0"), min_size=1, max_size=120)
+    .filter(lambda n: n not in (".", "..")))
+
+
+@st.composite
+def _writer_members(draw) -> bytes:
+    """Members as the seal's writer writes them (ustar, or tarfile's PAX encoding): always in profile. Names
+    are distinct; a hard link names a file written before it."""
+    from itera_verify.archive.writer import DIRECTORY, HARDLINK, REGULAR, SYMLINK, tar_header
+
+    out, files = [], []
+    for rel in draw(st.lists(WRITER_NAMES, unique=True, max_size=6)):
+        name = f"{TOP}/{rel}"
+        kind = draw(st.sampled_from(["file", "file", "dir", "symlink"] + (["hardlink"] if files else [])))
+        mtime = draw(st.sampled_from([0, 1_700_000_000, -1, 8 ** 11]))
+        if kind == "file":
+            data = draw(st.sampled_from([b"", b"abc", b"y" * 1000]))
+            out.append(tar_header(name, REGULAR, size=len(data), mtime=mtime) + tf.padded(data))
+            files.append(name)
+        elif kind == "dir":
+            out.append(tar_header(name + "/", DIRECTORY, mode=0o755, mtime=mtime))
+        elif kind == "symlink":
+            out.append(tar_header(name, SYMLINK, mode=0o777, mtime=mtime,
+                                  linkname=draw(st.sampled_from(["a.txt", "b", "./a.txt", "a" * 120, "é"]))))
+        else:
+            out.append(tar_header(name, HARDLINK, linkname=draw(st.sampled_from(files))))
+    return b"".join(out)
+
+
 @st.composite
 def tar_streams(draw) -> bytes:
-    """A tar.zst: a top folder, then pieces (mostly in profile, some not), then maybe the end blocks."""
-    pieces = [tf.header(f"{TOP}/".encode(), b"5", mode=0o755)] + draw(st.lists(_piece(), max_size=6))
+    """A tar.zst: a top folder, then members as the writer writes them, or pieces built by hand (often
+    outside the profile), then maybe the end blocks."""
+    mode = draw(st.sampled_from(["writer", "one hand-made piece", "mixed"]))
+    if mode == "writer":
+        body = draw(_writer_members())
+    elif mode == "one hand-made piece":  # in a stream the audit accepts otherwise: the piece alone decides
+        body = draw(_writer_members()) + draw(_piece()) + draw(_writer_members())
+    else:
+        body = b"".join(draw(st.lists(st.one_of(_piece(), _writer_members()), max_size=6)))
+    pieces = [tf.header(f"{TOP}/".encode(), b"5", mode=0o755), body]
     tail = draw(st.sampled_from([tf.END, tf.END, tf.END, tf.END + bytes(512 * 18), b"", tf.BLOCK * b"\0"]))
     return tf.zst(b"".join(pieces) + tail)
 

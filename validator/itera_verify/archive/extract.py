@@ -227,8 +227,8 @@ class _Extractor:
             return
         if member.kind not in ("file", "directory"):
             return self.refuse(member, f"a {member.kind} inside SEAL/")
-        if rel not in SEAL_WRITTEN:
-            # Never trusted, whatever SHA256SUMS says; still hashed (and scanned by the caller) below.
+        if rel not in SEAL_WRITTEN or member.kind == "directory":
+            # Never trusted, whatever SHA256SUMS says; a file is still hashed (and scanned by the caller) below.
             self.result.seal_extras.append((member.name, f"a {member.kind} the seal never writes"))
             if member.kind == "directory":
                 return

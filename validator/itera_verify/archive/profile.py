@@ -35,6 +35,8 @@ USTAR_MAGIC = b"ustar\x0000"
 _NUMBERS = (("mode", 100, 108), ("uid", 108, 116), ("gid", 116, 124), ("size", 124, 136), ("mtime", 136, 148),
             ("checksum", 148, 156))
 _DEVICE_NUMBERS = (("devmajor", 329, 337), ("devminor", 337, 345))
+_WRITER_NUMBERS = re.compile(rb"(?:[0-7]{7}\0){3}(?:[0-7]{11}\0){2}[0-7]{6}\0 ")  # mode uid gid size mtime checksum
+_NO_DEVICE_NO_PREFIX = bytes(500 - 329)
 
 
 class OutsideProfile(ArchiveError):
@@ -91,15 +93,19 @@ def check_block(header: bytes, offset: int) -> tuple[bytes, int]:
         raise OutsideProfile(what or f"typeflag {typeflag!r}, which the seal never writes", name, offset)
     if header[257:265] != USTAR_MAGIC:
         raise OutsideProfile(f"not a POSIX ustar header (magic {bytes(header[257:265])!r})", name, offset)
-    for what, start, end in _NUMBERS:
-        octal(header[start:end], what, offset, name)
+    if _WRITER_NUMBERS.fullmatch(header, 100, 156):  # the writer's exact form first: one match per header
+        size = int(header[124:135], 8)
+    else:
+        size = [octal(header[start:end], what, offset, name) for what, start, end in _NUMBERS][3]
+    if header[329:500] == _NO_DEVICE_NO_PREFIX:
+        return typeflag, size
     for what, start, end in _DEVICE_NUMBERS:
         if header[start:end].strip(b"\0"):
             octal(header[start:end], what, offset, name)
     if header[345:500].strip(b"\0"):
         prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
         raise OutsideProfile("a ustar name prefix (the seal writes a PAX path instead)", f"{prefix}/{name}", offset)
-    return typeflag, int(header[124:136].rstrip(b"\0 "), 8)
+    return typeflag, size
 
 
 def parse_pax(data: bytes, offset: int = 0) -> dict[str, str]:
