@@ -145,6 +145,13 @@ def _descriptor_fits(gap: bytes, entry: Entry) -> bool:
 
 def read_layout(fh, size: int) -> list[Entry]:
     """The members of the one archive the file holds, in central-directory order; AmbiguousZip otherwise."""
+    try:
+        return _read_layout(fh, size)
+    except (struct.error, UnicodeDecodeError) as exc:  # a field that runs past its record
+        raise AmbiguousZip(f"a record cut short or misencoded ({exc})") from exc
+
+
+def _read_layout(fh, size: int) -> list[Entry]:
     entries, cd_offset, cd_end = _end_records(fh, size)
     members = _central(fh, entries, cd_offset, cd_end)
     expected = 0  # the next local header starts where the previous member (and its descriptor) ended
