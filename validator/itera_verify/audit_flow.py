@@ -26,22 +26,19 @@ import tempfile
 from pathlib import Path
 
 from . import __version__
-from .archive import SumsError, parse_sums
 from .archive.extract import Extraction, safe_extract
 from .archive.zstdframes import declared_content_size
 from .hfcache import resolve_hf_cache
-from .model import Finding, UsageError
+from .model import UsageError
 from .package import discover
 from .progress import NULL_PROGRESS, Progress
 from .report import Report
 from .rules import Selection
+from .rules.archive import RECORD, AuditFacts, audit_findings
 from .seal import termination_unwinds
 from .verify_flow import build_report, check_package, check_processes
 
 GiB = 1 << 30
-SUMS, RECORD = "SEAL/SHA256SUMS", "SEAL/verification.json"
-STREAM_CODES = {"truncated": "IV702", "too-large": "IV705", "not-zstd": "IV701", "corrupt": "IV701",
-                "profile": "IV703"}
 
 
 def default_max_size(archive_bytes: int) -> int:
@@ -70,10 +67,11 @@ def audit(archive, *, reload: bool = False, max_size: int | None = None, device:
             try:
                 extraction = _extract(path, fd, workdir, limit, progress, seal_side,
                                       keep_prefix=None if reload else safetensors_header)
-                report = _recheck(path, size, workdir, extraction, selection, reload=reload,
-                                  device=resolved_device, hf_cache=hf_cache, timeout=timeout, jobs=jobs,
-                                  progress=progress)
-                archive_findings = _archive_findings(path, extraction, limit)
+                report, unwalkable = _recheck(path, size, workdir, extraction, selection, reload=reload,
+                                              device=resolved_device, hf_cache=hf_cache, timeout=timeout,
+                                              jobs=jobs, progress=progress)
+                facts = AuditFacts(path.name, limit, extraction, seal_scans=_scan_seal_files(extraction),
+                                   detached=_detached_checksum(path, extraction), unwalkable=unwalkable)
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
                 shutil.rmtree(seal_side, ignore_errors=True)
@@ -87,10 +85,8 @@ def audit(archive, *, reload: bool = False, max_size: int | None = None, device:
     report.audit["archive_sha256"] = archive_sha256
     comparison = _compare_record(extraction, report)
     report.audit["comparison"] = comparison
-    if comparison.get("recorded_verdict") == "pass" and comparison.get("verdict") == "fail":
-        archive_findings.append(Finding("IV701", f"{extraction.top}/{RECORD}",
-                                        message="the recorded verdict is pass but the re-check fails: the record "
-                                                "does not describe this content"))
+    facts.record_contradicted = comparison.get("recorded_verdict") == "pass" and comparison.get("verdict") == "fail"
+    archive_findings = audit_findings(facts)
     for finding in archive_findings:
         finding.severity = selection.severity(finding.code)
     report.findings[:0] = archive_findings
@@ -201,8 +197,10 @@ def _extract(path: Path, fd: int, workdir: str, limit: int, progress: Progress, 
 
 
 def _recheck(path: Path, size: int, workdir: str, extraction: Extraction, selection: Selection, *, reload: bool,
-             device: str | None, hf_cache, timeout: float, jobs: int, progress: Progress) -> Report:
-    """Every check again on the extracted package; skipped when the stream itself failed."""
+             device: str | None, hf_cache, timeout: float, jobs: int,
+             progress: Progress) -> tuple[Report, str | None]:
+    """Every check again on the extracted package; skipped when the stream itself failed. Returns the report
+    and, when the extracted package cannot even be walked, why."""
     facts = {"archive": str(path), "archive_bytes": size,
              "archive_sha256": None,  # audit() fills it in
              "expanded_bytes": extraction.expanded_bytes, "members": extraction.members,
@@ -220,98 +218,33 @@ def _recheck(path: Path, size: int, workdir: str, extraction: Extraction, select
     if package is None:
         report = Report(package=str(path), mode="audit", reloaded=False, strict=selection.strict)
         report.audit = facts
-        if unwalkable:
-            report.findings.append(Finding("IV703", extraction.top, severity=selection.severity("IV703"),
-                                           message=f"the extracted package cannot be walked ({unwalkable}): "
-                                                   "unsafe member names"))
-        return report
+        return report, unwalkable
     package.hf_cache = resolve_hf_cache(hf_cache)
     findings, reloads = check_package(package, selection, reload=reload, device=device or "cpu", timeout=timeout,
                                       jobs=jobs, progress=progress, processes=check_processes(package))
     report = build_report(package, findings, reloads, selection, mode="audit", reloaded=reload, device=device)
     report.package = str(path)  # the archive, never the temporary folder
     report.audit = {**facts, "rechecked": True}
-    return report
+    return report, None
 
 
-def _archive_findings(path: Path, extraction: Extraction, limit: int) -> list[Finding]:
-    findings = [Finding("IV703", name, message=f"unsafe member: {why}; not extracted")
-                for name, why in extraction.refused]
-    findings += _seal_extra_findings(extraction)
-    error = extraction.error
-    if error is not None:
-        what = {"too-large": f"the archive expands beyond {limit} bytes (--max-size); stopped there",
-                "truncated": f"the archive is truncated: {error}; the members after that point are missing",
-                "not-zstd": f"not a sealed archive: {error}",
-                "profile": f"outside the tar profile the seal writes: {error}; GNU tar may extract other "
-                           "members than the audit reads, so the whole archive is refused and nothing re-checked"
-                }.get(error.kind, f"the archive is corrupt: {error}")
-        findings.append(Finding(STREAM_CODES[error.kind], getattr(error, "member", "") or path.name, message=what))
-        return findings
-    findings += _detached_checksum(path, extraction)
-    findings += _sums_findings(extraction)
-    return findings
-
-
-def _seal_extra_findings(extraction: Extraction) -> list[Finding]:
-    """IV702 for a SEAL/ member the seal never writes (never trusted, whatever SHA256SUMS lists); every SEAL/
-    file other than the two records was written aside and is scanned: a pickle there is named."""
+def _scan_seal_files(extraction: Extraction) -> dict:
+    """Every SEAL/ file beside the two records, written aside by the extraction: scanned like any pickle."""
     from .pickles import scan_file
 
-    top = extraction.top
-    findings = [Finding("IV702", name, message=f"SEAL/ holds {what}: only SHA256SUMS, verification.json and "
-                                               "report.html are the seal's; not trusted")
-                for name, what in extraction.seal_extras]
-    for rel, side in sorted(extraction.seal_side.items()):
-        scan = scan_file(side)
-        if scan.is_pickle:
-            findings.append(Finding("IV702", f"{top}/{rel}", message=f"a pickle inside SEAL/, which {scan.refusal()}"
-                                    if scan.unsafe or scan.error else "a pickle inside SEAL/, where the seal "
-                                    "writes none"))
-    return findings
+    return {rel: scan_file(side) for rel, side in extraction.seal_side.items()}
 
 
-def _detached_checksum(path: Path, extraction: Extraction) -> list[Finding]:
-    """`<archive>.sha256` beside the archive, when there is one, must name this archive's bytes."""
+def _detached_checksum(path: Path, extraction: Extraction) -> tuple[str, bool] | None:
+    """`<archive>.sha256` beside the archive, when there is one: whether it names this archive's bytes."""
     beside = path.with_name(path.name + ".sha256")
     try:
         recorded = beside.read_text(encoding="utf-8", errors="replace").split()[:1]
     except OSError:
-        return []
-    if recorded and recorded[0].lower().lstrip("\\") == extraction.archive_sha256:
-        return []
-    return [Finding("IV701", path.name, message=f"the archive's SHA-256 does not match {beside.name}")]
-
-
-def _sums_findings(extraction: Extraction) -> list[Finding]:
-    """IV701 per member whose digest differs from SHA256SUMS; IV702 per name in one set and not the other."""
-    if SUMS not in extraction.seal_files:
-        return [Finding("IV702", f"{extraction.top}/{SUMS}", message="SEAL/SHA256SUMS is missing: nothing in the "
-                                                                     "archive can be verified")]
-    try:
-        listed = parse_sums(extraction.seal_files[SUMS])
-    except SumsError as exc:
-        return [Finding("IV701", f"{extraction.top}/{SUMS}", line=exc.line,
-                        message=f"SEAL/SHA256SUMS is malformed: {exc}")]
-    top = extraction.top
-    refused = {name.split("/", 1)[-1] for name, _ in extraction.refused}
-    extras = {name.split("/", 1)[-1] for name, _ in extraction.seal_extras}  # IV702 already, listed or not
-    present = {name: digest for name, digest in extraction.files.items() if name != SUMS and name not in extras}
-    findings = []
-    for name in sorted(listed):
-        if name in present:
-            if present[name] != listed[name]:
-                findings.append(Finding("IV701", f"{top}/{name}", message=(
-                    f"content differs from SEAL/SHA256SUMS (sha256 {present[name][:12]}…, "
-                    f"listed {listed[name][:12]}…)")))
-        elif name not in refused and name not in extras:
-            findings.append(Finding("IV702", f"{top}/{name}",
-                                    message="listed in SEAL/SHA256SUMS but missing from the archive"))
-    for name in sorted(set(present) - set(listed)):
-        findings.append(Finding("IV702", f"{top}/{name}", message="in the archive but not listed in SEAL/SHA256SUMS"))
-    if RECORD not in extraction.seal_files and RECORD not in listed:
-        findings.append(Finding("IV702", f"{top}/{RECORD}", message="SEAL/verification.json is missing"))
-    return findings
+        return None
+    if extraction.error is not None:  # a failed stream is reported on its own
+        return None
+    return beside.name, bool(recorded) and recorded[0].lower().lstrip("\\") == extraction.archive_sha256
 
 
 def _compare_record(extraction: Extraction, report: Report) -> dict:

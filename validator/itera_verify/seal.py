@@ -9,7 +9,8 @@ the workflow hands over (`SEAL/verification.json`, `SEAL/report.html`). Choices 
 - A symbolic link that stays inside the package is stored as a link (an absolute or roundabout target is
   rewritten relative, so it still works where the archive is extracted); SHA256SUMS lists regular files only,
   including `SEAL/verification.json` and `SEAL/report.html`. A link that leaves the package or is broken, and a
-  fifo, socket or device, cannot be sealed (SealRefused with IV203, IV204 or IV703).
+  fifo, socket or device, cannot be sealed (SealRefused: IV703, made by rules/archive.py like every finding of
+  the seal).
 - Each file is read once; its SHA-256 is computed on the bytes given to the compressor. A file that vanished,
   changed size, modification time or inode (or inode change time, when discovery records it) since discovery,
   or whose digest differs from one a check computed, is IV704 and nothing is sealed. A file that exists but cannot be read is unreadable input: UsageError (exit 2).
@@ -31,6 +32,7 @@ import stat
 import threading
 import time
 from contextlib import contextmanager
+from functools import cached_property
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,11 +50,18 @@ SUMS = "SEAL/SHA256SUMS"
 
 
 class SealRefused(Exception):
-    """Nothing was sealed because of the package's content; `findings` say why (IV704, IV706, ...)."""
+    """Nothing was sealed because of the package's content. `problems`: (kind, package path, detail) facts;
+    `findings`: what rules/archive.py makes of them (IV703, IV704, IV706)."""
 
-    def __init__(self, message: str, findings: list[Finding]):
+    def __init__(self, message: str, problems: list[tuple[str, str, str]]):
         super().__init__(message)
-        self.findings = findings
+        self.problems = problems
+
+    @cached_property  # made once: the workflow sets their severity in place
+    def findings(self) -> list[Finding]:
+        from .rules.archive import seal_findings
+
+        return seal_findings(self.problems)
 
 
 class Terminated(KeyboardInterrupt):
@@ -98,15 +107,11 @@ def plan_members(package: Package) -> list[_Entry]:
     refused = []
     if any(p == SEAL_DIR or p.startswith(SEAL_DIR + "/") for p in
            (*package.files, *package.dirs, *package.links, *package.specials)):
-        refused.append(Finding("IV706", SEAL_DIR, message="the package holds SEAL/, a name the seal reserves"))
-    for rel, kind in package.specials.items():
-        refused.append(Finding("IV703", rel, message=f"a {kind} cannot be sealed"))
+        refused.append(("seal-folder", SEAL_DIR, ""))
+    refused += [("special", rel, kind) for rel, kind in package.specials.items()]
     for rel, link in package.links.items():
-        if link.broken:
-            refused.append(Finding("IV204", rel, message=f"a broken link ({link.target}) cannot be sealed"))
-        elif not link.inside:
-            refused.append(Finding("IV203", rel,
-                                   message=f"a link leaving the package ({link.target}) cannot be sealed"))
+        if link.broken or not link.inside:
+            refused.append(("broken-link" if link.broken else "leaving-link", rel, link.target))
     if refused:
         raise SealRefused("the package holds entries that cannot be sealed", refused)
     entries = [_Entry("", "directory", 0o755, _mtime(package.root))]
@@ -289,11 +294,11 @@ def _unchanged_since_discovery(package: Package, digests: dict[str, str]) -> Non
 
 def _refuse_changed(package: Package, changed: _Changed) -> SealRefused:
     """IV704 for the file that changed, plus any other file whose stat data no longer matches."""
-    findings = [Finding("IV704", changed.rel, message=f"{changed.reason}; nothing was sealed")]
+    problems = [("changed", changed.rel, changed.reason)]
     for rel in sorted(package.files):
         if rel != changed.rel and (reason := _still_same(package, rel)) is not None:
-            findings.append(Finding("IV704", rel, message=f"{reason}; nothing was sealed"))
-    return SealRefused("files changed between the check and the seal", findings)
+            problems.append(("changed", rel, reason))
+    return SealRefused("files changed between the check and the seal", problems)
 
 
 # ---- the seal ---------------------------------------------------------------------------------------------

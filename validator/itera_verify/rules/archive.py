@@ -1,11 +1,18 @@
-"""IV701–IV706: the sealed archive. IV701–IV705 come from the seal and the audit (they concern an archive, not
-a package); IV706 is the one static check: a package holding `SEAL/` is refused before any work."""
+"""IV701–IV706: the sealed archive, every finding of them made here. IV706 is the one static check (a package
+holding `SEAL/` is refused before any work); the rest turn facts into findings, as rules/reload.py does for the
+reloads: what the seal refused (SealRefused.problems, seal.py) and what the audit found (AuditFacts, filled by
+audit_flow.py from the extraction, archive/extract.py)."""
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterator
 
 from ..model import Finding, Rule, Severity
 from ..package import Package
+
+if TYPE_CHECKING:
+    from ..archive.extract import Extraction
+    from ..pickles import ScanResult
 
 RULES = [
     Rule("IV701", Severity.ERROR, "audit: a member's checksum does not match SEAL/SHA256SUMS",
@@ -19,14 +26,19 @@ RULES = [
     Rule("IV702", Severity.ERROR, "audit: a member is missing from the archive, or present but not listed",
          explain="SEAL/SHA256SUMS and the archive must name the same files. A missing member means something "
                  "sealed is not delivered (a truncated archive reads this way: everything after the cut is "
-                 "missing); an unlisted one was added after the seal and nothing vouches for it.",
+                 "missing); an unlisted one was added after the seal and nothing vouches for it. SEAL/ holds "
+                 "what the seal wrote (SHA256SUMS, verification.json, report.html) and nothing else: any other "
+                 "member there is refused even when SHA256SUMS lists it, and a pickle there is named.",
          bad="predictions/extra.jsonl in the archive, not in SEAL/SHA256SUMS",
          good="the same set of file names on both sides"),
     Rule("IV703", Severity.ERROR, "audit: an unsafe member",
          explain="A member with an absolute name or `..`, outside the package folder, a symbolic or hard link "
                  "leaving the package, a device node, a fifo or an unknown member type could write outside "
-                 "the folder it is extracted into, or shadow another file. It is never extracted. The seal "
-                 "refuses to produce such members too (a fifo or device inside the package).",
+                 "the folder it is extracted into, or shadow another file. It is never extracted. A header "
+                 "outside the tar profile the seal writes (GNU long names, global or sparse headers, unknown PAX "
+                 "keys, a file named like a folder: docs/format.md) refuses the whole archive, since GNU tar may "
+                 "extract other members than the audit reads. The seal refuses to produce such members too (a "
+                 "fifo or device inside the package, a link that leaves it or is broken).",
          bad="../../home/reviewer/.bashrc   or   artifacts/base -> /etc",
          good="reviews-lora-2026-11/artifacts/latest -> checkpoint-400"),
     Rule("IV704", Severity.ERROR, "seal: a file changed between check and seal",
@@ -52,7 +64,128 @@ RULES = [
 ]
 
 
+SEAL_FOLDER = "SEAL"
+SUMS, RECORD = "SEAL/SHA256SUMS", "SEAL/verification.json"
+
+
+def _reserved_seal_folder() -> Finding:
+    return Finding("IV706", SEAL_FOLDER, message="the package holds SEAL/, a name the sealed archive reserves")
+
+
 def check(package: Package) -> Iterator[Finding]:
     names = (*package.dirs, *package.files, *package.links, *package.specials)
-    if "SEAL" in names:
-        yield Finding("IV706", "SEAL", message="the package holds SEAL/, a name the sealed archive reserves")
+    if SEAL_FOLDER in names:
+        yield _reserved_seal_folder()
+
+
+# ---- the seal's refusals ------------------------------------------------------------------------------------
+def seal_findings(problems: list[tuple[str, str, str]]) -> list[Finding]:
+    """(kind, package path, detail) from seal.py: what cannot be sealed, or what changed while it was."""
+    findings = []
+    for kind, rel, detail in problems:
+        if kind == "seal-folder":
+            findings.append(_reserved_seal_folder())
+        elif kind == "special":
+            findings.append(Finding("IV703", rel, message=f"a {detail} cannot be sealed"))
+        elif kind == "broken-link":  # IV204 (rules/paths.py) says it too when enabled; the seal's refusal is this
+            findings.append(Finding("IV703", rel, message=f"a broken link ({detail}) cannot be sealed"))
+        elif kind == "leaving-link":  # likewise IV203
+            findings.append(Finding("IV703", rel, message=f"a link leaving the package ({detail}) cannot be sealed"))
+        elif kind == "changed":
+            findings.append(Finding("IV704", rel, message=f"{detail}; nothing was sealed"))
+        else:
+            raise ValueError(f"unknown seal problem {kind!r}")
+    return findings
+
+
+# ---- the audit ---------------------------------------------------------------------------------------------
+STREAM_CODES = {"truncated": "IV702", "too-large": "IV705", "not-zstd": "IV701", "corrupt": "IV701",
+                "profile": "IV703"}
+
+
+@dataclass
+class AuditFacts:
+    archive_name: str
+    limit: int  # --max-size
+    extraction: "Extraction"
+    seal_scans: dict[str, "ScanResult"] = field(default_factory=dict)  # SEAL/ files written aside, scanned
+    detached: tuple[str, bool] | None = None  # (<archive>.sha256, whether it names this archive's bytes)
+    unwalkable: str | None = None  # why the extracted package could not be walked
+    record_contradicted: bool = False  # the recorded verdict is pass, the re-check fails
+
+
+def audit_findings(facts: AuditFacts) -> list[Finding]:
+    extraction = facts.extraction
+    findings = [Finding("IV703", name, message=f"unsafe member: {why}; not extracted")
+                for name, why in extraction.refused]
+    findings += _seal_extra_findings(facts)
+    error = extraction.error
+    if error is not None:
+        what = {"too-large": f"the archive expands beyond {facts.limit} bytes (--max-size); stopped there",
+                "truncated": f"the archive is truncated: {error}; the members after that point are missing",
+                "not-zstd": f"not a sealed archive: {error}",
+                "profile": f"outside the tar profile the seal writes: {error}; GNU tar may extract other "
+                           "members than the audit reads, so the whole archive is refused and nothing re-checked"
+                }.get(error.kind, f"the archive is corrupt: {error}")
+        findings.append(Finding(STREAM_CODES[error.kind], getattr(error, "member", "") or facts.archive_name,
+                                message=what))
+        return findings
+    if facts.unwalkable:
+        findings.append(Finding("IV703", extraction.top, message=f"the extracted package cannot be walked "
+                                                                 f"({facts.unwalkable}): unsafe member names"))
+    if facts.detached is not None and not facts.detached[1]:
+        findings.append(Finding("IV701", facts.archive_name,
+                                message=f"the archive's SHA-256 does not match {facts.detached[0]}"))
+    findings += _sums_findings(extraction)
+    if facts.record_contradicted:
+        findings.append(Finding("IV701", f"{extraction.top}/{RECORD}",
+                                message="the recorded verdict is pass but the re-check fails: the record "
+                                        "does not describe this content"))
+    return findings
+
+
+def _seal_extra_findings(facts: AuditFacts) -> list[Finding]:
+    """IV702 for a SEAL/ member the seal never writes (never trusted, whatever SHA256SUMS lists), and for a
+    pickle found in a SEAL/ file."""
+    top = facts.extraction.top
+    findings = [Finding("IV702", name, message=f"SEAL/ holds {what}: only SHA256SUMS, verification.json and "
+                                               "report.html are the seal's; not trusted")
+                for name, what in facts.extraction.seal_extras]
+    for rel, scan in sorted(facts.seal_scans.items()):
+        if scan.is_pickle:
+            findings.append(Finding("IV702", f"{top}/{rel}", message=f"a pickle inside SEAL/, which {scan.refusal()}"
+                                    if scan.unsafe or scan.error else "a pickle inside SEAL/, where the seal "
+                                    "writes none"))
+    return findings
+
+
+def _sums_findings(extraction: "Extraction") -> list[Finding]:
+    """IV701 per member whose digest differs from SHA256SUMS; IV702 per name in one set and not the other."""
+    from ..archive.sums import SumsError, parse_sums  # not at the top: every check loads the rules
+
+    top = extraction.top
+    if SUMS not in extraction.seal_files:
+        return [Finding("IV702", f"{top}/{SUMS}", message="SEAL/SHA256SUMS is missing: nothing in the archive "
+                                                          "can be verified")]
+    try:
+        listed = parse_sums(extraction.seal_files[SUMS])
+    except SumsError as exc:
+        return [Finding("IV701", f"{top}/{SUMS}", line=exc.line, message=f"SEAL/SHA256SUMS is malformed: {exc}")]
+    refused = {name.split("/", 1)[-1] for name, _ in extraction.refused}
+    extras = {name.split("/", 1)[-1] for name, _ in extraction.seal_extras}  # IV702 already, listed or not
+    present = {name: digest for name, digest in extraction.files.items() if name != SUMS and name not in extras}
+    findings = []
+    for name in sorted(listed):
+        if name in present:
+            if present[name] != listed[name]:
+                findings.append(Finding("IV701", f"{top}/{name}", message=(
+                    f"content differs from SEAL/SHA256SUMS (sha256 {present[name][:12]}…, "
+                    f"listed {listed[name][:12]}…)")))
+        elif name not in refused and name not in extras:
+            findings.append(Finding("IV702", f"{top}/{name}",
+                                    message="listed in SEAL/SHA256SUMS but missing from the archive"))
+    for name in sorted(set(present) - set(listed)):
+        findings.append(Finding("IV702", f"{top}/{name}", message="in the archive but not listed in SEAL/SHA256SUMS"))
+    if RECORD not in extraction.seal_files and RECORD not in listed:
+        findings.append(Finding("IV702", f"{top}/{RECORD}", message="SEAL/verification.json is missing"))
+    return findings
