@@ -1,0 +1,60 @@
+"""What both callbacks share: JSON-safe parameter values, package-relative paths, saving the final model."""
+from __future__ import annotations
+
+import enum
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from ..record.hub import loaded_commit
+from ..record.run import Run
+
+
+def json_value(value: Any) -> Any:
+    """A parameter as JSON, or None when it has no faithful JSON form (it is then left out)."""
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float, str)) for v in value):
+        return list(value)
+    return None
+
+
+def package_relative(run: Run, path: str | os.PathLike) -> str | None:
+    """`path` relative to the package root when it lies inside it (an absolute /tmp/... output_dir in the
+    params would be IV201), else None."""
+    try:
+        return Path(os.path.realpath(path)).relative_to(os.path.realpath(run.root)).as_posix()
+    except ValueError:
+        return None
+
+
+def numeric_logs(logs: dict) -> dict[str, float]:
+    return {k: v for k, v in (logs or {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def save_final_model(run: Run, model, rel_path: str, hf_cache=None) -> str:
+    """Save `model` into the package at `rel_path` as safetensors and register it: a PeftModel as an adapter
+    pinned to its base's commit, any other transformers model as a model folder."""
+    target = run.root / rel_path
+    if hasattr(model, "peft_config"):
+        # save_embedding_layers=False: "auto" would look the base config up on the hub.
+        model.save_pretrained(target, safe_serialization=True, save_embedding_layers=False)
+        config = next(iter(model.peft_config.values()))
+        return run.adapter(target, base=config.base_model_name_or_path, model=model,
+                           revision=getattr(config, "revision", None), cache_dir=hf_cache)
+    model.save_pretrained(target, safe_serialization=True)
+    return run.artifact(target, "transformers-model")
+
+
+def pin_peft_revision(model) -> None:
+    """Give the PEFT config the base's loaded commit where it has none, so that every adapter_config.json the
+    run saves (its checkpoints' included) names the pinned base, not `revision: null`."""
+    commit = loaded_commit(model)
+    for config in model.peft_config.values():
+        if commit and getattr(config, "revision", None) is None:
+            config.revision = commit

@@ -1,0 +1,113 @@
+"""`RecordCallback`: a transformers TrainerCallback that records a run of the campaign.
+
+It starts the run with the training arguments as params (seed, world size, precision, learning rate, ...),
+appends every logged value to the metrics, enforces the declared stop rules live, registers each saved
+checkpoint as a resume artifact and, when asked, saves and registers the final model. Only the main process
+writes; every process takes the same stop decision (logged values are gathered over ranks)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from ..record.artifacts import forget_missing
+from ..record.errors import RecordError
+from ..record.run import Run
+from .common import json_value, numeric_logs, package_relative, pin_peft_revision, save_final_model
+
+# TrainingArguments recorded in params/<run>.json, under their own names.
+RECORDED_ARGS = (
+    "seed", "data_seed", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
+    "max_grad_norm", "num_train_epochs", "max_steps", "per_device_train_batch_size", "per_device_eval_batch_size",
+    "gradient_accumulation_steps", "lr_scheduler_type", "warmup_steps", "warmup_ratio", "optim", "fp16", "bf16",
+    "tf32", "gradient_checkpointing", "logging_steps", "save_strategy", "save_steps", "save_total_limit",
+    "eval_strategy", "eval_steps", "logging_nan_inf_filter", "save_only_model")
+
+
+def training_params(args, run: Run) -> dict:
+    params = {}
+    for name in RECORDED_ARGS:
+        if hasattr(args, name):
+            value = json_value(getattr(args, name))
+            if value is not None or getattr(args, name) is None:
+                params[name] = value
+    params["world_size"] = args.world_size
+    params["mixed_precision"] = "fp16" if args.fp16 else "bf16" if args.bf16 else None
+    params["precision"] = params["mixed_precision"] or "fp32"
+    output_dir = package_relative(run, args.output_dir)
+    params["output_dir"] = output_dir if output_dir is not None else os.path.basename(str(args.output_dir))
+    return params
+
+
+class RecordCallback(TrainerCallback):
+    """Record `run` (a handle from `campaign.run(...)`) while a Trainer trains it.
+
+    save_model_to: a folder inside the package where the final model (or adapter) is saved and registered at
+    the end of a run that was not stopped. hf_cache: the hub cache the base of an adapter was loaded from
+    (default: the environment's)."""
+
+    def __init__(self, run: Run, save_model_to: str | None = None, hf_cache=None):
+        self.run = run
+        self.save_model_to = save_model_to
+        self.hf_cache = hf_cache
+        self.stopped = run.stopped
+
+    # The Trainer's default logging_nan_inf_filter=True logs a NaN step's loss as the window's average
+    # (FIELD-NOTES): the non-finite rule would be blind. The Trainer reads the flag at every step, so turning it
+    # off here (and again at train begin, for a callback added after init) makes it log the real loss.
+    def on_init_end(self, args, state, control, **kwargs):
+        args.logging_nan_inf_filter = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        args.logging_nan_inf_filter = False
+        saving = str(getattr(args.save_strategy, "value", args.save_strategy)) != "no"
+        if saving and package_relative(self.run, args.output_dir) is None:
+            raise RecordError(f"output_dir {args.output_dir} lies outside the package {self.run.root}: "
+                              "checkpoints must be saved inside it (use a relative output_dir such as "
+                              f"{self.run.root.name}/checkpoints/{self.run.id}), or set save_strategy='no'")
+        model = kwargs.get("model")
+        if model is not None and hasattr(model, "peft_config"):
+            pin_peft_revision(model)
+        if not self.run.started:
+            self.run.start(training_params(args, self.run))
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        values = numeric_logs(logs)
+        if not values:
+            return
+        # Written by the main process only; every rank checks the rules, so all of them stop together.
+        if state.is_world_process_zero:
+            violation = self.run.log_dict(state.global_step, values)
+        else:
+            violation = self.run.check(state.global_step, values)
+        if violation is None or self.stopped:
+            return
+        self.stopped = True
+        if state.is_world_process_zero:
+            self.run.stop_for(violation)
+        control.should_training_stop = True
+
+    def on_save(self, args, state, control, **kwargs):
+        _barrier(args)  # every rank has written its own files (rng_state_<rank>.pth) before it is registered
+        if not state.is_world_process_zero:
+            return
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if folder.is_dir():
+            self.run.artifact(folder.absolute(), "resume-checkpoint", id=f"{self.run.id}-checkpoint-{state.global_step}")
+        forget_missing(self.run, "resume-checkpoint")  # save_total_limit deleted older ones
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        if state.is_world_process_zero:
+            forget_missing(self.run, "resume-checkpoint")
+            if self.save_model_to and model is not None and not self.stopped:
+                save_final_model(self.run, model, self.save_model_to, self.hf_cache)
+        _barrier(args)
+
+
+def _barrier(args) -> None:
+    if args.world_size > 1:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()

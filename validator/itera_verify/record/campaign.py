@@ -1,0 +1,245 @@
+"""A campaign folder recorded as it happens: create or reopen it, declare the plan and the stop rules, start
+runs, record the timeline, close it with the decision. The package on disk is the only state: every step reads
+it under the lock, changes it and writes it back atomically, so a crash, a reopen or a second process of the
+same campaign all continue from what was written."""
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Iterable
+
+from .errors import RecordError
+from .files import dumps, remove_stale_temps, sha256_file, write_atomic
+from .run import Run
+from .stoprules import validate_rules
+from .store import MANIFEST, RELOAD, STOPS, now, parse_time, read, transaction
+
+FORMAT = "itera-output/1"
+ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+EVAL_IDS = "corpus/eval_ids.txt"
+
+
+def check_id(kind: str, value: str) -> str:
+    if not isinstance(value, str) or not ID.match(value):
+        raise RecordError(f"{kind} {value!r} must match {ID.pattern} (it names files and archive members)")
+    return value
+
+
+def is_main_process() -> bool:
+    """Under torchrun/accelerate only rank 0 writes (RANK is set for every process of the job)."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _eval_ids_bytes(eval_ids: Iterable[str] | str | os.PathLike) -> bytes:
+    if isinstance(eval_ids, (str, os.PathLike)):
+        ids = Path(eval_ids).read_text(encoding="utf-8").splitlines()
+    else:
+        ids = list(eval_ids)
+    if not ids:
+        raise RecordError("the frozen corpus has no eval ids")
+    seen = set()
+    for i in ids:
+        if not isinstance(i, str) or not i.strip() or "\n" in i or "\r" in i or i != i.strip():
+            raise RecordError(f"eval id {i!r}: one non-blank id per line, no surrounding spaces")
+        if i in seen:
+            raise RecordError(f"eval id {i!r} appears twice in the frozen corpus")
+        seen.add(i)
+    return "".join(i + "\n" for i in ids).encode("utf-8")
+
+
+def open_campaign(path: str | os.PathLike, campaign_id: str, question: str, corpus_name: str,
+                  corpus_revision: str, eval_ids: Iterable[str] | str | os.PathLike, *,
+                  main_process: bool | None = None) -> "Campaign":
+    """Create the campaign folder, or reopen it (after a crash, from another process): reopening with another
+    id, question or corpus is refused, since what a run was compared on is frozen.
+
+    `eval_ids`: the frozen evaluation ids (a list, or a file with one id per line); they are copied to
+    corpus/eval_ids.txt and hashed. On every process but the main one (RANK != 0) nothing is written."""
+    writer = is_main_process() if main_process is None else main_process
+    campaign = Campaign(Path(path).absolute(), writer)
+    if not writer:
+        return campaign
+    check_id("campaign_id", campaign_id)
+    if not isinstance(question, str) or not question.strip():
+        raise RecordError("the campaign needs its question (with its success threshold)")
+    if not corpus_revision:
+        raise RecordError("the corpus needs a revision (a tag, a commit or a dated snapshot): it must be frozen")
+    ids = _eval_ids_bytes(eval_ids)
+    root = campaign.root
+    root.mkdir(parents=True, exist_ok=True)
+    with transaction(root) as tx:
+        manifest = tx.get(MANIFEST)
+        if manifest is None:
+            write_atomic(root / EVAL_IDS, ids)
+            tx.set(MANIFEST, {
+                "format": FORMAT, "campaign_id": campaign_id, "question": question, "created_at": now(),
+                "corpus": {"name": corpus_name, "revision": corpus_revision, "eval_ids": EVAL_IDS,
+                           "eval_ids_sha256": sha256_file(root / EVAL_IDS)},
+                "runs": [], "artifacts": [], "timeline": {"deviations": [], "decisions": []}})
+            tx.get(STOPS), tx.get(RELOAD)  # written as {"stops": []} and {"artifacts": {}}
+        else:
+            campaign._check_reopen(manifest, campaign_id, question, corpus_name, corpus_revision, ids)
+    stale = remove_stale_temps(root)
+    if stale:
+        warnings.warn(f"removed {len(stale)} temporary file(s) an interrupted write left: {', '.join(stale[:3])}",
+                      stacklevel=2)
+    return campaign
+
+
+class Campaign:
+    def __init__(self, root: Path, writer: bool):
+        self.root = root
+        self.writer = writer
+
+    # ---- reading ------------------------------------------------------------------------------------
+    @property
+    def manifest(self) -> dict:
+        return read(self.root, MANIFEST)
+
+    def _check_reopen(self, manifest, campaign_id, question, corpus_name, corpus_revision, ids) -> None:
+        corpus = manifest.get("corpus") or {}
+        recorded = {"campaign_id": manifest.get("campaign_id"), "question": manifest.get("question"),
+                    "corpus name": corpus.get("name"), "corpus revision": corpus.get("revision")}
+        given = {"campaign_id": campaign_id, "question": question, "corpus name": corpus_name,
+                 "corpus revision": corpus_revision}
+        for what in recorded:
+            if recorded[what] != given[what]:
+                raise RecordError(f"{self.root} is campaign {manifest.get('campaign_id')!r} with {what} "
+                                  f"{recorded[what]!r}, not {given[what]!r}: a campaign's question and corpus "
+                                  "are frozen; open a new folder for another campaign")
+        if (self.root / EVAL_IDS).read_bytes() != ids:
+            raise RecordError(f"the eval ids differ from the frozen {EVAL_IDS}: the corpus is frozen once the "
+                              "campaign is opened; open a new folder for another corpus")
+
+    def _started_runs(self, manifest: dict) -> list[str]:
+        return [r.get("id") for r in manifest.get("runs", [])]
+
+    def _refuse_after_start(self, manifest: dict, what: str) -> None:
+        started = self._started_runs(manifest)
+        if started:
+            raise RecordError(f"the {what} cannot change: run {started[0]!r} has started and the {what} is "
+                              "compared with what happened, never rewritten. Record the change with "
+                              "campaign.deviation(hours, explanation) or campaign.decision(decision, note=...)")
+
+    # ---- declarations -------------------------------------------------------------------------------
+    def declare_plan(self, lots: list[dict], reserved_hours: float, window_hours: float | None = None,
+                     other_expenses: list[dict] = ()) -> None:
+        """The committed plan: lots ({gpu, days, gpus, price_usd}), hours reserved, the window (default: the
+        longest lot), other expenses ({label, usd, included}). Declaring the same plan again is a no-op."""
+        if not self.writer:
+            return
+        if not lots or not all(isinstance(l, dict) and {"gpu", "days", "price_usd"} <= l.keys() for l in lots):
+            raise RecordError("plan lots: a non-empty list of {gpu, days, price_usd, gpus?}")
+        plan = {"window_hours": window_hours if window_hours is not None else max(l["days"] for l in lots) * 24,
+                "reserved_hours": reserved_hours, "lots": [dict(l) for l in lots],
+                "rental_total_usd": round(sum(l["price_usd"] for l in lots), 2),
+                "other_expenses": [dict(e) for e in other_expenses]}
+        self._declare("plan", plan)
+
+    def declare_stop_rules(self, rules: list[dict]) -> None:
+        """The stop rules ({id, kind, metric?, threshold?}), declared before the first run starts."""
+        if not self.writer:
+            return
+        self._declare("stop_rules", {"rules": validate_rules(rules)})
+
+    def _declare(self, key: str, value: dict) -> None:
+        with transaction(self.root) as tx:
+            manifest = tx.get(MANIFEST)
+            old = manifest.get(key)
+            if old is not None and {k: v for k, v in old.items() if k != "declared_at"} == value:
+                return  # a reopened campaign declaring the same thing again
+            self._refuse_after_start(manifest, key.replace("_", " "))
+            manifest[key] = {"declared_at": now(), **value}
+
+    # ---- runs -----------------------------------------------------------------------------------------
+    def run(self, run_id: str, role: str, category: str = "indispensable", params: dict | None = None) -> Run:
+        """A run handle; `run.start()` records it (the Trainer and Lightning callbacks start it themselves,
+        adding the training arguments to `params`)."""
+        check_id("run id", run_id)
+        if role not in ("control", "variant"):
+            raise RecordError(f"run {run_id!r}: role is 'control' or 'variant', not {role!r}")
+        if category not in ("indispensable", "useful", "exploratory"):
+            raise RecordError(f"run {run_id!r}: category is indispensable, useful or exploratory, not {category!r}")
+        return Run(self, run_id, role, category, dict(params or {}))
+
+    def start_run(self, run_id: str, role: str, category: str = "indispensable",
+                  params: dict | None = None) -> Run:
+        return self.run(run_id, role, category, params).start()
+
+    # ---- timeline -------------------------------------------------------------------------------------
+    def deviation(self, hours: float, explanation: str) -> None:
+        """Hours spent beyond (positive) or under (negative) the plan, and why (IV605)."""
+        if not self.writer:
+            return
+        if not isinstance(explanation, str) or not explanation.strip():
+            raise RecordError("a deviation needs its explanation")
+        with transaction(self.root) as tx:
+            tx.get(MANIFEST)["timeline"].setdefault("deviations", []).append(
+                {"hours": hours, "explanation": explanation})
+
+    def decision(self, decision: str, after: str | None = None, note: str | None = None) -> None:
+        """A decision taken during the campaign (after="pilot" for the post-pilot one, IV611), dated now."""
+        if not self.writer:
+            return
+        if not isinstance(decision, str) or not decision.strip():
+            raise RecordError("a decision needs its text (continue, reduce, stop, ...)")
+        entry = {"at": now(), "decision": decision}
+        if after is not None:
+            entry["after"] = after
+        if note is not None:
+            entry["note"] = note
+        with transaction(self.root) as tx:
+            tx.get(MANIFEST)["timeline"].setdefault("decisions", []).append(entry)
+
+    # ---- closing ----------------------------------------------------------------------------------------
+    def close(self, outcome: str, summary: str, accepted: list[str], error_analysis: str | None = None,
+              observed_hours: float | None = None) -> dict:
+        """The decision: outcome (positive | negative | inconclusive), summary, accepted runs (completed ones)
+        and the error analysis (its text, written to analysis/errors.md). Observed hours default to the time
+        since the campaign was created; the cost per accepted run is computed from the lots and the included
+        expenses (omitted when nothing is accepted: the ratio is undefined). Returns the manifest."""
+        if not self.writer:
+            return {}
+        if outcome not in ("positive", "negative", "inconclusive"):
+            raise RecordError(f"outcome is positive, negative or inconclusive, not {outcome!r}")
+        if not isinstance(summary, str) or not summary.strip():
+            raise RecordError("the decision needs its summary")
+        if error_analysis is not None:
+            write_atomic(self.root / "analysis/errors.md", error_analysis.encode("utf-8"))
+        with transaction(self.root) as tx:
+            manifest = tx.get(MANIFEST)
+            if "plan" not in manifest:
+                raise RecordError("declare the plan before closing: the cost needs its lots")
+            runs = {r["id"]: r for r in manifest.get("runs", [])}
+            for run_id in accepted:
+                status = runs.get(run_id, {}).get("status")
+                if status != "completed":
+                    raise RecordError(f"run {run_id!r} cannot be accepted: it is "
+                                      f"{status or 'not a run of this campaign'}; only completed runs are "
+                                      "deliverables (a stopped run stays in the cost)")
+            if observed_hours is None:
+                elapsed = parse_time(now()) - parse_time(manifest["created_at"])
+                observed_hours = round(elapsed.total_seconds() / 3600, 2)
+            manifest["timeline"]["observed_hours"] = observed_hours
+            decision = {"outcome": outcome, "summary": summary, "accepted": list(accepted)}
+            if error_analysis is not None:
+                decision["error_analysis"] = "analysis/errors.md"
+            cost = cost_per_accepted(manifest["plan"], accepted)
+            if cost is not None:
+                decision["cost_per_accepted_usd"] = cost
+            manifest["decision"] = decision
+            return manifest
+
+
+def cost_per_accepted(plan: dict, accepted: list[str]) -> float | None:
+    """(rental total + included other expenses) / distinct accepted runs, to the cent; None at zero (SPEC §6)."""
+    n = len(set(accepted))
+    if n == 0:
+        return None
+    total = plan["rental_total_usd"] + sum(e["usd"] for e in plan.get("other_expenses", []) if e.get("included"))
+    return round(total / n, 2)
+
+
+__all__ = ["Campaign", "open_campaign", "cost_per_accepted", "dumps"]

@@ -1,0 +1,250 @@
+"""One run of a campaign: its params and config_sha256, metrics appended line by line, predictions streamed
+against the frozen ids, its end (a declared stop rule, or completion) and its artifacts."""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
+
+from . import artifacts
+from .errors import RecordError
+from .files import append_lines, cut_partial_line, dumps, json_line, write_atomic
+from .stoprules import Violation, check
+from .store import MANIFEST, STOPS, now, read, transaction
+
+if TYPE_CHECKING:
+    from .campaign import Campaign
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RecordError(f"metric {name!r}: value {value!r} is not a number")
+    return value
+
+
+class Run:
+    def __init__(self, campaign: "Campaign", run_id: str, role: str, category: str, params: dict):
+        self.campaign, self.id, self.role, self.category = campaign, run_id, role, category
+        self.params = params
+        self.started = False
+        self._rules: list[dict] = []
+        self._appending: set[str] = set()  # files whose partial tail (a crash) was already cut
+        self._stopped = False
+
+    @property
+    def root(self) -> Path:
+        return self.campaign.root
+
+    @property
+    def writer(self) -> bool:
+        return self.campaign.writer
+
+    @property
+    def metrics_path(self) -> str:
+        return f"metrics/{self.id}.jsonl"
+
+    @property
+    def predictions_path(self) -> str:
+        return f"predictions/{self.id}.jsonl"
+
+    def entry(self) -> dict | None:
+        return next((r for r in read(self.root, MANIFEST).get("runs", []) if r.get("id") == self.id), None)
+
+    # ---- start --------------------------------------------------------------------------------------
+    def start(self, params: dict | None = None) -> "Run":
+        """Write params/<run>.json and the run's manifest entry. `params` adds to those given to the handle;
+        they must hold an integer `seed`. Starting again with the same params continues the run (a reopened
+        campaign); with other params it is refused: a changed configuration needs a new run id (IV304)."""
+        merged = {**self.params, **(params or {})}
+        seed = merged.get("seed")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise RecordError(f"run {self.id!r}: params need an integer seed (got {seed!r}), so the run can be "
+                              "replayed")
+        try:
+            data = dumps(merged)
+        except (TypeError, ValueError) as exc:
+            raise RecordError(f"run {self.id!r}: params must be JSON ({exc})") from None
+        self.params, self.started = merged, True
+        if not self.writer:
+            return self
+        import hashlib
+
+        digest = hashlib.sha256(data).hexdigest()
+        params_rel = f"params/{self.id}.json"
+        with transaction(self.root) as tx:
+            manifest = tx.get(MANIFEST)
+            if "stop_rules" not in manifest:
+                raise RecordError("declare the stop rules before the first run starts (IV401): "
+                                  "campaign.declare_stop_rules([...])")
+            self._rules = manifest["stop_rules"]["rules"]
+            old = next((r for r in manifest["runs"] if r.get("id") == self.id), None)
+            if old is not None:
+                if old.get("config_sha256") != digest:
+                    raise RecordError(
+                        f"run {self.id!r} was started with another configuration (config_sha256 "
+                        f"{str(old.get('config_sha256'))[:12]}…, now {digest[:12]}…): a changed configuration "
+                        "needs a new run id")
+                if (old.get("role"), old.get("category")) != (self.role, self.category):
+                    raise RecordError(f"run {self.id!r} was started as {old.get('role')}/{old.get('category')}")
+                self._stopped = old.get("status") == "stopped"
+                return self  # continued after a reopen: params and started_at stay as recorded
+            if self.role == "control" and any(r.get("role") == "control" for r in manifest["runs"]):
+                raise RecordError(f"run {self.id!r}: the campaign already has its control (IV302); "
+                                  "start it as a variant")
+            write_atomic(self.root / params_rel, data)
+            manifest["runs"].append({
+                "id": self.id, "role": self.role, "category": self.category, "status": "running",
+                "started_at": now(), "params": params_rel, "config_sha256": digest,
+                "metrics": self.metrics_path, "predictions": self.predictions_path})
+        return self
+
+    def _require_started(self) -> None:
+        if not self.started:
+            raise RecordError(f"run {self.id!r} has not started: call run.start() first")
+
+    def _append(self, rel: str, data: bytes) -> None:
+        if rel not in self._appending:
+            dropped = cut_partial_line(self.root / rel)
+            if dropped:
+                warnings.warn(f"{rel}: dropped {dropped} bytes of a line an interrupted write left unfinished",
+                              stacklevel=3)
+            self._appending.add(rel)
+        append_lines(self.root / rel, data)
+
+    # ---- metrics ------------------------------------------------------------------------------------
+    def log(self, step: int, name: str, value: float) -> Violation | None:
+        return self.log_dict(step, {name: value})
+
+    def log_dict(self, step: int, values: dict[str, float]) -> Violation | None:
+        """Append one `{"step", "name", "value"}` line per value (one write, fsynced) and return the first
+        declared stop rule they break, if any: the caller stops the run with `run.stop_for(violation)`."""
+        self._require_started()
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise RecordError(f"metric step {step!r} must be a non-negative integer")
+        lines = b"".join(json_line({"step": step, "name": str(n), "value": _number(n, v)})
+                         for n, v in values.items())
+        if self.writer and lines:
+            self._append(self.metrics_path, lines)
+        return self.check(step, values)
+
+    def check(self, step: int, values: dict[str, float]) -> Violation | None:
+        """The first declared stop rule these values break, writing nothing (what another rank decides)."""
+        if not self._rules:
+            # A process that writes nothing (a DDP rank) reads the rules the main process declared.
+            self._rules = ((read(self.root, MANIFEST) or {}).get("stop_rules") or {}).get("rules", [])
+        for name, value in values.items():
+            violation = check(self._rules, step, str(name), float(value))
+            if violation:
+                return violation
+        return None
+
+    # ---- predictions --------------------------------------------------------------------------------
+    def predictions(self) -> "PredictionStream":
+        self._require_started()
+        return PredictionStream(self)
+
+    def write_predictions(self, records: Iterable[dict]) -> None:
+        """Each record {"id", "prediction", ...}, streamed (bounded by the number of ids, not of records)."""
+        with self.predictions() as stream:
+            for record in records:
+                stream.write(**record)
+
+    # ---- end ----------------------------------------------------------------------------------------
+    def stop_for(self, violation: Violation) -> None:
+        self.stop(violation.rule, violation.step, violation.reason)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def stop(self, rule: str, step: int | None, reason: str) -> None:
+        """Stop the run by a declared rule: the stop record (rule, time, step, reason) in stops.json and the
+        run's status `stopped`. A stopped run is never accepted (IV403) and keeps no predictions."""
+        self._require_started()
+        if not isinstance(reason, str) or not reason.strip():
+            raise RecordError("a stop needs its reason (IV402)")
+        self._stopped = True
+        if not self.writer:
+            return
+        with transaction(self.root) as tx:
+            manifest = tx.get(MANIFEST)
+            if rule not in {r.get("id") for r in manifest["stop_rules"]["rules"]}:
+                raise RecordError(f"stop rule {rule!r} was not declared (IV406): declared rules are "
+                                  + ", ".join(r["id"] for r in manifest["stop_rules"]["rules"]))
+            run = self._entry_in(manifest)
+            if run["status"] != "running":
+                raise RecordError(f"run {self.id!r} is already {run['status']}")
+            record = {"run": self.id, "rule": rule, "at": now(), "reason": reason}
+            if step is not None:
+                record["step"] = step
+            tx.get(STOPS)["stops"].append(record)
+            run.update(status="stopped", ended_at=record["at"], predictions=None)
+
+    def complete(self) -> None:
+        """The run finished: its predictions must cover every frozen eval id exactly once (IV303)."""
+        self._require_started()
+        if not self.writer:
+            return
+        missing = artifacts.missing_predictions(self.root, self.predictions_path)
+        if missing:
+            raise RecordError(f"run {self.id!r} cannot complete: {missing}")
+        with transaction(self.root) as tx:
+            run = self._entry_in(tx.get(MANIFEST))
+            if run["status"] != "running":
+                raise RecordError(f"run {self.id!r} is already {run['status']}")
+            run.update(status="completed", ended_at=now())
+
+    def _entry_in(self, manifest: dict) -> dict:
+        for run in manifest["runs"]:
+            if run.get("id") == self.id:
+                return run
+        raise RecordError(f"run {self.id!r} is not in the manifest")
+
+    # ---- artifacts ----------------------------------------------------------------------------------
+    def artifact(self, path, kind: str, id: str | None = None, loader: str | None = None, **reload_fields) -> str:
+        """Register a file or folder inside the package (`path`: absolute, or relative to the package root)
+        with its kind and reload.json entry; returns its artifact id."""
+        self._require_started()
+        return artifacts.register(self, path, kind, id, loader, reload_fields)
+
+    def adapter(self, path, base: str, model=None, revision: str | None = None, cache_dir=None,
+                id: str | None = None, **reload_fields) -> str:
+        """Register a PEFT adapter on the hub model `base`, pinned to the 40-hex commit it was loaded from
+        (`model`'s own record of it, else `revision` resolved in the local hub cache), and write that pin into
+        adapter_config.json (PEFT leaves `revision: null` unless told)."""
+        self._require_started()
+        return artifacts.register_adapter(self, path, base, model, revision, cache_dir, id, reload_fields)
+
+
+class PredictionStream:
+    """Appends predictions one line at a time; an id outside the frozen corpus, or one already written, is
+    refused before anything is written. Reopened after a crash, it continues after the last whole line."""
+
+    def __init__(self, run: Run):
+        self.run = run
+        self.frozen = set((run.root / "corpus/eval_ids.txt").read_text(encoding="utf-8").splitlines())
+        self.seen: set[str] = set()
+        path = run.root / run.predictions_path
+        if run.writer and path.exists():
+            cut_partial_line(path)
+            run._appending.add(run.predictions_path)
+            with open(path, "rb") as f:
+                self.seen = {json.loads(line)["id"] for line in f if line.strip()}
+
+    def __enter__(self) -> "PredictionStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def write(self, id: str, prediction: Any, **extra) -> None:
+        if id not in self.frozen:
+            raise RecordError(f"prediction for id {id!r}, which is not among the frozen eval ids")
+        if id in self.seen:
+            raise RecordError(f"a prediction for id {id!r} was already written")
+        record = {"id": id, "prediction": prediction, **extra}
+        line = json_line(record)
+        self.seen.add(id)
+        if self.run.writer:
+            self.run._append(self.run.predictions_path, line)

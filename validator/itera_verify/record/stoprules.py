@@ -1,0 +1,55 @@
+"""Declared stop rules, checked live against each logged value (the reading of IV404, IV405 and IV409)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import RecordError
+
+KINDS = ("nonfinite_loss", "below_threshold", "truncated_input", "no_usable_resume")
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str  # the declared rule's id
+    step: int
+    metric: str
+    value: float
+    reason: str
+
+
+def is_loss_like(name: str) -> bool:
+    """What IV409 calls loss-like: a non-finite one in a run that was not stopped is an error."""
+    return name in ("loss", "grad_norm") or name.endswith("_loss")
+
+
+def validate_rules(rules: list[dict]) -> list[dict]:
+    if not isinstance(rules, list) or not rules:
+        raise RecordError("stop rules: give a non-empty list of {id, kind, metric?, threshold?}")
+    seen = set()
+    for rule in rules:
+        if not isinstance(rule, dict) or not isinstance(rule.get("id"), str) or rule.get("kind") not in KINDS:
+            raise RecordError(f"stop rule {rule!r}: needs an id and a kind among {', '.join(KINDS)}")
+        if rule["id"] in seen:
+            raise RecordError(f"stop rule id {rule['id']!r} is declared twice")
+        seen.add(rule["id"])
+        if rule["kind"] in ("nonfinite_loss", "below_threshold") and not isinstance(rule.get("metric"), str):
+            raise RecordError(f"stop rule {rule['id']!r} ({rule['kind']}) needs the metric it watches")
+        if rule["kind"] == "below_threshold" and (
+                isinstance(rule.get("threshold"), bool) or not isinstance(rule.get("threshold"), (int, float))):
+            raise RecordError(f"stop rule {rule['id']!r} (below_threshold) needs a numeric threshold")
+    return [dict(rule) for rule in rules]
+
+
+def check(rules: list[dict], step: int, name: str, value: float) -> Violation | None:
+    """The first declared rule that `name = value` at `step` breaks, if any."""
+    finite = math.isfinite(value)
+    for rule in rules:
+        kind = rule.get("kind")
+        if kind == "nonfinite_loss" and not finite and (name == rule.get("metric") or is_loss_like(name)):
+            # A non-finite grad_norm is the Trainer's masked NaN (FIELD-NOTES): the weights are garbage too.
+            return Violation(rule["id"], step, name, value, f"{name} became {value} at step {step}")
+        if kind == "below_threshold" and name == rule.get("metric") and (not finite or value < rule["threshold"]):
+            return Violation(rule["id"], step, name, value,
+                             f"{name} = {value} at step {step}, under the floor {rule['threshold']}")
+    return None
