@@ -399,3 +399,17 @@ def test_python2_npy_header_is_parsed_as_numpy_parses_it(tmp_path):
     path.write_bytes(_npy("'descr': '|O'", marker, shape="(1L,)"))
     assert "builtins.open" in scan_file(path).unsafe
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("name", ["state.pkl.zst", "state.zst"])
+def test_payload_before_damage_in_compressed_data_is_named_and_refused(tmp_path, name):
+    """pickle.load on a decompressor runs what it read before the data broke: those names count."""
+    marker = tmp_path / "marker"
+    noise = random.Random(0).randbytes(1 << 20)  # incompressible: the damage lands well after the payload
+    data = b"\x80\x02cbuiltins\nopen\n(" + _s(str(marker)) + _s("w") + b"tRB" + struct.pack("<L", len(noise))
+    compressed = bytearray(zstandard.ZstdCompressor(level=1).compress(data + noise + b"0N."))
+    compressed[-1000:] = b"\xff" * 1000
+    (tmp_path / name).write_bytes(bytes(compressed))
+    result = scan_file(tmp_path / name)
+    assert "builtins.open" in result.unsafe and result.error and not result.loadable
+    assert not marker.exists()

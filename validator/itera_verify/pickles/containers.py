@@ -81,32 +81,42 @@ def _decompressor(kind: str, raw):
 
 
 def _scan_compressed(kind, fh, name, found, depth, certain) -> tuple[bool, str | None]:
-    """Decompress (bounded) and scan what is inside; a head that no pickle could start with is skipped."""
-    fh.seek(0)
-    try:
-        with _decompressor(kind, fh) as inner:
-            head = inner.read(16)
-    except (OSError, EOFError, ValueError, lzma.LZMAError, zlib.error) as exc:
-        return (True, f"{kind} data does not decompress ({exc})") if certain else (False, None)
+    """Decompress (bounded) and scan what is inside; a head that no pickle could start with is skipped. Data
+    that stops decompressing part way is scanned as far as it goes (pickle.load runs opcodes as it reads
+    them), then refused."""
     inner_name = re.sub(r"\.(gz|bz2|xz|lzma|zst|zstd|z)$", "", name, flags=re.IGNORECASE)
     certain = certain or inner_name.lower().endswith(PICKLE_LIKE)
-    inner_kind = from_head(head)
+    inner_kind = from_head(_decompressed(kind, fh, 16)[0])
     if not (certain or inner_kind is not None):
         return False, None
     if not certain and inner_kind == "opcode" and not _first_stream_may_be_pickle(kind, fh):
         return False, None  # compressed text that merely begins with an opcode byte: not decompressed whole
     with tempfile.SpooledTemporaryFile(max_size=32 << 20) as spool:
-        fh.seek(0)
-        try:
-            with _decompressor(kind, fh) as inner:
-                while chunk := inner.read(1 << 20):
-                    spool.write(chunk)
-                    if spool.tell() > MAX_DECOMPRESSED:
-                        return True, f"{kind} data decompresses to more than {MAX_DECOMPRESSED} bytes"
-        except (OSError, EOFError, ValueError, lzma.LZMAError, zlib.error) as exc:
-            return True, f"{kind} data does not decompress ({exc})"
+        _, error = _decompressed(kind, fh, MAX_DECOMPRESSED + 1, spool)
         size = spool.tell()
-        return scan_container(spool, size, inner_name, found, depth + 1, certain)
+        if size > MAX_DECOMPRESSED:
+            return True, f"{kind} data decompresses to more than {MAX_DECOMPRESSED} bytes"
+        is_pickle, scan_error = scan_container(spool, size, inner_name, found, depth + 1, certain)
+    if error:
+        return True, f"{kind} data does not decompress to its end ({error})"
+    return is_pickle, scan_error
+
+
+def _decompressed(kind: str, fh, limit: int, into=None) -> tuple[bytes, str | None]:
+    """Up to `limit` decompressed bytes (written to `into` when given), and why decompressing stopped early."""
+    fh.seek(0)
+    head, done = b"", 0
+    try:
+        with _decompressor(kind, fh) as inner:
+            while done < limit and (chunk := inner.read(min(1 << 16, limit - done))):
+                done += len(chunk)
+                if into is None:
+                    head += chunk
+                else:
+                    into.write(chunk)
+    except Exception as exc:  # noqa: BLE001 - each decompressor raises its own types for damaged data
+        return head, f"{type(exc).__name__}: {exc}"
+    return head, None
 
 
 def _first_stream_may_be_pickle(kind: str, fh) -> bool:
@@ -116,10 +126,8 @@ def _first_stream_may_be_pickle(kind: str, fh) -> bool:
     try:
         with _decompressor(kind, fh) as inner:
             scan_stream(Reader(inner, MAX_DECOMPRESSED), names)
-    except ValueError:
+    except Exception:  # noqa: BLE001 - a broken stream, or damaged data whatever the decompressor raises
         return any(IMPORTABLE.fullmatch(n) for n in names)
-    except (OSError, EOFError, lzma.LZMAError, zlib.error):
-        return False
     return True
 
 
