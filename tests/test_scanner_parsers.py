@@ -413,3 +413,16 @@ def test_payload_before_damage_in_compressed_data_is_named_and_refused(tmp_path,
     result = scan_file(tmp_path / name)
     assert "builtins.open" in result.unsafe and result.error and not result.loadable
     assert not marker.exists()
+
+
+def test_member_names_that_differ_only_in_case_are_refused(tmp_path):
+    """torch's reader looks records up ignoring case: a DATA.PKL twin could be the data.pkl it loads."""
+    import zipfile
+
+    marker = tmp_path / "marker"
+    path = tmp_path / "model.pt"
+    path.write_bytes(zip_forms.case_twin(zip_forms.torch_bytes(), payload(marker)))
+    assert len({n.lower() for n in zipfile.ZipFile(path).namelist()}) < len(zipfile.ZipFile(path).namelist())
+    result = scan_file(path)
+    assert result.error and "ignoring case" in result.error and not result.loadable
+    assert not marker.exists()

@@ -114,3 +114,12 @@ def gap_between_members(archive: bytes) -> bytes:
     cd_at = len(local) + len(junk)
     return (local + junk + central
             + struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, count, count, len(central), cd_at, 0))
+
+
+def case_twin(archive: bytes, data_pkl: bytes) -> bytes:
+    """archive/DATA.PKL beside archive/data.pkl: two members for zipfile, one name for torch's lookup."""
+    out = io.BytesIO(archive)
+    with zipfile.ZipFile(out, "a") as target:
+        name = next(n for n in target.namelist() if n.endswith("/data.pkl"))
+        target.writestr(name[: -len("data.pkl")] + "DATA.PKL", data_pkl)
+    return out.getvalue()

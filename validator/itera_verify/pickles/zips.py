@@ -124,9 +124,10 @@ def _central(fh, entries: int, cd_offset: int, cd_end: int) -> list[Entry]:
         name = raw_name.decode("utf-8" if flags & 0x800 else "cp437")
         if flags & 0x1 or method not in _METHODS or disk:
             raise AmbiguousZip(f"{name}: encrypted, multi-disk or compressed with method {method}")
-        if name in names or len(raw_name) != nlen:
-            raise AmbiguousZip(f"{name}: two entries with one name, or a name cut short")
-        names.add(name)
+        # miniz, as torch calls it, looks names up without regard to case: DATA.pkl may stand for data.pkl.
+        if name.lower() in names or len(raw_name) != nlen:
+            raise AmbiguousZip(f"{name}: two entries with one name (ignoring case), or a name cut short")
+        names.add(name.lower())
         result.append(Entry(name, raw_name, flags, method, crc, compressed, size, offset))
     if pos != len(data):
         raise AmbiguousZip(f"{len(data) - pos} bytes in the central directory after its {entries} entries")
