@@ -209,16 +209,26 @@ def test_accepted_run_with_no_reloadable_artifact_is_IV509(package_dir, hf_cache
 # --- isolation: hang, crash, kill -----------------------------------------------------------------------
 
 MISBEHAVE = textwrap.dedent("""
-    # Test-only: makes the reload child of one artifact misbehave, from outside the product's code.
+    # Test-only: makes the reload child of one artifact misbehave, from outside the product's code: at the start
+    # of a spawned child, or, in the zygote, at the entry each forked child runs.
     import json, os, signal, time
     def _misbehave():
         try:
             args = open("/proc/self/cmdline", "rb").read().split(b"\\0")
         except OSError:
             return
+        if b"itera_verify.reload.zygote" in args:
+            from itera_verify.reload import child
+            real = child.forked
+            def forked(argv):
+                _act(json.load(open(argv[1])))
+                return real(argv)
+            child.forked = forked
+            return
         if b"itera_verify.reload.child" not in args:
             return
-        job = json.load(open(args[args.index(b"itera_verify.reload.child") + 1]))
+        _act(json.load(open(args[args.index(b"itera_verify.reload.child") + 1])))
+    def _act(job):
         artifact, _, how = os.environ.get("ITERA_TEST_MISBEHAVE", "").partition(":")
         if job["artifact"] != artifact:
             return

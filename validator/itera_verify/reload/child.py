@@ -51,7 +51,9 @@ def rss_peak_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
 
 
-def run(job: dict) -> dict:
+def run(job: dict, started: float = STARTED, started_at: float = STARTED_AT) -> dict | None:
+    """Load one artifact as the job says; what it proved, or None when the gate closed without a go.
+    `started`: when this process began (a forked child begins at its fork, not at the zygote's start)."""
     import importlib
 
     import torch
@@ -93,23 +95,28 @@ def run(job: dict) -> dict:
         "problems": outcome.problems, "forward": outcome.forward, "facts": outcome.facts,
         "device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "peak_memory_bytes": int(peak), "peak_rss_bytes": rss_peak_bytes(),
-        "startup_seconds": round((imported - STARTED) + (ready - let_through), 3),
+        "startup_seconds": round((imported - started) + (ready - let_through), 3),
         "gate_wait_seconds": round(let_through - imported, 3), "load_seconds": round(loaded - ready, 3),
-        "started_at": STARTED_AT, "ended_at": time.time(),
+        "started_at": started_at, "ended_at": time.time(),
     }
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], started: float = STARTED, started_at: float = STARTED_AT) -> int:
     job_path, result_path = Path(argv[1]), Path(argv[2])
     cut_network()
     job = json.loads(job_path.read_text(encoding="utf-8"))
-    result = run(job)
+    result = run(job, started, started_at)
     if result is None:
         return 0
     partial = result_path.with_suffix(".partial")
     partial.write_text(json.dumps(result, default=str), encoding="utf-8")
     os.replace(partial, result_path)  # the parent never reads half a result
     return 0
+
+
+def forked(argv: list[str]) -> int:
+    """The entry a zygote's forked child runs (zygote.py): the same job, timed from the fork."""
+    return main(argv, time.monotonic(), time.time())
 
 
 if __name__ == "__main__":

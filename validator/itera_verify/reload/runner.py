@@ -1,10 +1,12 @@
 """Run each artifact's reload in a fresh child process, with a timeout, and collect what it proved.
 
-The child is `python -m itera_verify.reload.child` in its own session (process group, see process.py), offline,
-with the job as JSON in and the facts as JSON out. A timeout kills the whole group; a signal or an exit without
-a result is a crash, named; Ctrl-C or SIGTERM ends every child at once. Before any child starts, an artifact
-holding a pickle the static scan refused is refused whole. CPU reloads may run side by side (--jobs); GPU
-reloads run one at a time.
+The child runs itera_verify.reload.child in its own session (process group, see process.py), offline, with the
+job as JSON in and the facts as JSON out. It is forked by the zygote (zygote.py: one interpreter that imported
+the libraries once) or, with --isolation spawn or where fork is missing or unsafe, a new interpreter
+(`python -m itera_verify.reload.child`). A timeout kills the whole group; a signal or an exit without a result
+is a crash, named; Ctrl-C or SIGTERM ends every child at once. Before any child starts, an artifact holding a
+pickle the static scan refused is refused whole. CPU reloads may run side by side (--jobs); GPU reloads run
+one per visible GPU.
 """
 from __future__ import annotations
 
@@ -24,10 +26,12 @@ from ..model import ReloadResult
 from ..package import Package
 from ..pickles import scan_package
 from .loaders import LOADERS
-from .process import ChildProcesses, Exit, sigterm_interrupts
+from .process import ChildProcesses, Exit, ForkedChild, ZygoteClient, sigterm_interrupts
 
 VALIDATOR_DIR = str(Path(__file__).resolve().parents[2])  # the folder holding the itera_verify package
 LOG_TAIL_LINES = 3
+ISOLATIONS = ("auto", "fork", "spawn")  # auto: fork through the zygote where that is possible and safe
+ZYGOTE_START_SECONDS = 300.0  # importing the libraries; far longer means a broken environment: spawn instead
 
 
 def _text(value) -> str | None:
@@ -43,6 +47,26 @@ def fp16_run(package: Package, run_id: str | None) -> bool:
             if isinstance(params, dict):
                 return params.get("fp16") is True or params.get("mixed_precision") == "fp16"
     return False
+
+
+def recorded_world_size(package: Package, run_id: str | None) -> int | None:
+    """The number of processes a run's params record (`world_size`), when they record one (SPEC, multi-GPU)."""
+    for run in package.runs():
+        if run.get("id") == run_id and isinstance(run.get("params"), str):
+            rel = package.normalise_ref(run["params"])
+            params = package.json_value(rel) if rel else None
+            size = params.get("world_size") if isinstance(params, dict) else None
+            return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+    return None
+
+
+def _config_folder(package: Package, entry: dict) -> str | None:
+    """reload.json `config`: a model folder inside the package whose config.json builds the model (or None)."""
+    rel = package.normalise_ref(entry["config"]) if isinstance(entry.get("config"), str) else None
+    if rel is None:
+        return None
+    root, real = os.path.realpath(package.root), os.path.realpath(package.abspath(rel))
+    return real if real.startswith(root + os.sep) and os.path.isdir(real) else None
 
 
 def _refused_by_scan(package: Package, rel: str) -> str | None:
@@ -93,6 +117,8 @@ def plan(package: Package, artifact: dict, device: str, threads: int) -> dict | 
         "base": artifact.get("base") if isinstance(artifact.get("base"), dict) else None,
         "num_labels": entry.get("num_labels"),  # the loader checks it: a task head's size (peft, SPEC reload.json)
         "fp16": fp16_run(package, _text(artifact.get("run"))), "threads": threads,
+        "config": _config_folder(package, entry), "config_ref": _text(entry.get("config")),
+        "world_size": recorded_world_size(package, _text(artifact.get("run"))),
     }
 
 
@@ -128,17 +154,92 @@ def _died(code: int | None, log: Path) -> str:
     return f"the reload process exited with code {code} without a result" + (f": {tail}" if tail else "")
 
 
+def zygote_env(threads: int, hf_cache: str | None, work: str) -> dict:
+    """The zygote's environment: what every child shares (read by the libraries at import), plus fork safety."""
+    env = child_env({"threads": threads, "hf_cache": hf_cache}, work)
+    # numpy's BLAS starts a worker thread at import, and a process with threads must not fork; numpy only reads
+    # RNG states here. The NVML check keeps torch.cuda.is_available() from initialising CUDA before a fork.
+    env.update(OPENBLAS_NUM_THREADS="1", PYTORCH_NVML_BASED_CUDA_CHECK="1")
+    return env
+
+
+class Zygote:
+    """The zygote of one run and its folder; `client` is None when children must be spawned (and `why` says so)."""
+
+    def __init__(self, children: ChildProcesses, jobs: list[dict]):
+        self.work = Path(tempfile.mkdtemp(prefix="itera-zygote-"))
+        self.client, self.why, self.seconds = None, "", None
+        first = jobs[0]
+        # Room in its command line for a child's title: `-m itera_verify.reload.child JOB RESULT` (zygote.py).
+        room = 2 * len(tempfile.gettempdir()) + 256
+        with open(self.work / "zygote.log", "wb") as log_handle:
+            client = ZygoteClient(children, zygote_env(first.get("threads") or 0, first.get("hf_cache"),
+                                                       str(self.work)), str(self.work), log_handle, room)
+        try:
+            ready = client.ready(ZYGOTE_START_SECONDS)
+        except BaseException:  # Ctrl-C while it imports: it goes, and its folder with it
+            client.close()
+            shutil.rmtree(self.work, ignore_errors=True)
+            raise
+        if ready is None:
+            self.why = "the zygote did not start" + (f": {_log_tail(self.work / 'zygote.log')}" if not
+                                                    children.stopping.is_set() else "")
+        elif ready.get("threads") != 1:
+            self.why = f"the zygote has {ready.get('threads')} threads after its imports: fork is not safe"
+        elif ready.get("cuda_initialised"):
+            self.why = "the zygote initialised CUDA: fork is not safe"
+        else:
+            self.client, self.seconds = client, ready.get("seconds")
+        if self.client is None:
+            client.close()
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def start_zygote(isolation: str, children: ChildProcesses, jobs: list[dict]) -> Zygote | None:
+    """The zygote for these jobs, or None where children are spawned (asked for, no fork, nothing to run)."""
+    if isolation == "spawn" or not jobs or not hasattr(os, "fork") or sys.platform == "darwin":
+        return None  # macOS: fork after the Objective-C runtime started is not safe (and CUDA is absent)
+    zygote = Zygote(children, jobs)
+    if zygote.client is None:
+        zygote.close()
+        if isolation == "fork" and not children.stopping.is_set():
+            from ..model import UsageError
+
+            raise UsageError(f"--isolation fork: {zygote.why}")
+        return None
+    return zygote
+
+
 class _Child:
     """One reload child and its private folder. Gated: it imports its libraries, then waits for let_through()
-    before it touches the device (see child.py); the timeout runs from there."""
+    before it touches the device (see child.py); the timeout runs from there. With a zygote it is forked
+    (already imported: never gated)."""
 
-    def __init__(self, job: dict, children: ChildProcesses, *, gated: bool = False):
+    def __init__(self, job: dict, children: ChildProcesses, *, gated: bool = False, zygote: Zygote | None = None):
         self.job, self.children, self.gated = dict(job, gated=gated), children, gated
         self.work = Path(tempfile.mkdtemp(prefix="itera-reload-"))
         self.job_file, self.result_file, self.log = (self.work / "job.json", self.work / "result.json",
                                                      self.work / "child.log")
-        self.job_file.write_text(json.dumps(self.job), encoding="utf-8")
         self.started = time.monotonic()
+        self.proc, self.isolation = None, "spawn"
+        if zygote is not None and zygote.client is not None:
+            self.job["gated"] = self.gated = False
+            self.job_file.write_text(json.dumps(self.job), encoding="utf-8")
+            argv = [str(self.job_file), str(self.result_file)]
+            forked = zygote.client.fork({"entry": "itera_verify.reload.child:forked", "argv": ["child", *argv],
+                                         "work": str(self.work), "log": str(self.log),
+                                         "env": {"TMPDIR": str(self.work)},
+                                         "title": ["-m", "itera_verify.reload.child", *argv]})
+            if isinstance(forked, ForkedChild):
+                self.proc, self.isolation, self.zygote_seconds = forked, "fork", zygote.seconds
+                return
+            if children.stopping.is_set():
+                return
+        self.job_file.write_text(json.dumps(self.job), encoding="utf-8")
         with open(self.log, "wb") as log_handle:  # the child keeps its own descriptor
             self.proc = children.spawn([sys.executable, "-m", "itera_verify.reload.child", str(self.job_file),
                                         str(self.result_file)],
@@ -171,6 +272,9 @@ class _Child:
                 result.failure, result.error = "crash", _died(end.code, self.log)
             else:
                 _merge(result, json.loads(self.result_file.read_text(encoding="utf-8")))
+                result.facts["isolation"] = self.isolation
+                if self.isolation == "fork":
+                    result.facts["zygote_import_seconds"] = self.zygote_seconds  # paid once per run, not per child
                 result.facts["wall_seconds"] = round(result.seconds, 3)  # from its start to its end, waiting included
                 result.seconds -= result.facts.get("gate_wait_seconds") or 0  # waiting for its turn is not its time
         finally:
@@ -186,8 +290,8 @@ class _Child:
         shutil.rmtree(self.work, ignore_errors=True)
 
 
-def run_child(job: dict, timeout: float, children: ChildProcesses) -> ReloadResult:
-    return _Child(job, children).finish(timeout)
+def run_child(job: dict, timeout: float, children: ChildProcesses, zygote: Zygote | None = None) -> ReloadResult:
+    return _Child(job, children, zygote=zygote).finish(timeout)
 
 
 def _one_at_a_time(jobs: list[dict], timeout: float, children: ChildProcesses):
@@ -223,10 +327,14 @@ def _merge(result: ReloadResult, reported: dict) -> None:
 
 
 def run_reloads(package: Package, *, device: str, timeout: float, jobs: int, progress,
-                only: set[str] | None = None, prefetch: bool | None = None) -> list[ReloadResult]:
+                only: set[str] | None = None, prefetch: bool | None = None,
+                isolation: str = "auto") -> list[ReloadResult]:
     """Every manifest artifact (or those named in `only`), each in its own child; results in manifest order.
-    prefetch (default: on a GPU): one at a time, the next child importing its libraries while the current one
-    runs; on a machine where importing torch and transformers takes 10-20 s, that is most of a small reload."""
+    isolation: "auto" forks the children from one zygote where fork is safe, "fork" insists on it (a usage
+    error otherwise), "spawn" starts a new interpreter per child. prefetch (spawned children, default: on a
+    GPU): one at a time, the next child importing its libraries while the current one runs; on a machine where
+    importing torch and transformers takes 10-20 s, that is most of a small reload. prefetch=True alone asks
+    for spawned children."""
     parallel = max(1, jobs) if device == "cpu" else 1  # one GPU, one reload at a time
     threads = max(1, (os.cpu_count() or 1) // parallel) if parallel > 1 else 0
     chosen = [a for a in package.artifacts() if only is None or a.get("id") in only]
@@ -237,17 +345,21 @@ def run_reloads(package: Package, *, device: str, timeout: float, jobs: int, pro
         progress.advance("reload")
     pending = {i: p for i, p in enumerate(plans) if isinstance(p, dict)}
     children = ChildProcesses()
+    if prefetch is True and isolation == "auto":
+        isolation = "spawn"  # asked for by name: prefetching overlaps spawned children's start-up (forked: none)
     if prefetch is None:
         prefetch = device != "cpu"
+    zygote: Zygote | None = None
     with sigterm_interrupts(), ThreadPoolExecutor(max_workers=parallel) as pool:
         try:
-            if prefetch and parallel == 1:
+            zygote = start_zygote(isolation, children, list(pending.values()))
+            if zygote is None and prefetch and parallel == 1:
                 indexes = list(pending)
                 for position, result in _one_at_a_time([pending[i] for i in indexes], timeout, children):
                     results[indexes[position]] = result
                     progress.advance("reload")
             else:
-                futures = {pool.submit(run_child, job, timeout, children): i for i, job in pending.items()}
+                futures = {pool.submit(run_child, job, timeout, children, zygote): i for i, job in pending.items()}
                 running = set(futures)
                 while running:
                     # Bounded waits: a SIGTERM or Ctrl-C the kernel hands to a worker thread runs its Python
@@ -259,5 +371,8 @@ def run_reloads(package: Package, *, device: str, timeout: float, jobs: int, pro
         except BaseException:
             children.stop_all()  # Ctrl-C or SIGTERM: end every child now, not after its timeout
             raise
+        finally:
+            if zygote is not None:
+                zygote.close()
     progress.finish("reload")
     return [r for r in results if r is not None]

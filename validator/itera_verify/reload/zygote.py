@@ -1,0 +1,235 @@
+"""The zygote: `python -m itera_verify.reload.zygote FD ROOM`, one preloaded parent that forks every reload child.
+
+Why: a fresh interpreter spends 5-18 s importing torch, transformers and peft; the reloads themselves take well
+under a second for most artifacts. The zygote pays that once per run, then forks one new process per job. Each
+forked child is as fresh as a spawned one where it matters: its own session (process group), its own memory (a
+patched module, a tensor, an RNG state die with it), its own timeout and kill (the runner's), and it dies with
+the zygote (PR_SET_PDEATHSIG). The zygote never opens an artifact, never initialises CUDA (the NVML check keeps
+`torch.cuda.is_available()` from touching the driver) and forks only while it has a single thread: fork copies
+one thread, so a lock another thread held would stay held in the child for ever.
+
+Protocol, one JSON object per line over the socket FD:
+  runner -> zygote  {"op": "fork", "id", "entry": "module:function", "argv", "work", "log", "env", "title"},
+                    {"op": "kill", "id"} (a timeout)
+  zygote -> runner  {"ready": true, "threads", "cuda_initialised", "seconds"} once, after the imports;
+                    {"id", "pid"} when a child started, {"id", "error"} when it could not;
+                    {"id", "exit", "maxrss_kib"} once the child ended (its group swept, then reaped).
+End of file on the socket (the tool exited, or is stopping) ends every child and the zygote.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+
+# What every reload child would import anyway (child.PRE_IMPORTS), and the tool's own loader modules.
+PRELOADS = ("numpy", "torch", "safetensors", "safetensors.torch", "transformers", "transformers.modeling_utils",
+            "transformers.models.auto.modeling_auto", "peft", "accelerate", "huggingface_hub",
+            "itera_verify.reload.child", "itera_verify.reload.common")
+PR_SET_PDEATHSIG = 1
+REAP_POLL_SECONDS = 0.02
+
+
+def thread_count() -> int:
+    """Native threads of this process (numpy's BLAS pool is one; Python's threading module sees none of them)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        import threading
+
+        return threading.active_count()
+
+
+def preload() -> dict:
+    started = time.monotonic()
+    from .loaders import MODULES, loader_module
+
+    for name in PRELOADS:
+        importlib.import_module(name)
+    for loader in MODULES:  # helpers' loaders import their libraries lazily; the module itself is cheap
+        try:
+            loader_module(loader)
+        except ImportError:
+            pass  # a loader's optional library: its child reports the failure
+    import torch
+
+    return {"ready": True, "threads": thread_count(), "cuda_initialised": bool(torch.cuda.is_initialized()),
+            "seconds": round(time.monotonic() - started, 3)}
+
+
+def set_title(words: list[str]) -> None:
+    """Rewrite this process's command line (/proc/PID/cmdline, ps) in place, as setproctitle does, so that a
+    forked child shows the job it runs: `python -m itera_verify.reload.child JOB RESULT`. The zygote was started
+    with ROOM spare bytes for this. Best effort: Linux only, silently skipped elsewhere."""
+    try:
+        with open("/proc/self/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: fields 48 and 49 of stat(5)
+        with open("/proc/self/cmdline", "rb") as handle:
+            program = handle.read().split(b"\0", 1)[0]
+    except (OSError, IndexError, ValueError):
+        return
+    text = b"\0".join([program, *(w.encode() for w in words)]) + b"\0"
+    if end <= start or len(text) > end - start:
+        return
+    ctypes.memmove(start, text.ljust(end - start, b"\0"), end - start)
+
+
+def _die_with_parent(parent: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the zygote died before the prctl took effect
+        os._exit(1)
+
+
+def _run_child(request: dict, parent: int) -> None:  # pragma: no cover - runs in the forked child
+    code = 1
+    try:
+        os.setsid()  # its own session and process group: the runner's kill sweeps exactly it
+        _die_with_parent(parent)
+        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
+            signal.signal(number, signal.SIG_DFL)
+        os.environ.update(request.get("env") or {})
+        work = request["work"]
+        os.chdir(work)
+        tempfile.tempdir = work  # third-party scratch files go to the reload's own folder
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        os.close(null)
+        set_title(list(request.get("title") or ()))
+        module, _, function = request["entry"].partition(":")
+        code = getattr(importlib.import_module(module), function)(list(request.get("argv") or ()))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - its words go to the child's log, its exit code to the runner
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code if isinstance(code, int) else 0)
+
+
+class Zygote:
+    def __init__(self, sock: socket.socket):
+        self.sock, self.buffer, self.children = sock, b"", {}  # children: pid -> job id
+        self.pid = os.getpid()
+
+    def send(self, message: dict) -> None:
+        try:
+            self.sock.sendall(json.dumps(message).encode() + b"\n")
+        except OSError:
+            pass  # the runner is gone: the next read sees end of file
+
+    def fork(self, request: dict) -> None:
+        threads = thread_count()
+        if threads != 1:
+            self.send({"id": request.get("id"), "error": f"the zygote has {threads} threads: fork is not safe"})
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            self.send({"id": request.get("id"), "error": f"fork failed: {exc}"})
+            return
+        if pid == 0:
+            self.sock.close()
+            _run_child(request, self.pid)
+        self.children[pid] = request.get("id")
+        self.send({"id": request.get("id"), "pid": pid})
+
+    def reap(self) -> None:
+        while self.children:
+            try:
+                # WNOWAIT: the child stays a zombie while its group is swept, so its group id cannot be reused.
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None:
+                return
+            pid = info.si_pid
+            try:
+                os.killpg(pid, signal.SIGKILL)  # whatever the child left running in its group
+            except (ProcessLookupError, PermissionError):
+                pass
+            _, status, usage = os.wait4(pid, 0)
+            job = self.children.pop(pid, None)
+            self.send({"id": job, "exit": os.waitstatus_to_exitcode(status), "maxrss_kib": usage.ru_maxrss})
+
+    def kill(self, job) -> None:
+        """A timeout: end the child's whole group. Only the zygote reaps, so the pid cannot have been reused."""
+        for pid, running in self.children.items():
+            if running == job:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    try:
+                        os.kill(pid, signal.SIGKILL)  # forked a moment ago: not yet its own group leader
+                    except ProcessLookupError:
+                        pass
+
+    def stop(self) -> None:
+        for pid in list(self.children):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for pid in list(self.children):
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+    def serve(self) -> None:
+        while True:
+            ready, _, _ = select.select([self.sock], [], [], REAP_POLL_SECONDS if self.children else 1.0)
+            if ready:
+                data = self.sock.recv(1 << 16)
+                if not data:
+                    return
+                self.buffer += data
+                while b"\n" in self.buffer:
+                    line, self.buffer = self.buffer.split(b"\n", 1)
+                    request = json.loads(line)
+                    if request.get("op") == "fork":
+                        self.fork(request)
+                    elif request.get("op") == "kill":
+                        self.kill(request.get("id"))
+                    elif request.get("op") == "quit":
+                        return
+            self.reap()
+
+
+def main(argv: list[str]) -> int:
+    # The runner ends the zygote through the socket or by killing its group; Ctrl-C reaches the tool only.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sock = socket.socket(fileno=int(argv[1]))
+    zygote = Zygote(sock)
+    try:
+        zygote.send(preload())
+        zygote.serve()
+    finally:
+        zygote.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
