@@ -86,6 +86,10 @@ FORMS = {
     "npz_object_member": ("arrays.npz", lambda m: _npz(_npy("'descr' : [('a','|O')]", m)), "npz", "builtins.open"),
     "npy_as_torch_storage_name": ("storage.npz", lambda m: _npz_named("archive/data/0", _npy("'descr':'|O'", m)),
                                   "npz", "builtins.open"),
+    # np.load takes a file starting with an empty archive's end record for an .npz; zipfile then finds the real
+    # archive behind it, every offset shifted.
+    "npz_behind_an_end_record": ("shifted.npz", lambda m: zip_forms.prepended(
+        _npz(_npy("'descr': '|O'", m)), b"PK\x05\x06" + bytes(18)), "npz", None),
     "protocol0_named_safetensors": ("model.safetensors", lambda m: payload(m, 0), "pickle", "builtins.open"),
     "protocol0_brace_quote_at_8": ("weights", lambda m: _s("abcdef{\"") + b"0" + payload(m, 0), "pickle",
                                    "builtins.open"),
