@@ -111,6 +111,7 @@ OUTSIDE = {
     tf.padded(b"x"),
     "PAX size on a folder": tf.extended([("size", "0")]) + tf.header(b"top/d/", b"5"),
     "link target on a file": tf.header(b"top/a", b"0", linkname=b"top/b"),
+    "PAX mtime out of GNU tar's range": tf.extended([("mtime", "9" * 20)]) + tf.regular("top/a", b"a"),
     "PAX size with a space": tf.extended([("size", "3 ")]) + tf.regular("top/a", b"abc"),
     "bytes hidden after the name": tf.header(b"top/a\0hidden", b"0"),
 }
