@@ -48,6 +48,27 @@ def test_the_control_archive_audits_clean_and_reads_as_gnu_tar_reads_it(sealed, 
     assert compare_with_gnu(sealed, tmp_path)  # accepted, and the same members and bytes as GNU tar's
 
 
+def test_zstd_piped_into_tar_extracts_what_tar_zstd_does(sealed, tmp_path):
+    (tmp_path / "piped").mkdir()
+    piped = subprocess.run(f"zstd -dc '{sealed}' | {tf.TAR} -x -C '{tmp_path / 'piped'}'", shell=True,
+                           capture_output=True)
+    assert piped.returncode == 0 and tf.gnu_extract(sealed, tmp_path / "direct") == 0
+    assert tf.tree(tmp_path / "piped") == tf.tree(tmp_path / "direct")
+
+
+def test_the_command_line_refuses_a_renaming_form_with_one_IV703(sealed, tmp_path):
+    import json
+
+    from tests.helpers import run_cli
+
+    archive = tf.attack(sealed, tmp_path / "a.tar.zst", "pax-path-and-gnu-long-name", tmp_path / "payload-ran")
+    result = run_cli("audit", archive, "--format", "json", timeout=120)
+    document = json.loads(result.stdout)
+    assert result.returncode == 1 and document["verdict"] == "fail"
+    assert [(f["code"], f["path"]) for f in document["findings"]] == [("IV703", VICTIM)]
+    assert not (tmp_path / "payload-ran").exists()
+
+
 def _load_like_a_reviewer(path: Path) -> None:
     """torch.load as a careful reviewer would (weights_only=True): refused, and the payload never runs."""
     import pickle

@@ -275,7 +275,7 @@ class ArchiveReader:
                 typeflag, size = profile.check_block(header, offset)
             except OutsideProfile as exc:
                 if exc.member.startswith("././@"):  # an extended header or long name: name the member it is for
-                    exc.member = self._next_name(header)
+                    exc.member = (records or {}).get("path") or self._next_name(header)
                 raise
             if typeflag == profile.PAX:
                 if records is not None:  # GNU tar and other readers keep different ones of the two
