@@ -131,7 +131,7 @@ def scan_file(path: str | os.PathLike) -> ScanResult:
             size = os.stat(path).st_size
             with open_binary(path) as fh:
                 result.is_pickle, result.error = scan_container(fh, size, Path(path).name, found, named=named)
-                if not result.is_pickle and kind != "zip":
+                if not result.is_pickle and named and kind != "zip":
                     _refuse_hidden_zip(fh, size)
     except AmbiguousZip as exc:
         # Two readers could see two archives: whatever either would unpickle is unknown. Never loadable.
