@@ -1,0 +1,105 @@
+"""LightningRecorder on real Lightning fits (CPU): a clean run whose package verifies with its weights reloaded,
+and a run whose NaN loss stops training at that step with the stop record written."""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+pl = pytest.importorskip("lightning.pytorch")
+
+from fixtures.train import torch_threads  # noqa: E402
+from tests.test_record_trainer import errors, verify  # noqa: E402
+
+EVAL_IDS = [f"x-{i}" for i in range(8)]
+RULES = [{"id": "nonfinite-loss", "kind": "nonfinite_loss", "metric": "loss"},
+         {"id": "acc-floor", "kind": "below_threshold", "metric": "val_acc", "threshold": 0.1}]
+
+
+class Classifier(pl.LightningModule):
+    def __init__(self, poison_at: int | None = None):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+        self.poison_at = poison_at
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        if self.poison_at is not None and self.global_step + 1 >= self.poison_at:
+            x = x * float("nan")
+        loss = torch.nn.functional.cross_entropy(self.net(x), y)
+        self.log("train_loss", loss, on_step=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_acc", (self.net(x).argmax(-1) == y).float().mean())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def loader():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 4, generator=g)
+    y = (x[:, 0] > 0).long()
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+
+
+def fit(run, module, steps=8):
+    from itera_verify.integrations import LightningRecorder
+
+    trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
+                         val_check_interval=4, num_sanity_val_steps=0, default_root_dir="lightning-work",
+                         callbacks=[LightningRecorder(run)])
+    trainer.fit(module, loader(), loader())
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    from itera_verify.record import open_campaign
+
+    work = tmp_path_factory.mktemp("record-lightning")
+    with torch_threads(1), contextlib.chdir(work):
+        pl.seed_everything(3, verbose=False)
+        campaign = open_campaign("pkg", "lightning-test", "Does an MLP separate x0 > 0?", "toy", "v1", EVAL_IDS)
+        campaign.declare_plan(lots=[{"gpu": "RTX 4090", "days": 3, "gpus": 1, "price_usd": 47.14}],
+                              reserved_hours=1)
+        campaign.declare_stop_rules(RULES)
+        control = campaign.run("control", "control")
+        module = Classifier()
+        fit(control, module)
+        with control.predictions() as stream:
+            for i, eval_id in enumerate(EVAL_IDS):
+                stream.write(eval_id, int(module.net(torch.full((1, 4), i - 4.0)).argmax()))
+        control.complete()
+        poisoned = campaign.run("nan", "variant", "exploratory")
+        trainer = fit(poisoned, Classifier(poison_at=3))
+        campaign.decision("continue", after="pilot")
+        manifest = campaign.close("positive", "the MLP separates the toy data.", accepted=["control"],
+                                  error_analysis="# Errors\n\nNone on toy data.\n")
+    return {"package": work / "pkg", "manifest": manifest, "nan_steps": trainer.global_step}
+
+
+def test_the_recorded_lightning_campaign_verifies_clean_with_its_weights_reloaded(recorded, hf_cache):
+    report = verify(recorded["package"], hf_cache)
+    assert errors(report) == []
+    assert [(r["artifact"], r["ok"]) for r in report["reloads"]] == [("control-weights", True)]
+    params = json.loads((recorded["package"] / "params/control.json").read_text())
+    assert params["seed"] == 3 and params["learning_rate"] == 0.1 and params["world_size"] == 1
+    names = {json.loads(line)["name"] for line in (recorded["package"] / "metrics/control.jsonl").open()}
+    assert {"loss", "train_loss", "val_acc"} <= names
+
+
+def test_a_nan_loss_stops_the_lightning_fit_at_its_step(recorded):
+    (stop,) = json.loads((recorded["package"] / "stops.json").read_text())["stops"]
+    assert stop["run"] == "nan" and stop["rule"] == "nonfinite-loss" and stop["step"] == 3
+    assert recorded["nan_steps"] == 3  # not the 8 steps asked for
+    losses = [json.loads(line) for line in (recorded["package"] / "metrics/nan.jsonl").open()]
+    assert math.isnan([r for r in losses if r["name"] == "loss"][-1]["value"])
+    assert not (recorded["package"] / "artifacts/nan.safetensors").exists()
