@@ -131,7 +131,7 @@ def scan_file(path: str | os.PathLike) -> ScanResult:
             size = os.stat(path).st_size
             with open_binary(path) as fh:
                 result.is_pickle, result.error = scan_container(fh, size, Path(path).name, found, named=named)
-                if not result.is_pickle and named and kind != "zip":
+                if not result.is_pickle and kind != "zip" and (named or _opens_like_npz(fh)):
                     _refuse_hidden_zip(fh, size)
     except AmbiguousZip as exc:
         # Two readers could see two archives: whatever either would unpickle is unknown. Never loadable.
@@ -144,6 +144,12 @@ def scan_file(path: str | os.PathLike) -> ScanResult:
     result.globals = found
     result.unsafe = sorted(g for g in found if not is_allowed(g, result.category))
     return result
+
+
+def _opens_like_npz(fh) -> bool:
+    """np.load takes a file that starts with an (empty) archive's end record for an .npz."""
+    fh.seek(0)
+    return fh.read(4) == b"PK\x05\x06"
 
 
 def _refuse_hidden_zip(fh, size: int) -> None:
