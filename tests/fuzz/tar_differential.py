@@ -60,7 +60,8 @@ def _piece(draw, depth: int = 0) -> bytes:
         return block + tf.padded(data if draw(st.booleans()) else b"")
     if kind in ("pax", "global"):  # then a plain member, so that only the records decide
         records = []
-        for key, value in draw(st.lists(st.sampled_from(PAX_RECORDS), min_size=1, max_size=3, unique_by=lambda r: r[0])):
+        drawn = draw(st.lists(st.sampled_from(PAX_RECORDS), min_size=1, max_size=3, unique_by=lambda r: r[0]))
+        for key, value in drawn:
             records.append((key, _name(draw) if value is None else value))
         return tf.extended(records, b"x" if kind == "pax" else b"g") + tf.regular(f"{TOP}/plain{len(data)}", data)
     if kind == "long":

@@ -36,11 +36,6 @@ CHUNK = 2 << 20
 MAX_META = 1 << 20  # a PAX record set larger than this is not a real archive
 
 
-
-def _text(field: bytes) -> str:
-    return field.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-
-
 @dataclass
 class Member:
     name: str
@@ -197,7 +192,9 @@ def _scan(fileobj) -> list[tuple[int, int]] | None:
         raise {"not-zstd": NotZstd, "truncated": Truncated}.get(exc.kind, Corrupt)(str(exc)) from None
 
 
-# ---- stage 3: tar (the profile: profile.py) --------------------------------------------------------------
+# ---- stage 3: tar (what is accepted: profile.py) ------------------------------------------------------------
+def _text(field: bytes) -> str:
+    return field.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
 
 
 class ArchiveReader:
@@ -279,8 +276,8 @@ class ArchiveReader:
                 raise
             if typeflag == profile.PAX:
                 if records is not None:  # GNU tar and other readers keep different ones of the two
-                    raise OutsideProfile("two extended headers in a row", records.get("path", "") or
-                                         _text(header[0:100]), offset)
+                    raise OutsideProfile("two extended headers in a row",
+                                         records.get("path") or self._next_name(header), offset)
                 records = self._pax(size, offset)
                 continue
             member = self._member(header, typeflag, size, records or {}, offset)
