@@ -90,6 +90,17 @@ def test_the_seals_report_html_replaced_by_a_pickle_is_IV702(sealed, tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("record", [b"not json", b"[1, 2]", None])
+def test_a_verification_record_that_is_no_report_is_IV702(sealed, tmp_path, record):
+    name = f"{CAMPAIGN}/SEAL/verification.json"
+    marker = tmp_path / "payload-ran"
+    archive = with_seal_member(sealed, tmp_path / "a.tar.zst",
+                               replace={name: record if record is not None else payload_pickle(marker)})
+    report = audit(archive)
+    assert report.verdict == "fail" and ("IV702", name) in findings(report)
+    assert not marker.exists()
+
+
 def test_the_control_archive_has_no_SEAL_finding(sealed):
     report = audit(sealed)
     assert report.verdict == "pass" and findings(report) == []

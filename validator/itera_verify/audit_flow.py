@@ -47,7 +47,7 @@ def default_max_size(archive_bytes: int) -> int:
 
 def audit(archive, *, reload: bool = False, max_size: int | None = None, device: str = "auto", hf_cache=None,
           timeout: float = 600.0, jobs: int = 1, selection: Selection | None = None,
-          progress: Progress = NULL_PROGRESS) -> Report:
+          progress: Progress = NULL_PROGRESS, isolation: str = "auto") -> Report:
     """Audit a sealed archive. Raises UsageError (exit 2) when it cannot be read at all."""
     selection = selection or Selection()
     path = Path(archive)
@@ -69,7 +69,7 @@ def audit(archive, *, reload: bool = False, max_size: int | None = None, device:
                                       keep_prefix=None if reload else safetensors_header)
                 report, unwalkable = _recheck(path, size, workdir, extraction, selection, reload=reload,
                                               device=resolved_device, hf_cache=hf_cache, timeout=timeout,
-                                              jobs=jobs, progress=progress)
+                                              jobs=jobs, progress=progress, isolation=isolation)
                 facts = AuditFacts(path.name, limit, extraction, seal_scans=_scan_seal_files(extraction),
                                    detached=_detached_checksum(path, extraction), unwalkable=unwalkable)
             finally:
@@ -86,6 +86,7 @@ def audit(archive, *, reload: bool = False, max_size: int | None = None, device:
     comparison = _compare_record(extraction, report)
     report.audit["comparison"] = comparison
     facts.record_contradicted = comparison.get("recorded_verdict") == "pass" and comparison.get("verdict") == "fail"
+    facts.record_unreadable = comparison.get("error")
     archive_findings = audit_findings(facts)
     for finding in archive_findings:
         finding.severity = selection.severity(finding.code)
@@ -198,7 +199,7 @@ def _extract(path: Path, fd: int, workdir: str, limit: int, progress: Progress, 
 
 def _recheck(path: Path, size: int, workdir: str, extraction: Extraction, selection: Selection, *, reload: bool,
              device: str | None, hf_cache, timeout: float, jobs: int,
-             progress: Progress) -> tuple[Report, str | None]:
+             progress: Progress, isolation: str = "auto") -> tuple[Report, str | None]:
     """Every check again on the extracted package; skipped when the stream itself failed. Returns the report
     and, when the extracted package cannot even be walked, why."""
     facts = {"archive": str(path), "archive_bytes": size,
@@ -221,7 +222,8 @@ def _recheck(path: Path, size: int, workdir: str, extraction: Extraction, select
         return report, unwalkable
     package.hf_cache = resolve_hf_cache(hf_cache)
     findings, reloads = check_package(package, selection, reload=reload, device=device or "cpu", timeout=timeout,
-                                      jobs=jobs, progress=progress, processes=check_processes(package))
+                                      jobs=jobs, progress=progress, processes=check_processes(package),
+                                      isolation=isolation)
     report = build_report(package, findings, reloads, selection, mode="audit", reloaded=reload, device=device)
     report.package = str(path)  # the archive, never the temporary folder
     report.audit = {**facts, "rechecked": True}

@@ -112,6 +112,7 @@ class AuditFacts:
     detached: tuple[str, bool] | None = None  # (<archive>.sha256, whether it names this archive's bytes)
     unwalkable: str | None = None  # why the extracted package could not be walked
     record_contradicted: bool = False  # the recorded verdict is pass, the re-check fails
+    record_unreadable: str | None = None  # why SEAL/verification.json is not a report (a pickle, not JSON...)
 
 
 def audit_findings(facts: AuditFacts) -> list[Finding]:
@@ -137,6 +138,10 @@ def audit_findings(facts: AuditFacts) -> list[Finding]:
         findings.append(Finding("IV701", facts.archive_name,
                                 message=f"the archive's SHA-256 does not match {facts.detached[0]}"))
     findings += _sums_findings(extraction)
+    if facts.record_unreadable:
+        findings.append(Finding("IV702", f"{extraction.top}/{RECORD}",
+                                message=f"SEAL/verification.json is {facts.record_unreadable}: no record of what "
+                                        "was verified"))
     if facts.record_contradicted:
         findings.append(Finding("IV701", f"{extraction.top}/{RECORD}",
                                 message="the recorded verdict is pass but the re-check fails: the record "
