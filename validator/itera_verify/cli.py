@@ -152,6 +152,10 @@ def main() -> None:
     """
 
 
+# How reload children start: forked from one preloaded zygote (auto: where fork is safe) or a new interpreter each.
+_isolation_option = click.option("--isolation", type=click.Choice(["auto", "fork", "spawn"]), default="auto",
+                                 help="Reload children forked from one preloaded process (auto, fork) or each a "
+                                      "new interpreter (spawn).")
 _format_option = click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
                               help="Output format on stdout (default text; github under GitHub Actions).")
 _report_option = click.option("--report", "reports", multiple=True, metavar="[FORMAT=]PATH",
@@ -176,6 +180,7 @@ _verbose = click.option("-v", "--verbose", is_flag=True, help="More detail (pass
 @click.option("--timeout", type=click.FloatRange(min=1, max=7 * 86400), default=None, callback=_finite_seconds,
               help="Seconds per reload (default 600).")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, help="Parallel CPU reloads.")
+@_isolation_option
 @click.option("--level", type=click.IntRange(1, 19), default=3, help="zstd level (default 3).")
 @click.option("--threads", type=click.IntRange(min=0), default=0, help="zstd threads (0 = all cores).")
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
@@ -183,7 +188,7 @@ _verbose = click.option("-v", "--verbose", is_flag=True, help="More detail (pass
 @_quiet
 @_verbose
 def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, reports, strict, select, ignore,
-                   hf_cache, timeout, jobs, level, threads, config_path, quiet, verbose):
+                   hf_cache, timeout, jobs, isolation, level, threads, config_path, quiet, verbose):
     """Check OUTDIR, reload every artifact and seal it (exit 0 pass, 1 findings, 2 could not run)."""
     from .verify_flow import verify
 
@@ -198,7 +203,7 @@ def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, r
                             seal=not no_seal, output=output, overwrite=overwrite, selection=selection,
                             hf_cache=hf_cache, timeout=timeout or config.timeout or 600.0, jobs=jobs, level=level,
                             threads=threads, tmp_patterns=config.tmp_patterns, tariffs=config.tariffs,
-                            progress=progress)
+                            progress=progress, isolation=isolation)
         _emit(report, fmt_chosen, targets, quiet, verbose)
         return _exit_code(report)
 
@@ -214,13 +219,14 @@ def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, r
 @click.option("--hf-cache", type=click.Path(path_type=Path))
 @click.option("--timeout", type=click.FloatRange(min=1, max=7 * 86400), default=600.0, callback=_finite_seconds)
 @click.option("--jobs", type=click.IntRange(min=1), default=1)
+@_isolation_option
 @_format_option
 @_report_option
 @click.option("--strict", is_flag=True)
 @_quiet
 @_verbose
-def audit_command(archive, do_reload, max_size, device, hf_cache, timeout, jobs, fmt, reports, strict, quiet,
-                  verbose):
+def audit_command(archive, do_reload, max_size, device, hf_cache, timeout, jobs, isolation, fmt, reports, strict,
+                  quiet, verbose):
     """Audit a sealed ARCHIVE without trusting it: members, checksums, then every check again."""
     from .audit_flow import audit
 
@@ -232,7 +238,8 @@ def audit_command(archive, do_reload, max_size, device, hf_cache, timeout, jobs,
         _refuse_reports_inside(targets, archive, "archive")
         with _make_progress(quiet, verbose) as progress:
             report = audit(archive, reload=do_reload, max_size=max_size, device=device, hf_cache=hf_cache,
-                           timeout=timeout, jobs=jobs, selection=Selection(strict=strict), progress=progress)
+                           timeout=timeout, jobs=jobs, selection=Selection(strict=strict), progress=progress,
+                           isolation=isolation)
         _emit(report, fmt_chosen, targets, quiet, verbose)
         return _exit_code(report)
 

@@ -41,7 +41,7 @@ def check_processes(package: Package) -> int:
 
 def check_package(package: Package, selection: Selection, *, reload: bool, device: str, timeout: float,
                   jobs: int, progress: Progress, processes: int = 1,
-                  started: StartedChecks | None = None) -> tuple[list[Finding], list]:
+                  started: StartedChecks | None = None, isolation: str = "auto") -> tuple[list[Finding], list]:
     """Static checks (in `processes` processes, or those `started` already), then (optionally) the reloads and
     the rules over their facts."""
     findings = started.result() if started is not None else run_checks(package, selection, "static",
@@ -50,7 +50,8 @@ def check_package(package: Package, selection: Selection, *, reload: bool, devic
     if reload:
         from .reload import run_reloads
 
-        reloads = run_reloads(package, device=device, timeout=timeout, jobs=jobs, progress=progress)
+        reloads = run_reloads(package, device=device, timeout=timeout, jobs=jobs, progress=progress,
+                              isolation=isolation)
         package.reloads = reloads
         findings += run_checks(package, selection, "reload")
     return findings, reloads
@@ -74,7 +75,7 @@ def build_report(package: Package, findings: list[Finding], reloads: list, selec
 def verify(path, *, device: str = "auto", reload: bool = True, seal: bool = True, output=None,
            overwrite: bool = False, selection: Selection | None = None, hf_cache=None, timeout: float = 600.0,
            jobs: int = 1, level: int = 3, threads: int = 0, tmp_patterns: tuple[str, ...] = (),
-           tariffs: dict | None = None, progress: Progress = NULL_PROGRESS) -> Report:
+           tariffs: dict | None = None, progress: Progress = NULL_PROGRESS, isolation: str = "auto") -> Report:
     """Check a package, reload its artifacts and seal it when nothing blocks. Raises UsageError (exit 2)."""
     started = time.monotonic()
     selection = selection or Selection()
@@ -102,7 +103,7 @@ def verify(path, *, device: str = "auto", reload: bool = True, seal: bool = True
             findings, reloads = check_package(package, selection, reload=reload, device=resolved_device or "cpu",
                                               timeout=timeout, jobs=jobs, progress=progress,
                                               processes=1 if static_checks is not None else check_processes(package),
-                                              started=static_checks)
+                                              started=static_checks, isolation=isolation)
             report = build_report(package, findings, reloads, selection, mode="verify", reloaded=reload,
                                   device=resolved_device)
             if not seal:

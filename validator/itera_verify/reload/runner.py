@@ -146,6 +146,8 @@ def _log_tail(log: Path) -> str:
 
 
 def _died(code: int | None, log: Path) -> str:
+    if code is None:  # forked: the zygote ended before it could report, and took the child with it
+        return "the reload process ended with the zygote that forked it, without a result"
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
         why = " (the system may have run out of memory)" if -code == signal.SIGKILL else ""

@@ -1,0 +1,195 @@
+"""The zygote (issue 17): one preloaded interpreter forks every reload child, and each child is still a fresh,
+separate process: nothing one child changes reaches the next, each is its own session with its own folder, a
+zygote that cannot fork safely (a thread) or dies mid-run leaves the reloads to spawned children, and fork and
+spawn prove the same things about the same package."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from itera_verify.model import UsageError
+from itera_verify.package import discover
+from itera_verify.progress import NULL_PROGRESS
+from itera_verify.reload import run_reloads
+from itera_verify.reload.process import ChildProcesses, ForkedChild
+from itera_verify.reload.runner import Zygote
+from itera_verify.rules import reload as reload_rules
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or not Path("/proc/self/stat").exists(),
+                                reason="the zygote forks (Linux)")
+TIMING = {"startup_seconds", "gate_wait_seconds", "load_seconds", "peak_rss_bytes", "started_at", "ended_at",
+          "wall_seconds", "isolation", "zygote_import_seconds", "host_peak_memory_bytes"}
+
+
+def reload(package_dir, hf_cache, *only, **options):
+    package = discover(package_dir)
+    package.hf_cache = Path(hf_cache)
+    package.reloads = run_reloads(package, device="cpu", timeout=options.pop("timeout", 300), jobs=1,
+                                  progress=NULL_PROGRESS, only=set(only) or None, **options)
+    # A subset leaves accepted runs without their other artifacts: IV509 is not what these tests judge.
+    return {r.artifact: r for r in package.reloads}, [f for f in reload_rules.check(package)
+                                                      if f.code != "IV509" or not only]
+
+
+def with_hook(monkeypatch, tmp_path, code: str) -> None:
+    """A sitecustomize on the children's path: test-only behaviour from outside the product's code."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(textwrap.dedent(code))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])))
+
+
+# --- the zygote itself, with a probe for an entry ---------------------------------------------------------
+
+@pytest.fixture
+def zygote(monkeypatch, tmp_path):
+    import tempfile
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    children = ChildProcesses()
+    started = Zygote(children, [{"threads": 1, "hf_cache": None}])
+    assert started.client is not None, started.why
+    yield children, started
+    started.close()
+    assert list(temp.iterdir()) == [], "the zygote's folder was left behind"
+    assert started.client.proc.returncode is not None, "the zygote still runs"
+
+
+def probe(children: ChildProcesses, zygote: Zygote, work: Path, action: str) -> dict:
+    work.mkdir()
+    out = work / "probe.json"
+    child = zygote.client.fork({"entry": "tests.zygote_probe:probe", "argv": ["probe", str(out), action],
+                                "work": str(work), "log": str(work / "log"), "env": {"TMPDIR": str(work)},
+                                "title": ["-m", "itera_verify.reload.child", str(work / "job.json"), action]})
+    assert isinstance(child, ForkedChild), child
+    end = children.wait(child, 120)
+    assert end.code == 0, (work / "log").read_text()
+    assert end.usage.ru_maxrss > 0
+    return json.loads(out.read_text())
+
+
+def test_nothing_one_forked_child_changes_reaches_the_next(zygote, tmp_path):
+    children, started = zygote
+    first = probe(children, started, tmp_path / "first", "mutate")
+    second = probe(children, started, tmp_path / "second", "look")
+    before, after, fresh = first["at_start"], first["after"], second["at_start"]
+    # The first child really changed its process: a patched function, a held tensor, a new module, moved RNGs.
+    assert not after["gelu_is_torch"] and after["held_tensor"] and after["new_module"]
+    assert after["torch_rng"] != before["torch_rng"] and after["numpy_rng"] != before["numpy_rng"]
+    # The next child starts from the zygote, not from there.
+    assert fresh["gelu_is_torch"] and not fresh["held_tensor"] and not fresh["new_module"]
+    assert fresh["torch_rng"] == before["torch_rng"] and fresh["numpy_rng"] == before["numpy_rng"]
+
+
+def test_each_forked_child_is_its_own_session_with_its_folder_and_its_job_on_its_command_line(zygote, tmp_path):
+    children, started = zygote
+    seen = [probe(children, started, tmp_path / name, "look")["at_start"] for name in ("a", "b")]
+    zygote_pid = started.client.proc.pid
+    assert seen[0]["pid"] != seen[1]["pid"]
+    for state, name in zip(seen, ("a", "b")):
+        assert state["ppid"] == zygote_pid and state["sid"] == state["pgid"] == state["pid"] != zygote_pid
+        assert state["tmpdir"] == state["cwd"] == str(tmp_path / name)
+        args = state["cmdline"]
+        assert args[1:] == ["-m", "itera_verify.reload.child", str(tmp_path / name / "job.json"), "look"]
+
+
+# --- through the runner -----------------------------------------------------------------------------------
+
+def test_fork_and_spawn_prove_the_same_of_every_artifact(package_dir, hf_cache):
+    forked, forked_findings = reload(package_dir, hf_cache, isolation="fork")
+    spawned, spawned_findings = reload(package_dir, hf_cache, isolation="spawn")
+    assert forked_findings == spawned_findings == []
+    assert {r.facts["isolation"] for r in forked.values()} == {"fork"}
+    assert {r.facts["isolation"] for r in spawned.values()} == {"spawn"}
+    for name, result in forked.items():
+        other = spawned[name]
+        assert (result.ok, result.forward, result.failure) == (other.ok, other.forward, other.failure)
+        assert {k: v for k, v in result.facts.items() if k not in TIMING} == \
+               {k: v for k, v in other.facts.items() if k not in TIMING}, name
+        assert result.facts["startup_seconds"] < other.facts["startup_seconds"]  # no interpreter start
+
+
+THREAD_IN_THE_ZYGOTE = """
+    import threading, time
+    if b"itera_verify.reload.zygote" in open("/proc/self/cmdline", "rb").read():
+        threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+"""
+
+
+def test_a_zygote_with_a_second_thread_is_never_forked_from(package_dir, hf_cache, monkeypatch, tmp_path):
+    with_hook(monkeypatch, tmp_path, THREAD_IN_THE_ZYGOTE)
+    results, findings = reload(package_dir, hf_cache, "lora-r16-resume")
+    assert results["lora-r16-resume"].ok and results["lora-r16-resume"].facts["isolation"] == "spawn"
+    assert findings == []
+    with pytest.raises(UsageError, match="--isolation fork: .*2 threads.*fork is not safe"):
+        reload(package_dir, hf_cache, "lora-r16-resume", isolation="fork")
+
+
+HANG_IN_A_FORKED_CHILD = """
+    import json, os, time
+    if b"itera_verify.reload.zygote" in open("/proc/self/cmdline", "rb").read():
+        from itera_verify.reload import child
+        real = child.forked
+        def forked(argv):
+            if json.load(open(argv[1]))["artifact"] == os.environ["ITERA_TEST_HANG"]:
+                open(os.environ["ITERA_TEST_PIDFILE"], "w").write(str(os.getpid()))
+                time.sleep(3600)
+            return real(argv)
+        child.forked = forked
+"""
+
+
+def test_a_zygote_killed_mid_reload_takes_its_child_and_the_next_artifact_still_reloads(package_dir, hf_cache,
+                                                                                       monkeypatch, tmp_path):
+    with_hook(monkeypatch, tmp_path, HANG_IN_A_FORKED_CHILD)
+    pid_file = tmp_path / "pid"
+    monkeypatch.setenv("ITERA_TEST_HANG", "control-model")
+    monkeypatch.setenv("ITERA_TEST_PIDFILE", str(pid_file))
+    killed = {}
+
+    def kill_the_zygote():
+        deadline = time.monotonic() + 120
+        while not pid_file.exists() or not pid_file.read_text():
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        killed["child"] = int(pid_file.read_text())
+        killed["zygote"] = int(Path(f"/proc/{killed['child']}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        os.kill(killed["zygote"], signal.SIGKILL)
+
+    threading.Thread(target=kill_the_zygote, daemon=True).start()
+    started = time.monotonic()
+    results, findings = reload(package_dir, hf_cache, "control-model", "lora-r16-resume", timeout=200)
+    assert time.monotonic() - started < 100, "the lost child was waited for until its timeout"
+    lost = results["control-model"]
+    assert lost.failure == "crash" and "zygote" in lost.error
+    assert [f.code for f in findings if f.artifact == "control-model"] == ["IV504"]
+    assert results["lora-r16-resume"].ok and results["lora-r16-resume"].facts["isolation"] == "spawn"
+    time.sleep(0.5)
+    for pid in (killed["child"], killed["zygote"]):
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(") ")[1][:1]
+
+
+def test_the_command_line_takes_isolation_spawn_and_fork(package_dir, hf_cache):
+    from tests.helpers import run_cli
+
+    for isolation in ("spawn", "fork"):
+        result = run_cli(package_dir, "--no-seal", "--hf-cache", hf_cache, "--format", "json", "--isolation",
+                         isolation)
+        assert result.returncode == 0, result.stderr[-2000:]
+        reloads = json.loads(result.stdout)["reloads"]
+        assert len(reloads) == 4 and all(r["ok"] for r in reloads)
+        assert {r["facts"]["isolation"] for r in reloads} == {isolation}
+    result = run_cli(package_dir, "--no-seal", "--isolation", "clone")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
