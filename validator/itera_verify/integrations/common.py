@@ -4,10 +4,12 @@ from __future__ import annotations
 import enum
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
-from ..record.hub import loaded_commit
+from ..record.errors import RecordError
+from ..record.hub import COMMIT, loaded_commit, resolve_commit
 from ..record.run import Run
 
 
@@ -51,10 +53,19 @@ def save_final_model(run: Run, model, rel_path: str, hf_cache=None) -> str:
     return run.artifact(target, "transformers-model")
 
 
-def pin_peft_revision(model) -> None:
-    """Give the PEFT config the base's loaded commit where it has none, so that every adapter_config.json the
-    run saves (its checkpoints' included) names the pinned base, not `revision: null`."""
-    commit = loaded_commit(model)
+def pin_peft_revision(model, hf_cache=None) -> None:
+    """Pin the PEFT config's base revision to a 40-hex commit before anything is saved, so that every
+    adapter_config.json of the run (its checkpoints' included) names the pinned base, not `revision: null` or
+    a branch. The commit is the one transformers recorded at load (4.x), else the cache's commit for the
+    revision the config names (default `main`): give `get_peft_model(..., revision=...)` the revision you
+    loaded the base at when it is not the default branch."""
     for config in model.peft_config.values():
-        if commit and getattr(config, "revision", None) is None:
-            config.revision = commit
+        revision = getattr(config, "revision", None)
+        if isinstance(revision, str) and COMMIT.match(revision):
+            continue
+        try:
+            commit = loaded_commit(model) or resolve_commit(config.base_model_name_or_path, revision, hf_cache)
+        except RecordError as exc:
+            warnings.warn(f"the adapter's base is not pinned: {exc}", stacklevel=2)
+            continue
+        config.revision = commit

@@ -68,7 +68,7 @@ class RecordCallback(TrainerCallback):
                               f"{self.run.root.name}/checkpoints/{self.run.id}), or set save_strategy='no'")
         model = kwargs.get("model")
         if model is not None and hasattr(model, "peft_config"):
-            pin_peft_revision(model)
+            pin_peft_revision(model, self.hf_cache)
         if not self.run.started:
             self.run.start(training_params(args, self.run))
 
