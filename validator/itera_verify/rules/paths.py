@@ -366,13 +366,11 @@ def _binary(package: Package, rel: str, matcher: TmpMatcher) -> Iterator[Finding
         return
     strings = pickled_strings(data)
     if strings is not None:  # a pickle: the exact strings it holds, not bytes that run into the next opcode
-        hits = list(dict.fromkeys(s for s in strings if matcher.may_match_text(s) and matcher.text.search(s)))
-        for text in hits[:PER_FILE]:
-            yield Finding("IV201", rel, message=f"temporary-directory path stored in the pickle: {_short(text)}; "
-                          "the file is a record of the run, so fix the run: train with a relative output_dir "
-                          "(and relative paths elsewhere), or leave the file out of the package")
-        if len(hits) > PER_FILE:
-            yield Finding("IV201", rel, message=f"{len(hits) - PER_FILE} more temporary-directory paths in this file")
+        hits = dict.fromkeys(s for s in strings if matcher.may_match_text(s) and matcher.text.search(s))
+        yield from _limited((Finding("IV201", rel, message=f"temporary-directory path stored in the pickle: "
+                                     f"{_short(text)}; the file is a record of the run, so fix the run: train "
+                                     "with a relative output_dir (and relative paths elsewhere), or leave the "
+                                     "file out of the package") for text in hits), rel, "temporary-directory paths")
         return
     seen = set()
     for match in matcher.bytes.finditer(data):
