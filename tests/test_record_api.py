@@ -3,7 +3,6 @@ campaign, two processes updating one manifest, and that importing it pulls in no
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -11,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from itera_verify.record import RecordError, open_campaign
+
 from tests.test_record_trainer import errors, verify
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,9 +167,9 @@ def test_a_sigkill_while_logging_loses_only_the_unfinished_line_and_the_checker_
 def test_a_reopened_campaign_continues_after_the_kill(tmp_path, hf_cache):
     package = tmp_path / "pkg"
     kill_while_logging(package)
+    campaign = campaign_at(package)  # the same declarations: no change, no refusal
+    run = campaign.start_run("control", "control", params={"seed": 1})
     with pytest.warns(UserWarning, match="dropped .* bytes of a line"):
-        campaign = campaign_at(package)  # the same declarations: no change, no refusal
-        run = campaign.start_run("control", "control", params={"seed": 1})
         run.log(201, "loss", 0.004)
     records = [json.loads(line) for line in (package / "metrics/control.jsonl").read_text().splitlines()]
     assert len(records) == 201 and records[-1] == {"step": 201, "name": "loss", "value": 0.004}
@@ -209,3 +208,16 @@ def test_two_processes_updating_one_manifest_lose_nothing(tmp_path):
     assert not list((tmp_path / "pkg").rglob(".itera-record-tmp-*"))
     assert sorted(p.name for p in (tmp_path / "pkg").iterdir()) == [
         "corpus", "manifest.json", "reload.json", "stops.json"]  # no lock file in the package
+
+
+def test_a_fixed_clock_dates_everything_and_a_refused_close_writes_nothing(tmp_path):
+    times = iter(f"2026-11-20T0{h}:00:00Z" for h in range(8, 10))
+    clock = lambda: next(times)
+    campaign = open_campaign(tmp_path / "pkg", "api-test", QUESTION, "toy", "v1", EVAL_IDS, clock=clock)
+    campaign.declare_plan(lots=LOTS, reserved_hours=2)
+    with pytest.raises(RecordError, match="not a run of this campaign"):
+        campaign.close("positive", "nothing ran", accepted=["ghost"], error_analysis="# x\n")
+    assert not (tmp_path / "pkg/analysis").exists()
+    manifest = json.loads((tmp_path / "pkg/manifest.json").read_text())
+    assert (manifest["created_at"], manifest["plan"]["declared_at"]) == ("2026-11-20T08:00:00Z",
+                                                                       "2026-11-20T09:00:00Z")

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def example() -> str:
     text = (ROOT / "docs/record.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    blocks = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
     assert blocks, "docs/record.md has no python example"
     return blocks[0]
 
@@ -33,7 +33,7 @@ def test_the_example_records_a_campaign_that_verifies(tmp_path, hf_cache):
     env = dict(os.environ, BASE_MODEL=BASE_MODEL, HF_HUB_CACHE=str(hf_cache), HF_HUB_OFFLINE="1",
                CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     done = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     report = verify(tmp_path / "campaign", hf_cache)
     assert errors(report) == []

@@ -5,15 +5,14 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
 pl = pytest.importorskip("lightning.pytorch")
 
-from fixtures.train import torch_threads  # noqa: E402
-from tests.test_record_trainer import errors, verify  # noqa: E402
+from fixtures.train import torch_threads
+from tests.test_record_trainer import errors, verify
 
 EVAL_IDS = [f"x-{i}" for i in range(8)]
 RULES = [{"id": "nonfinite-loss", "kind": "nonfinite_loss", "metric": "loss"},

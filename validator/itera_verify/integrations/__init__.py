@@ -6,7 +6,7 @@
 Each is imported on first use, so `import itera_verify.integrations` imports neither transformers nor lightning."""
 from __future__ import annotations
 
-__all__ = ["RecordCallback", "LightningRecorder"]
+__all__ = ["LightningRecorder", "RecordCallback"]
 
 
 def __getattr__(name: str):

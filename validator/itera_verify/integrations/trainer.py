@@ -14,7 +14,13 @@ from transformers import TrainerCallback
 from ..record.artifacts import forget_missing
 from ..record.errors import RecordError
 from ..record.run import Run
-from .common import json_value, numeric_logs, package_relative, pin_peft_revision, save_final_model
+from .common import (
+    json_value,
+    numeric_logs,
+    package_relative,
+    pin_peft_revision,
+    save_final_model,
+)
 
 # TrainingArguments recorded in params/<run>.json, under their own names.
 RECORDED_ARGS = (

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from .errors import RecordError
 from .files import write_json
 from .hub import COMMIT, loaded_commit, resolve_commit
+from .ids import check_id
 from .store import MANIFEST, RELOAD, transaction
 
 if TYPE_CHECKING:
@@ -46,10 +47,8 @@ def resume_loader(folder: Path) -> str:
                       "file; pass loader= for another form")
 
 
-def register(run: "Run", path, kind: str, artifact_id: str | None, loader: str | None, reload_fields: dict,
+def register(run: Run, path, kind: str, artifact_id: str | None, loader: str | None, reload_fields: dict,
              base: dict | None = None) -> str:
-    from .campaign import check_id
-
     if kind not in KINDS:
         raise RecordError(f"artifact kind {kind!r}: one of {', '.join(KINDS)}")
     rel = package_path(run.root, path)
@@ -73,7 +72,7 @@ def register(run: "Run", path, kind: str, artifact_id: str | None, loader: str |
     return artifact_id
 
 
-def forget_missing(run: "Run", kind: str) -> list[str]:
+def forget_missing(run: Run, kind: str) -> list[str]:
     """Drop the run's artifacts of `kind` whose files are gone (the Trainer's save_total_limit rotation)."""
     if not run.writer:
         return []
@@ -88,7 +87,7 @@ def forget_missing(run: "Run", kind: str) -> list[str]:
     return gone
 
 
-def register_adapter(run: "Run", path, base: str, model, revision: str | None, cache_dir,
+def register_adapter(run: Run, path, base: str, model, revision: str | None, cache_dir,
                      artifact_id: str | None, reload_fields: dict) -> str:
     rel = package_path(run.root, path)
     config_path = run.root / rel / "adapter_config.json"

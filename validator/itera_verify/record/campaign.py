@@ -5,26 +5,19 @@ same campaign all continue from what was written."""
 from __future__ import annotations
 
 import os
-import re
 import warnings
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Iterable
 
 from .errors import RecordError
-from .files import dumps, remove_stale_temps, sha256_file, write_atomic
+from .files import remove_stale_temps, sha256_file, write_atomic
+from .ids import check_id
 from .run import Run
 from .stoprules import validate_rules
 from .store import MANIFEST, RELOAD, STOPS, now, parse_time, read, transaction
 
 FORMAT = "itera-output/1"
-ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 EVAL_IDS = "corpus/eval_ids.txt"
-
-
-def check_id(kind: str, value: str) -> str:
-    if not isinstance(value, str) or not ID.match(value):
-        raise RecordError(f"{kind} {value!r} must match {ID.pattern} (it names files and archive members)")
-    return value
 
 
 def is_main_process() -> bool:
@@ -51,14 +44,16 @@ def _eval_ids_bytes(eval_ids: Iterable[str] | str | os.PathLike) -> bytes:
 
 def open_campaign(path: str | os.PathLike, campaign_id: str, question: str, corpus_name: str,
                   corpus_revision: str, eval_ids: Iterable[str] | str | os.PathLike, *,
-                  main_process: bool | None = None) -> "Campaign":
+                  main_process: bool | None = None, clock: Callable[[], str] | None = None) -> Campaign:
     """Create the campaign folder, or reopen it (after a crash, from another process): reopening with another
     id, question or corpus is refused, since what a run was compared on is frozen.
 
     `eval_ids`: the frozen evaluation ids (a list, or a file with one id per line); they are copied to
-    corpus/eval_ids.txt and hashed. On every process but the main one (RANK != 0) nothing is written."""
+    corpus/eval_ids.txt and hashed. On every process but the main one (RANK != 0) nothing is written.
+    `clock`: what "now" is (an RFC 3339 string); the real UTC clock by default, a fixed one for a reproducible
+    build."""
     writer = is_main_process() if main_process is None else main_process
-    campaign = Campaign(Path(path).absolute(), writer)
+    campaign = Campaign(Path(path).absolute(), writer, clock or now)
     if not writer:
         return campaign
     check_id("campaign_id", campaign_id)
@@ -74,7 +69,7 @@ def open_campaign(path: str | os.PathLike, campaign_id: str, question: str, corp
         if manifest is None:
             write_atomic(root / EVAL_IDS, ids)
             tx.set(MANIFEST, {
-                "format": FORMAT, "campaign_id": campaign_id, "question": question, "created_at": now(),
+                "format": FORMAT, "campaign_id": campaign_id, "question": question, "created_at": campaign.now(),
                 "corpus": {"name": corpus_name, "revision": corpus_revision, "eval_ids": EVAL_IDS,
                            "eval_ids_sha256": sha256_file(root / EVAL_IDS)},
                 "runs": [], "artifacts": [], "timeline": {"deviations": [], "decisions": []}})
@@ -89,9 +84,10 @@ def open_campaign(path: str | os.PathLike, campaign_id: str, question: str, corp
 
 
 class Campaign:
-    def __init__(self, root: Path, writer: bool):
+    def __init__(self, root: Path, writer: bool, clock: Callable[[], str] = now):
         self.root = root
         self.writer = writer
+        self.now = clock
 
     # ---- reading ------------------------------------------------------------------------------------
     @property
@@ -104,10 +100,10 @@ class Campaign:
                     "corpus name": corpus.get("name"), "corpus revision": corpus.get("revision")}
         given = {"campaign_id": campaign_id, "question": question, "corpus name": corpus_name,
                  "corpus revision": corpus_revision}
-        for what in recorded:
-            if recorded[what] != given[what]:
+        for what, value in recorded.items():
+            if value != given[what]:
                 raise RecordError(f"{self.root} is campaign {manifest.get('campaign_id')!r} with {what} "
-                                  f"{recorded[what]!r}, not {given[what]!r}: a campaign's question and corpus "
+                                  f"{value!r}, not {given[what]!r}: a campaign's question and corpus "
                                   "are frozen; open a new folder for another campaign")
         if (self.root / EVAL_IDS).read_bytes() != ids:
             raise RecordError(f"the eval ids differ from the frozen {EVAL_IDS}: the corpus is frozen once the "
@@ -151,7 +147,7 @@ class Campaign:
             if old is not None and {k: v for k, v in old.items() if k != "declared_at"} == value:
                 return  # a reopened campaign declaring the same thing again
             self._refuse_after_start(manifest, key.replace("_", " "))
-            manifest[key] = {"declared_at": now(), **value}
+            manifest[key] = {"declared_at": self.now(), **value}
 
     # ---- runs -----------------------------------------------------------------------------------------
     def run(self, run_id: str, role: str, category: str = "indispensable", params: dict | None = None) -> Run:
@@ -185,7 +181,7 @@ class Campaign:
             return
         if not isinstance(decision, str) or not decision.strip():
             raise RecordError("a decision needs its text (continue, reduce, stop, ...)")
-        entry = {"at": now(), "decision": decision}
+        entry = {"at": self.now(), "decision": decision}
         if after is not None:
             entry["after"] = after
         if note is not None:
@@ -206,8 +202,6 @@ class Campaign:
             raise RecordError(f"outcome is positive, negative or inconclusive, not {outcome!r}")
         if not isinstance(summary, str) or not summary.strip():
             raise RecordError("the decision needs its summary")
-        if error_analysis is not None:
-            write_atomic(self.root / "analysis/errors.md", error_analysis.encode("utf-8"))
         with transaction(self.root) as tx:
             manifest = tx.get(MANIFEST)
             if "plan" not in manifest:
@@ -219,8 +213,10 @@ class Campaign:
                     raise RecordError(f"run {run_id!r} cannot be accepted: it is "
                                       f"{status or 'not a run of this campaign'}; only completed runs are "
                                       "deliverables (a stopped run stays in the cost)")
+            if error_analysis is not None:  # after the refusals: a refused close writes nothing
+                write_atomic(self.root / "analysis/errors.md", error_analysis.encode("utf-8"))
             if observed_hours is None:
-                elapsed = parse_time(now()) - parse_time(manifest["created_at"])
+                elapsed = parse_time(self.now()) - parse_time(manifest["created_at"])
                 observed_hours = round(elapsed.total_seconds() / 3600, 2)
             manifest["timeline"]["observed_hours"] = observed_hours
             decision = {"outcome": outcome, "summary": summary, "accepted": list(accepted)}
@@ -242,4 +238,4 @@ def cost_per_accepted(plan: dict, accepted: list[str]) -> float | None:
     return round(total / n, 2)
 
 
-__all__ = ["Campaign", "open_campaign", "cost_per_accepted", "dumps"]
+__all__ = ["Campaign", "cost_per_accepted", "open_campaign"]

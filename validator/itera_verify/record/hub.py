@@ -8,23 +8,20 @@ import os
 import re
 from pathlib import Path
 
+from ..hfcache import resolve_hf_cache
+from ..model import UsageError
 from .errors import RecordError
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 def hub_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The hub cache: `cache_dir`, else HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub
-    (huggingface_hub's own order)."""
-    if cache_dir is not None:
-        path = Path(cache_dir).expanduser()
-        # An HF_HOME given for the cache: its hub/ folder holds the models.
-        return path / "hub" if (path / "hub").is_dir() and not any(path.glob("models--*")) else path
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    return Path("~/.cache/huggingface/hub").expanduser()
+    """The hub cache, found as the checker finds it (SPEC §6 --hf-cache): `cache_dir` (a hub cache or an
+    HF_HOME), else HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    try:
+        return resolve_hf_cache(cache_dir)
+    except UsageError as exc:
+        raise RecordError(str(exc).replace("--hf-cache", "hub cache")) from None
 
 
 def repo_folder(repo_id: str, cache_dir: str | os.PathLike | None = None) -> Path:

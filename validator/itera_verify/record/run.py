@@ -2,29 +2,32 @@
 against the frozen ids, its end (a declared stop rule, or completion) and its artifacts."""
 from __future__ import annotations
 
+import hashlib
 import json
+import numbers
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from . import artifacts
 from .errors import RecordError
 from .files import append_lines, cut_partial_line, dumps, json_line, write_atomic
 from .stoprules import Violation, check
-from .store import MANIFEST, STOPS, now, read, transaction
+from .store import MANIFEST, STOPS, read, transaction
 
 if TYPE_CHECKING:
     from .campaign import Campaign
 
 
 def _number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise RecordError(f"metric {name!r}: value {value!r} is not a number")
-    return value
+    return value if isinstance(value, int) else float(value)  # a numpy scalar is not JSON
 
 
 class Run:
-    def __init__(self, campaign: "Campaign", run_id: str, role: str, category: str, params: dict):
+    def __init__(self, campaign: Campaign, run_id: str, role: str, category: str, params: dict):
         self.campaign, self.id, self.role, self.category = campaign, run_id, role, category
         self.params = params
         self.started = False
@@ -52,7 +55,7 @@ class Run:
         return next((r for r in read(self.root, MANIFEST).get("runs", []) if r.get("id") == self.id), None)
 
     # ---- start --------------------------------------------------------------------------------------
-    def start(self, params: dict | None = None) -> "Run":
+    def start(self, params: dict | None = None) -> Run:
         """Write params/<run>.json and the run's manifest entry. `params` adds to those given to the handle;
         they must hold an integer `seed`. Starting again with the same params continues the run (a reopened
         campaign); with other params it is refused: a changed configuration needs a new run id (IV304)."""
@@ -68,8 +71,6 @@ class Run:
         self.params, self.started = merged, True
         if not self.writer:
             return self
-        import hashlib
-
         digest = hashlib.sha256(data).hexdigest()
         params_rel = f"params/{self.id}.json"
         with transaction(self.root) as tx:
@@ -95,7 +96,7 @@ class Run:
             write_atomic(self.root / params_rel, data)
             manifest["runs"].append({
                 "id": self.id, "role": self.role, "category": self.category, "status": "running",
-                "started_at": now(), "params": params_rel, "config_sha256": digest,
+                "started_at": self.campaign.now(), "params": params_rel, "config_sha256": digest,
                 "metrics": self.metrics_path, "predictions": self.predictions_path})
         return self
 
@@ -122,8 +123,8 @@ class Run:
         self._require_started()
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise RecordError(f"metric step {step!r} must be a non-negative integer")
-        lines = b"".join(json_line({"step": step, "name": str(n), "value": _number(n, v)})
-                         for n, v in values.items())
+        values = {str(n): _number(n, v) for n, v in values.items()}
+        lines = b"".join(json_line({"step": step, "name": n, "value": v}) for n, v in values.items())
         if self.writer and lines:
             self._append(self.metrics_path, lines)
         return self.check(step, values)
@@ -140,7 +141,7 @@ class Run:
         return None
 
     # ---- predictions --------------------------------------------------------------------------------
-    def predictions(self) -> "PredictionStream":
+    def predictions(self) -> PredictionStream:
         self._require_started()
         return PredictionStream(self)
 
@@ -175,7 +176,7 @@ class Run:
             run = self._entry_in(manifest)
             if run["status"] != "running":
                 raise RecordError(f"run {self.id!r} is already {run['status']}")
-            record = {"run": self.id, "rule": rule, "at": now(), "reason": reason}
+            record = {"run": self.id, "rule": rule, "at": self.campaign.now(), "reason": reason}
             if step is not None:
                 record["step"] = step
             tx.get(STOPS)["stops"].append(record)
@@ -193,7 +194,7 @@ class Run:
             run = self._entry_in(tx.get(MANIFEST))
             if run["status"] != "running":
                 raise RecordError(f"run {self.id!r} is already {run['status']}")
-            run.update(status="completed", ended_at=now())
+            run.update(status="completed", ended_at=self.campaign.now())
 
     def _entry_in(self, manifest: dict) -> dict:
         for run in manifest["runs"]:
@@ -232,7 +233,7 @@ class PredictionStream:
             with open(path, "rb") as f:
                 self.seen = {json.loads(line)["id"] for line in f if line.strip()}
 
-    def __enter__(self) -> "PredictionStream":
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:

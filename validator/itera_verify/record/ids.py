@@ -1,0 +1,14 @@
+"""Run ids, artifact ids and the campaign id name files and archive members (SPEC §6)."""
+from __future__ import annotations
+
+import re
+
+from .errors import RecordError
+
+ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_id(kind: str, value: str) -> str:
+    if not isinstance(value, str) or not ID.match(value):
+        raise RecordError(f"{kind} {value!r} must match {ID.pattern} (it names files and archive members)")
+    return value
