@@ -23,6 +23,8 @@ _CENTRAL = struct.Struct("<4s4B4HL2L5H2L")
 _LOCAL = struct.Struct("<4s2B4HL2L2H")
 _METHODS = {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA}
 MAX_ENTRIES = 1 << 20
+_PLAIN_FLAGS = 0x080E  # deflate options, data descriptor, UTF-8 names: no encryption, patch or masking
+_DIRECTORY_ATTRIBUTES = 0x10 | (0o040000 << 16)  # the DOS directory bit, a Unix directory mode
 _MAX32, _MAX16 = 0xFFFFFFFF, 0xFFFF
 
 
@@ -70,7 +72,7 @@ def _end_records(fh, size: int) -> tuple[int, int, int]:
     if at >= _LOCATOR.size and _read_at(fh, at - _LOCATOR.size, 4) == LOCATOR:
         _, locator_disk, record_at, disks = _LOCATOR.unpack(_read_at(fh, at - _LOCATOR.size, _LOCATOR.size))
         # zipfile reads the zip64 record right before the locator, miniz where the locator points: one place.
-        if record_at != at - _LOCATOR.size - _EOCD64.size or locator_disk or disks > 1:
+        if record_at != at - _LOCATOR.size - _EOCD64.size or locator_disk or disks != 1:
             raise AmbiguousZip("the zip64 locator does not point at the zip64 record right before it")
         (sig, record_size, _, _, disk64, cd_disk64, here64, entries64, cd_size64, cd_offset64) = \
             _EOCD64.unpack(_read_at(fh, record_at, _EOCD64.size))
@@ -113,7 +115,7 @@ def _central(fh, entries: int, cd_offset: int, cd_end: int) -> list[Entry]:
     for _ in range(entries):
         if data[pos:pos + 4] != CENTRAL or pos + _CENTRAL.size > len(data):
             raise AmbiguousZip(f"central directory entry {len(result)} is not where the previous one ends")
-        (_, _, _, _, _, flags, method, _, _, crc, compressed, size, nlen, elen, clen, disk, _, _, offset) = \
+        (_, _, _, _, _, flags, method, _, _, crc, compressed, size, nlen, elen, clen, disk, _, attributes, offset) = \
             _CENTRAL.unpack_from(data, pos)
         raw_name = data[pos + _CENTRAL.size:pos + _CENTRAL.size + nlen]
         extra = data[pos + _CENTRAL.size + nlen:pos + _CENTRAL.size + nlen + elen]
@@ -122,8 +124,14 @@ def _central(fh, entries: int, cd_offset: int, cd_end: int) -> list[Entry]:
         values = iter(_zip64_extra(extra, wide))
         size, compressed, offset = (next(values) if w else v for w, v in zip(wide, (size, compressed, offset)))
         name = raw_name.decode("utf-8" if flags & 0x800 else "cp437")
-        if flags & 0x1 or method not in _METHODS or disk:
-            raise AmbiguousZip(f"{name}: encrypted, multi-disk or compressed with method {method}")
+        if flags & ~_PLAIN_FLAGS or method not in _METHODS or disk:
+            raise AmbiguousZip(f"{name}: encrypted, patched, multi-disk or compressed with method {method}")
+        if method == zipfile.ZIP_STORED and compressed != size:
+            raise AmbiguousZip(f"{name}: stored with a compressed size unlike its size")
+        # miniz takes an entry whose attributes say "directory" for one (and extracts nothing); zipfile goes by
+        # the trailing "/" alone.
+        if (attributes & _DIRECTORY_ATTRIBUTES) and not name.endswith("/") or (name.endswith("/") and size):
+            raise AmbiguousZip(f"{name}: a directory by its attributes or its name, not by both")
         # miniz, as torch calls it, looks names up without regard to case: DATA.pkl may stand for data.pkl.
         if name.lower() in names or len(raw_name) != nlen:
             raise AmbiguousZip(f"{name}: two entries with one name (ignoring case), or a name cut short")
@@ -164,9 +172,10 @@ def _read_layout(fh, size: int) -> list[Entry]:
         (sig, _, _, flags, method, _, _, crc, compressed, usize, nlen, elen) = \
             _LOCAL.unpack(_read_at(fh, entry.offset, _LOCAL.size))
         raw_name = _read_at(fh, entry.offset + _LOCAL.size, nlen)
-        if sig != LOCAL or raw_name != entry.raw_name or method != entry.method or \
-                (flags & 0x8) != (entry.flags & 0x8):
+        if sig != LOCAL or raw_name != entry.raw_name or method != entry.method or flags != entry.flags:
             raise AmbiguousZip(f"{entry.name}: the local header differs from the central directory")
+        if flags & 0x8 and (crc, compressed, usize) not in ((0, 0, 0), (entry.crc, entry.compressed, entry.size)):
+            raise AmbiguousZip(f"{entry.name}: local sizes or CRC differ from the central directory")
         if not flags & 0x8:
             wide = [usize == _MAX32, compressed == _MAX32]
             values = iter(_zip64_extra(_read_at(fh, entry.offset + _LOCAL.size + nlen, elen), wide))
