@@ -1,0 +1,109 @@
+"""Placement over GPUs (issue 17, SPEC "Reload on every GPU"), planned on the CPU: meta-device models built with
+accelerate's init_empty_weights, made-up free memory for two or eight GPUs. What fits goes on one GPU, what
+does not is spread in whole blocks over all of them, and accelerate's silent offload to disk (reproduced here
+with a small budget) is refused, before a load and after one."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from accelerate import infer_auto_device_map, init_empty_weights
+from transformers import AutoModelForCausalLM, GPT2Config
+
+from itera_verify.reload import placement
+from itera_verify.reload.placement import Offload
+
+MiB = 1 << 20
+
+
+def meta_gpt2(layers: int = 8, width: int = 256):
+    config = GPT2Config(n_layer=layers, n_embd=width, n_head=4, vocab_size=1000, bos_token_id=0, eos_token_id=0)
+    with init_empty_weights():
+        return AutoModelForCausalLM.from_config(config)
+
+
+def model_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def block_order(device_map: dict) -> list[int]:
+    """The GPU of each transformer block, in layer order."""
+    blocks = sorted((int(m.group(1)), gpu) for name, gpu in device_map.items()
+                    if (m := re.fullmatch(r"transformer\.h\.(\d+)", name)))
+    return [gpu for _, gpu in blocks]
+
+
+@pytest.mark.parametrize("gpus,free_mib", [(2, 20), (8, 10)])
+def test_a_model_too_large_for_one_gpu_is_spread_over_all_of_them_in_whole_blocks(gpus, free_mib):
+    model = meta_gpt2()
+    needed = model_bytes(model)  # about 27 MiB in float32
+    free = {gpu: free_mib * MiB for gpu in range(gpus)}
+    assert needed > free[0] * placement.HEADROOM  # no single GPU can hold it
+    plan = placement.plan(needed, free, meta_model=model)
+    assert plan.gpus == list(range(gpus)) and set(plan.max_memory) == set(range(gpus))  # GPUs only
+    assert set(plan.device_map.values()) <= set(range(gpus)) and len(set(plan.device_map.values())) >= 2
+    assert not [v for v in plan.device_map.values() if not isinstance(v, int)]  # no "cpu", no "disk"
+    order = block_order(plan.device_map)
+    assert len(order) == 8 and order == sorted(order)  # layers in order, each block whole on one GPU
+    assert plan.devices == [f"cuda:{gpu}" for gpu in sorted(set(plan.device_map.values()))]
+    sizes = placement.module_sizes(model)
+    for gpu, budget in plan.max_memory.items():
+        used = sum(sizes.get(name, 0) for name, where in plan.device_map.items() if where == gpu)
+        assert used <= budget
+
+
+def test_a_model_that_fits_goes_whole_on_the_gpu_with_the_most_free_memory():
+    plan = placement.plan(10 * MiB, {0: 8 << 30, 1: 16 << 30, 2: 12 << 30})
+    assert plan.gpus == [1] and plan.device_map is None and plan.devices == ["cuda:1"]
+
+
+def test_accelerate_silently_offloads_to_disk_and_the_plan_refuses_it():
+    model = meta_gpt2()
+    small = {0: 2 * MiB, 1: 2 * MiB}
+    model.tie_weights()
+    raw = infer_auto_device_map(model, max_memory=dict(small), no_split_module_classes=list(model._no_split_modules))
+    assert "disk" in raw.values()  # accelerate's own answer: no error, part of the model on disk
+    with pytest.raises(Offload, match=r"not reloaded on the GPU: \d+ module\(s\) \([\d.]+ MiB\) would be offloaded "
+                                      r"to disk \(.*(transformer\.h|lm_head)"):
+        placement.plan(model_bytes(model), small, meta_model=model)
+
+
+def test_a_memory_cap_forces_the_spread_even_on_large_gpus():
+    model = meta_gpt2()
+    plan = placement.plan(model_bytes(model), {0: 80 << 30, 1: 80 << 30}, cap=20 * MiB, meta_model=model)
+    assert len(plan.devices) == 2 and max(plan.max_memory.values()) <= 20 * MiB
+    assert placement.parse_bytes("20MiB") == placement.parse_bytes("20m") == 20 * MiB
+    assert placement.parse_bytes("1.5G") == 3 << 29 and placement.parse_bytes("zero") is None
+    with pytest.raises(Offload, match="exceed"):
+        placement.plan(model_bytes(model), {0: 80 << 30, 1: 80 << 30}, cap=1 * MiB)  # no model to map: refused
+
+
+def test_a_map_with_a_cpu_or_disk_entry_is_refused_naming_the_modules():
+    placement.refuse_offload({"transformer.wte": 0, "transformer.h.0": 1})
+    with pytest.raises(Offload, match=r"2 module\(s\) would be offloaded to cpu and disk \(transformer\.h\.1, lm_head\)"):
+        placement.refuse_offload({"transformer.wte": 0, "transformer.h.1": "cpu", "lm_head": "disk"})
+
+
+def test_a_model_loaded_with_layers_offloaded_to_disk_is_found_off_the_gpu(built, tmp_path):
+    """The load accelerate would do with that map, done for real on the CPU: it succeeds, and the check after
+    the load names what is not on a GPU (here every tensor: the CPU ones and the disk-offloaded blocks)."""
+    folder = Path(built["package"]) / "artifacts/control-model"
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, local_files_only=True, offload_folder=str(tmp_path / "offload"),
+        device_map={"transformer.wte": "cpu", "transformer.wpe": "cpu", "transformer.drop": "cpu",
+                    "transformer.h": "disk", "transformer.ln_f": "cpu", "lm_head": "cpu"})
+    found = placement.off_gpu_tensors(model)
+    assert any("(disk, by the device map)" in entry for entry in found)
+    assert any(entry.startswith("transformer.h.0.") and "(meta)" in entry for entry in found)  # kept on disk
+    assert model.hf_device_map["transformer.h"] == "disk"  # accelerate took the map as given, without a word
+
+
+def test_weight_bytes_read_from_safetensors_headers(built):
+    from safetensors import safe_open
+
+    file = Path(built["package"]) / "artifacts/control-model/model.safetensors"
+    with safe_open(str(file), framework="pt") as handle:
+        expected = sum(handle.get_tensor(k).numel() * handle.get_tensor(k).element_size() for k in handle.keys())
+    assert placement.weight_bytes(file) == expected
+    assert placement.weight_bytes(file.parent) == expected  # config.json and the rest are not weights
