@@ -15,6 +15,7 @@ import torch
 from fixtures.artifacts import tiny_gpt2
 from fixtures.hub import BASE_MODEL
 from fixtures.train import token_dataset, torch_threads
+from itera_verify.record import RecordError
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_IDS = [f"ex-{i}" for i in range(6)]
@@ -117,7 +118,8 @@ def recorded(hf_cache, tmp_path_factory) -> dict:
         campaign = open_test_campaign(Path("pkg"))
         control = campaign.run("control", "control", params={"model": "tiny-gpt2", "init_seed": 0})
         model = tiny_gpt2(seed=0)
-        train(model, control, "pkg/checkpoints/control", save_steps=4, eval_steps=4,
+        # save_total_limit=1: checkpoint-2 is rotated away and must not stay registered.
+        train(model, control, "pkg/checkpoints/control", save_steps=2, save_total_limit=1, eval_steps=4,
               save_model_to="artifacts/control-model")
         write_predictions(control, model)
         control.complete()
@@ -168,6 +170,31 @@ def test_params_come_from_the_training_arguments(recorded):
     assert params["seed"] == 11 and params["learning_rate"] == 5e-3 and params["world_size"] == 1
     assert params["precision"] == "fp32" and params["output_dir"] == "checkpoints/control"
     assert params["logging_nan_inf_filter"] is False and params["init_seed"] == 0
+    assert params["model_class"] == "GPT2LMHeadModel"
+
+
+def test_a_lora_runs_params_hold_its_adapter_configuration_and_pinned_base(recorded, hf_cache):
+    revision = (hf_cache / "models--itera-fixtures--tiny-gpt2/refs/main").read_text().strip()
+    params = json.loads((recorded["package"] / "params/lora-r4.json").read_text())
+    lora = params["peft"]["default"]
+    assert lora["r"] == 4 and lora["target_modules"] == ["c_attn", "c_fc", "c_proj"]
+    assert lora["revision"] == revision and params["model_name_or_path"] == BASE_MODEL
+
+
+def test_a_checkpoint_rotated_away_is_not_left_registered(recorded):
+    assert not (recorded["package"] / "checkpoints/control/checkpoint-2").exists()
+    reload = json.loads((recorded["package"] / "reload.json").read_text())["artifacts"]
+    assert sorted(reload) == ["control-checkpoint-4", "control-model", "lora-r4-adapter"]
+    assert reload["control-checkpoint-4"]["loader"] == "hf-trainer-checkpoint"
+
+
+def test_checkpoints_outside_the_package_are_refused_before_training(tmp_path):
+    with contextlib.chdir(tmp_path):
+        campaign = open_test_campaign(Path("pkg"))
+        run = campaign.run("control", "control")
+        with pytest.raises(RecordError, match="lies outside the package"):
+            train(tiny_gpt2(seed=0), run, "elsewhere/control", max_steps=1, save_steps=1)
+    assert json.loads((tmp_path / "pkg/manifest.json").read_text())["runs"] == []
 
 
 def test_the_adapter_is_pinned_to_the_commit_the_base_was_loaded_from(recorded, hf_cache):

@@ -26,6 +26,27 @@ def json_value(value: Any) -> Any:
     return None
 
 
+def model_params(model) -> dict:
+    """What the model says about itself: its class, the hub id it was loaded from (never a local path: a /tmp
+    path in params is IV201) and, for a PEFT model, the adapter's configuration."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    params = {"model_class": type(base).__name__}
+    name = getattr(getattr(base, "config", None), "name_or_path", None)
+    if isinstance(name, str) and name and not os.path.isabs(name) and not os.path.exists(name):
+        params["model_name_or_path"] = name
+    if hasattr(model, "peft_config"):
+        adapters = {}
+        for adapter, config in model.peft_config.items():
+            fields = {}
+            for key, value in config.to_dict().items():
+                value = sorted(value) if isinstance(value, (set, frozenset)) else value
+                if json_value(value) is not None:
+                    fields[key] = json_value(value)
+            adapters[adapter] = fields
+        params["peft"] = adapters
+    return params
+
+
 def package_relative(run: Run, path: str | os.PathLike) -> str | None:
     """`path` relative to the package root when it lies inside it (an absolute /tmp/... output_dir in the
     params would be IV201), else None."""

@@ -16,6 +16,7 @@ from ..record.errors import RecordError
 from ..record.run import Run
 from .common import (
     json_value,
+    model_params,
     numeric_logs,
     package_relative,
     pin_peft_revision,
@@ -76,7 +77,10 @@ class RecordCallback(TrainerCallback):
         if model is not None and hasattr(model, "peft_config"):
             pin_peft_revision(model, self.hf_cache)
         if not self.run.started:
-            self.run.start(training_params(args, self.run))
+            params = training_params(args, self.run)
+            if model is not None:
+                params.update(model_params(model))
+            self.run.start(params)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         values = numeric_logs(logs)
