@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from itera_verify.record import RecordError
 
 from fixtures.artifacts import tiny_gpt2
 from fixtures.hub import BASE_MODEL
 from fixtures.train import token_dataset, torch_threads
-from itera_verify.record import RecordError
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_IDS = [f"ex-{i}" for i in range(6)]
