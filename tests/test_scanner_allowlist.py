@@ -152,3 +152,17 @@ def test_every_listed_name_is_a_class_at_its_own_module():
         module, _, attr = name.rpartition(".")
         obj = getattr(importlib.import_module(module), attr)
         assert isinstance(obj, type) and f"{obj.__module__}.{obj.__qualname__}" == name, name
+
+
+def test_multi_gpu_trainer_runs_name_only_listed_classes(built_multigpu):
+    """The DDP and DeepSpeed Trainer runs the multi-GPU fixture really ran (2 gloo processes): their
+    training_args.bin name only the list; under DeepSpeed that includes its configuration classes."""
+    files = sorted(Path(built_multigpu["package"]).rglob("training_args.bin"))
+    named: set[str] = set()
+    for path in files:
+        result = scan_file(path)
+        assert result.error is None and result.unsafe == [], (path, result)
+        named |= {g for g in result.globals if not g.startswith("torch.")}
+    assert named <= INERT_CONFIG
+    assert {"transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig",
+            "accelerate.utils.dataclasses.DeepSpeedPlugin"} <= named
