@@ -221,3 +221,17 @@ def test_a_fixed_clock_dates_everything_and_a_refused_close_writes_nothing(tmp_p
     manifest = json.loads((tmp_path / "pkg/manifest.json").read_text())
     assert (manifest["created_at"], manifest["plan"]["declared_at"]) == ("2026-11-20T08:00:00Z",
                                                                        "2026-11-20T09:00:00Z")
+
+
+def test_a_run_needs_the_plan_and_the_rules_first_and_a_plan_must_fit_its_lots(tmp_path):
+    campaign = open_campaign(tmp_path / "pkg", "api-test", QUESTION, "toy", "v1", EVAL_IDS)
+    with pytest.raises(RecordError, match="declare the plan before the first run"):
+        campaign.start_run("control", "control", params={"seed": 1})
+    with pytest.raises(RecordError, match="exceed the window of 72 h"):
+        campaign.declare_plan(lots=LOTS, reserved_hours=80)
+    with pytest.raises(RecordError, match="exceeds the longest lot"):
+        campaign.declare_plan(lots=LOTS, reserved_hours=10, window_hours=100)
+    campaign.declare_plan(lots=LOTS, reserved_hours=10)
+    with pytest.raises(RecordError, match="declare the stop rules"):
+        campaign.start_run("control", "control", params={"seed": 1})
+    assert json.loads((tmp_path / "pkg/manifest.json").read_text())["runs"] == []

@@ -128,7 +128,16 @@ class Campaign:
             return
         if not lots or not all(isinstance(l, dict) and {"gpu", "days", "price_usd"} <= l.keys() for l in lots):
             raise RecordError("plan lots: a non-empty list of {gpu, days, price_usd, gpus?}")
-        plan = {"window_hours": window_hours if window_hours is not None else max(l["days"] for l in lots) * 24,
+        if not all(isinstance(e, dict) and {"label", "usd", "included"} <= e.keys() for e in other_expenses):
+            raise RecordError("other expenses: a list of {label, usd, included}")
+        # Lots bought together run side by side: the window is the longest lot (SPEC §6).
+        longest = max(l["days"] for l in lots) * 24
+        window_hours = longest if window_hours is None else window_hours
+        if window_hours > longest:
+            raise RecordError(f"window_hours {window_hours} exceeds the longest lot ({longest} h)")
+        if reserved_hours > window_hours:
+            raise RecordError(f"reserved_hours {reserved_hours} exceed the window of {window_hours} h (IV606)")
+        plan = {"window_hours": window_hours,
                 "reserved_hours": reserved_hours, "lots": [dict(l) for l in lots],
                 "rental_total_usd": round(sum(l["price_usd"] for l in lots), 2),
                 "other_expenses": [dict(e) for e in other_expenses]}

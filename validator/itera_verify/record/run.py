@@ -75,6 +75,8 @@ class Run:
         params_rel = f"params/{self.id}.json"
         with transaction(self.root) as tx:
             manifest = tx.get(MANIFEST)
+            if "plan" not in manifest:
+                raise RecordError("declare the plan before the first run starts (IV610): campaign.declare_plan(...)")
             if "stop_rules" not in manifest:
                 raise RecordError("declare the stop rules before the first run starts (IV401): "
                                   "campaign.declare_stop_rules([...])")
