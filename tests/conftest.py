@@ -81,3 +81,30 @@ def classifier_dir(built_classifier, tmp_path) -> Path:
     dest = tmp_path / "classifier-pkg"
     shutil.copytree(built_classifier["package"], dest, symlinks=True)
     return dest
+
+
+@pytest.fixture(scope="session")
+def built_multigpu(built, tmp_path_factory) -> dict:
+    """The example package plus the multi-GPU layouts (DDP, DeepSpeed ZeRO-2/3, FSDP/DCP, accelerate, Lightning),
+    written on the CPU by 2 gloo processes with the real libraries (fixtures/multigpu.py), built once for all
+    workers in its own folder; `extras` holds what is not in the package (the weights-only Lightning file)."""
+    shared = tmp_path_factory.getbasetemp().parent / "itera-multigpu-fixture"
+    shared.mkdir(exist_ok=True)
+    with FileLock(str(shared) + ".lock"):
+        info_file = shared / "info.json"
+        if not info_file.exists():
+            from fixtures.multigpu import build_multigpu_package
+
+            info = build_multigpu_package(Path(built["package"]), shared)
+            info_file.write_text(json.dumps(info, default=str))
+    info = json.loads(info_file.read_text())
+    info.update(package=str(shared / "package"), extras=str(shared / "extras"), hf_cache=built["hf_cache"])
+    return info
+
+
+@pytest.fixture
+def multigpu_dir(built_multigpu, tmp_path) -> Path:
+    """A private copy of the package with the multi-GPU layouts, for one test to change."""
+    dest = tmp_path / "multigpu-pkg"
+    shutil.copytree(built_multigpu["package"], dest, symlinks=True)
+    return dest

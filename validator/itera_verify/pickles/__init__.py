@@ -20,6 +20,7 @@ from pathlib import Path
 from ..files import open_binary
 from .allowlist import ALLOWED_GLOBALS, INERT_CONFIG, INERT_CONFIG_FILES, is_allowed
 from .containers import NPY_MAGIC, ZIP_MAGIC, from_head, scan_container
+from .distcp import DISTCP_SUFFIX, scan_distcp
 from .opcodes import MAX_ARGUMENT, MAX_LINE, scan_stream
 from .zips import AmbiguousZip, read_layout
 
@@ -130,7 +131,10 @@ def scan_file(path: str | os.PathLike) -> ScanResult:
         if kind is not None or (named and not _is_safetensors_file(path)):
             size = os.stat(path).st_size
             with open_binary(path) as fh:
-                result.is_pickle, result.error = scan_container(fh, size, Path(path).name, found, named=named)
+                if kind == "zip" and str(path).endswith(DISTCP_SUFFIX):  # one archive per stored item
+                    result.is_pickle, result.error = scan_distcp(fh, size, Path(path).name, found, scan_container)
+                else:
+                    result.is_pickle, result.error = scan_container(fh, size, Path(path).name, found, named=named)
                 if not result.is_pickle and kind != "zip" and (named or _opens_like_npz(fh)):
                     _refuse_hidden_zip(fh, size)
     except AmbiguousZip as exc:

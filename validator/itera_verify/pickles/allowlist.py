@@ -19,7 +19,25 @@ _TORCH_REBUILDS = {"_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3"
                    "_rebuild_parameter_with_state", "_rebuild_sparse_tensor", "_rebuild_nested_tensor",
                    "_rebuild_qtensor", "_rebuild_wrapper_subclass", "_rebuild_meta_tensor_no_storage",
                    "_rebuild_device_tensor_from_cpu_tensor", "_rebuild_device_tensor_from_numpy"}
+# Multi-GPU outputs (SPEC, multi-GPU readings): the plain data records DeepSpeed pickles into its optimizer
+# shards, and the records torch.distributed.checkpoint pickles into `.metadata`. The reload registers exactly
+# these (DeepSpeed's as inert stand-ins: reload/records.py), so they are loadable like tensors.
+DEEPSPEED_RECORDS = frozenset({
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+})
+DCP_RECORDS = frozenset({
+    *(f"torch.distributed.checkpoint.metadata.{name}" for name in (
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "BytesStorageMetadata",
+        "ChunkStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING")),
+    "torch.distributed.checkpoint.filesystem._StorageInfo",
+    # StorageMeta.checkpoint_id is the save folder as a path; Python 3.13 defines the classes in pathlib._local.
+    "pathlib.PosixPath", "pathlib.PurePosixPath", "pathlib._local.PosixPath", "pathlib._local.PurePosixPath",
+})
 ALLOWED_GLOBALS = frozenset({
+    *DEEPSPEED_RECORDS, *DCP_RECORDS,
     "collections.OrderedDict", "_codecs.encode",
     "torch.Size", "torch.device", "torch.Tensor", "torch.nn.Parameter", "torch.nn.parameter.Parameter",
     "torch._tensor._rebuild_from_type_v2", "torch.serialization._get_layout",
@@ -69,3 +87,10 @@ def is_allowed(name: str, category: str = "weights") -> bool:
     if name in ALLOWED_GLOBALS or any(p.fullmatch(name) for p in _ALLOWED_PATTERNS):
         return True
     return category == "inert-config" and name in INERT_CONFIG
+
+# What a DCP `.metadata` (a bare pickle) may name: its records and the torch values they hold. The reload's
+# restricted unpickler admits exactly these (reload/records.py); no tensor rebuild, no storage.
+DCP_METADATA_GLOBALS = frozenset({
+    *DCP_RECORDS, "torch.Size", "torch.serialization._get_layout", "collections.OrderedDict",
+    *(f"torch.{name}" for name in _TORCH_DTYPES | _TORCH_TENSOR_ARGS),
+})

@@ -95,13 +95,26 @@ def safe_torch_load(path: Path, outcome: Outcome, device):
     import torch
 
     result = scan_or_refuse(path, outcome)
-    needs_numpy = any(name.startswith("numpy.") for name in result.globals)
-    context = torch.serialization.safe_globals(numpy_rng_globals()) if needs_numpy else contextlib.nullcontext()
+    registered = record_globals(result.globals)
+    context = torch.serialization.safe_globals(registered) if registered else contextlib.nullcontext()
     try:
         with context:
             return torch.load(path, map_location=device, weights_only=True)
     except Exception as exc:  # torch raises many types for damaged files
         raise Stop(LOAD, f"{outcome.rel(path)} does not load: {short(exc)}", path) from exc
+
+
+def record_globals(names) -> list:
+    """What torch's weights_only unpickler must admit beyond its own: the numpy globals of RNG states and the
+    DeepSpeed records (as inert stand-ins), only when the scanned file names them."""
+    from .records import deepspeed_globals
+
+    registered = []
+    if any(name.startswith("numpy.") for name in names):
+        registered += numpy_rng_globals()
+    if any(name.startswith("deepspeed.") for name in names):
+        registered += deepspeed_globals()
+    return registered
 
 
 def scan_folder(folder: Path, outcome: Outcome) -> None:

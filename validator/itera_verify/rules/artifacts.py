@@ -36,7 +36,9 @@ RULES = [
              "reload.json tells the reviewer (and this tool) how to reload each artifact. Every artifact of the "
              "manifest needs an entry whose loader fits its kind: safetensors → `safetensors`, "
              "transformers-model → `transformers`, peft-adapter → `peft`, resume-checkpoint → "
-             "`hf-trainer-checkpoint` (a checkpoint-N folder) or `torch-resume` (one .pt file)."),
+             "`hf-trainer-checkpoint` (a checkpoint-N folder), `torch-resume` (one .pt file), "
+             "`deepspeed-checkpoint` (latest + global_step<N>/), `dcp` (a torch.distributed.checkpoint folder), "
+             "`accelerate-state` (an Accelerator.save_state folder) or `lightning-checkpoint` (one .ckpt file)."),
          bad='{"artifacts": {"control-model": {"loader": "peft"}}}   # a transformers-model',
          good='{"artifacts": {"control-model": {"loader": "transformers", "class": "AutoModelForCausalLM"}}}'),
     Rule("IV511", Severity.WARNING, "model weights stored as a pickle",
@@ -55,9 +57,11 @@ LOADERS_FOR_KIND = {
     "safetensors": {"safetensors"},
     "transformers-model": {"transformers"},
     "peft-adapter": {"peft"},
-    "resume-checkpoint": {"hf-trainer-checkpoint", "torch-resume"},
+    "resume-checkpoint": {"hf-trainer-checkpoint", "torch-resume", "deepspeed-checkpoint", "dcp", "accelerate-state",
+                          "lightning-checkpoint"},
 }
-FOLDER_LOADERS = {"transformers", "peft", "hf-trainer-checkpoint"}
+FOLDER_LOADERS = {"transformers", "peft", "hf-trainer-checkpoint", "deepspeed-checkpoint", "dcp", "accelerate-state"}
+FILE_LOADERS = {"torch-resume": "one .pt file", "lightning-checkpoint": "one .ckpt file"}
 PICKLE_WEIGHTS = re.compile(r"(pytorch_model.*|adapter_model)\.bin")
 NOT_WEIGHTS = re.compile(r"(training_args\.bin|optimizer.*\.pt|scheduler.*\.pt|scaler.*\.pt|rng_state.*\.pth)")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -164,9 +168,9 @@ def _shape_finding(package: Package, artifact: dict, loader: str, pointer: str, 
     if loader in FOLDER_LOADERS and not is_folder:
         yield Finding("IV510", RELOAD, pointer=pointer + "/loader",
                       message=f"loader {loader!r} needs a folder, {path} is a file", **where)
-    elif loader == "torch-resume" and is_folder:
+    elif loader in FILE_LOADERS and is_folder:
         yield Finding("IV510", RELOAD, pointer=pointer + "/loader",
-                      message=f"loader 'torch-resume' needs one .pt file, {path} is a folder", **where)
+                      message=f"loader {loader!r} needs {FILE_LOADERS[loader]}, {path} is a folder", **where)
 
 
 def _pickled_weights(package: Package, artifact: dict) -> list[str]:

@@ -9,6 +9,10 @@ MODULES = {
     "peft": "peft",
     "hf-trainer-checkpoint": "trainer_checkpoint",
     "torch-resume": "torch_resume",
+    "deepspeed-checkpoint": "deepspeed",
+    "dcp": "dcp",
+    "accelerate-state": "accelerate_state",
+    "lightning-checkpoint": "lightning",
 }
 LOADERS = tuple(MODULES)
 

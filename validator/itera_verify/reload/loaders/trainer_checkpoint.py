@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..common import LOAD, MISSING, Outcome, Stop, forward_pass, safe_torch_load, short
 from ...pickles import scan_file
-from . import _resume
+from . import _resume, _trainer_layouts
 from .peft import load_adapter_model
 from .transformers import load_model
 
@@ -39,13 +39,16 @@ def read_global_step(folder: Path, outcome: Outcome) -> int | None:
     return step
 
 
-def find_components(folder: Path, fp16: bool, outcome: Outcome) -> dict[str, list[Path]]:
-    """Each component's files; a missing one is recorded (IV507) and the others still get checked."""
+def find_components(folder: Path, fp16: bool, outcome: Outcome, layout: str = _trainer_layouts.SINGLE,
+                    world_size: int | None = None) -> dict[str, list[Path]]:
+    """Each component's files; a missing one is recorded (IV507) and the others still get checked. Under
+    DeepSpeed and FSDP the weights and the optimizer are checked in their own folders (_trainer_layouts.py)."""
+    optimizer = [folder / "optimizer.pt"] if (folder / "optimizer.pt").is_file() else []
     components = {
         "weights": [folder / name for name in WEIGHT_FILES if (folder / name).is_file()],
-        "optimizer": [folder / "optimizer.pt"] if (folder / "optimizer.pt").is_file() else [],
+        "optimizer": optimizer,
         "scheduler": [folder / "scheduler.pt"] if (folder / "scheduler.pt").is_file() else [],
-        "rng": sorted(folder.glob("rng_state*.pth")),
+        "rng": _trainer_layouts.rng_files(folder, world_size, outcome),
     }
     if fp16:
         components["scaler"] = [folder / "scaler.pt"] if (folder / "scaler.pt").is_file() else []
@@ -53,8 +56,12 @@ def find_components(folder: Path, fp16: bool, outcome: Outcome) -> dict[str, lis
                 "optimizer": "optimizer.pt", "scheduler": "scheduler.pt",
                 "rng": "rng_state.pth (or rng_state_<rank>.pth)",
                 "scaler": "scaler.pt (the run used fp16 mixed precision)"}
+    # DeepSpeed keeps the optimizer (and the scheduler, and under ZeRO-3 the weights) in global_step<N>/;
+    # FSDP keeps weights and optimizer in pytorch_model_fsdp_<i>/ and optimizer_<i>/.
+    not_here = {_trainer_layouts.DEEPSPEED: {"weights", "optimizer", "scheduler"},
+                _trainer_layouts.FSDP: {"weights", "optimizer"}}.get(layout, set())
     for name, files in components.items():
-        if not files:
+        if not files and name not in not_here:
             outcome.fail(MISSING, f"no {expected[name]} in {outcome.rel(folder)}: the run cannot resume exactly",
                          folder / expected[name].split(" ")[0])
     return components
@@ -97,8 +104,17 @@ def reload(job: dict, device, outcome: Outcome) -> None:
     if not folder.is_dir():
         raise Stop(LOAD, f"{outcome.rel(folder)} is not a checkpoint folder")
     global_step = read_global_step(folder, outcome)
-    components = find_components(folder, bool(job.get("fp16")), outcome)
-    model = _resume.attempt(outcome, load_weights, folder, job, device, outcome) if components["weights"] else None
+    layout = _trainer_layouts.layout_of(folder)
+    outcome.facts["layout"] = layout
+    world_size = job.get("world_size")
+    if layout == _trainer_layouts.DEEPSPEED:
+        world_size = world_size or _trainer_layouts.check_deepspeed(folder, job, device, outcome, global_step)
+    components = find_components(folder, bool(job.get("fp16")), outcome, layout, world_size)
+    model = None
+    if layout == _trainer_layouts.FSDP:
+        model = _trainer_layouts.check_fsdp(folder, job, device, outcome, global_step)
+    elif components["weights"]:
+        model = _resume.attempt(outcome, load_weights, folder, job, device, outcome)
     for file in components["optimizer"]:
         _resume.attempt(outcome, check_optimizer, file, model, global_step, job, device, outcome)
     for file in components["scheduler"]:
@@ -112,6 +128,4 @@ def reload(job: dict, device, outcome: Outcome) -> None:
     args = folder / "training_args.bin"
     if args.is_file():  # scanned, never loaded, not needed to resume (SPEC §6)
         outcome.facts["training_args"] = "scanned only" if not scan_file(args).unsafe else "unsafe (IV506)"
-    if model is not None and outcome.ok:
-        model.eval()
-        outcome.forward = _resume.attempt(outcome, forward_pass, model, device)
+    _trainer_layouts.forward(model, device, outcome)

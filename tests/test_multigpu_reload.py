@@ -1,0 +1,271 @@
+"""Multi-GPU training outputs (issue 16): real DDP, DeepSpeed ZeRO-2/3, FSDP (DCP), accelerate and Lightning
+outputs written on the CPU by 2 gloo processes (fixtures/multigpu.py). Each clean layout reloads with zero
+findings; each test plants one defect in a private copy and reloads only the artifact it broke."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from fixtures.artifacts import truncate
+from fixtures.edit import edit_json, refresh_hashes
+from fixtures.multigpu import ARTIFACTS
+from itera_verify.package import discover
+from itera_verify.progress import NULL_PROGRESS
+from itera_verify.reload import run_reloads
+from itera_verify.rules import reload as reload_rules
+from tests.helpers import codes, static_findings
+
+DDP, DS_TRAINER, FSDP = (ARTIFACTS[a][1] for a in ("ddp-checkpoint", "ds-trainer-checkpoint", "fsdp-checkpoint"))
+ZERO2, ZERO3, DCP = (ARTIFACTS[a][1] for a in ("zero2-checkpoint", "zero3-checkpoint", "dcp-model"))
+ACCELERATE, LIGHTNING = ARTIFACTS["accelerate-state"][1], ARTIFACTS["lightning-checkpoint"][1]
+
+
+def reload(package_dir: Path, hf_cache, *only: str):
+    """Reload the named artifacts as the workflow does; (results by artifact, their reload findings)."""
+    package = discover(package_dir)
+    package.hf_cache = Path(hf_cache)
+    package.reloads = run_reloads(package, device="cpu", timeout=300, jobs=2, progress=NULL_PROGRESS,
+                                  only=set(only))
+    return {r.artifact: r for r in package.reloads}, [f for f in reload_rules.check(package) if f.code != "IV509"]
+
+
+def reload_codes(package_dir: Path, hf_cache, artifact: str) -> list[str]:
+    _, findings = reload(package_dir, hf_cache, artifact)
+    return sorted(f.code for f in findings)
+
+
+def record_world_size(package_dir: Path, size: int) -> None:
+    """The control run's params record `world_size` (its config_sha256 refreshed, so only the rule under test
+    trips)."""
+    edit_json(package_dir, "params/control.json", lambda p: p.update(world_size=size))
+    refresh_hashes(package_dir)
+
+
+def rewrite(path: Path, change) -> None:
+    """Load a real (plain-data) torch file, change it, save it back as torch.save would."""
+    data = torch.load(path, weights_only=False)  # the fixture's own file, written by the libraries just now
+    change(data)
+    torch.save(data, path)
+
+
+# --- clean layouts ------------------------------------------------------------------------------------
+
+def test_every_clean_layout_reloads_with_zero_findings(multigpu_dir, built_multigpu):
+    results, findings = reload(multigpu_dir, built_multigpu["hf_cache"], *ARTIFACTS)
+    assert {a: r.ok for a, r in results.items()} == {a: True for a in ARTIFACTS}, \
+        {a: r.error for a, r in results.items() if not r.ok}
+    assert findings == []
+    static = [f for f in static_findings(multigpu_dir) if f.severity is None or f.severity.value != "info"]
+    assert not [f for f in static if f.code.startswith(("IV5", "IV2"))], [(f.code, f.message) for f in static]
+    facts = {a: r.facts for a, r in results.items()}
+    assert facts["zero2-checkpoint"]["zero_stage"] == 2 and facts["zero3-checkpoint"]["zero_stage"] == 3
+    for artifact in ("zero2-checkpoint", "zero3-checkpoint", "ds-trainer-checkpoint"):
+        assert facts[artifact]["dp_world_size"] == 2 and facts[artifact]["optimizer_step"] == 2
+        assert facts[artifact]["fp32_partition_numel"] == [facts[artifact]["parameters"]]
+    assert facts["ddp-checkpoint"]["layout"] == "single-process"
+    assert facts["ds-trainer-checkpoint"]["layout"] == "deepspeed" and facts["fsdp-checkpoint"]["layout"] == "fsdp"
+    for artifact in ("ddp-checkpoint", "ds-trainer-checkpoint", "fsdp-checkpoint"):
+        assert facts[artifact]["ranks"]["RNG state (rng_state_<rank>.pth)"] == [0, 1]
+    assert results["fsdp-checkpoint"].forward.startswith("finite output")
+    assert results["dcp-model"].forward.startswith("finite output")
+    assert facts["accelerate-state"]["scheduler_last_epoch"] == 4 and facts["accelerate-state"]["optimizer_step"] == 2
+    assert facts["lightning-checkpoint"]["optimizer_step"] == facts["lightning-checkpoint"]["global_step"] == 3
+
+
+def test_the_fixture_layouts_are_what_the_libraries_write(built_multigpu):
+    package = Path(built_multigpu["package"])
+    assert sorted(p.name for p in (package / DDP).glob("rng_state*")) == ["rng_state_0.pth", "rng_state_1.pth"]
+    assert not (package / DS_TRAINER / "optimizer.pt").exists()
+    assert (package / DS_TRAINER / "latest").read_text().strip() == "global_step2"
+    assert sorted(p.name for p in (package / ZERO3 / "global_step2").iterdir()) == [
+        "zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    assert sorted(p.name for p in (package / FSDP / "optimizer_0").iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert not (package / FSDP / "config.json").exists()
+    assert sorted(p.name for p in (package / ACCELERATE).iterdir()) == [
+        "model.safetensors", "optimizer.bin", "random_states_0.pkl", "random_states_1.pkl", "scheduler.bin"]
+
+
+# --- missing rank files (IV507) ----------------------------------------------------------------------
+
+def test_ddp_checkpoint_missing_rank_0_rng_file_is_IV507(multigpu_dir, built_multigpu):
+    (multigpu_dir / DDP / "rng_state_0.pth").unlink()
+    assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], "ddp-checkpoint") == ["IV507"]
+
+
+def test_ddp_checkpoint_missing_last_rank_with_recorded_world_size_is_IV507(multigpu_dir, built_multigpu):
+    record_world_size(multigpu_dir, 2)
+    (multigpu_dir / DDP / "rng_state_1.pth").unlink()
+    assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], "ddp-checkpoint") == ["IV507"]
+
+
+def test_deepspeed_trainer_checkpoint_missing_a_rank_rng_file_is_IV507(multigpu_dir, built_multigpu):
+    (multigpu_dir / DS_TRAINER / "rng_state_1.pth").unlink()  # dp_world_size 2 says rank 1 must be there
+    assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], "ds-trainer-checkpoint") == ["IV507"]
+
+
+def test_accelerate_state_missing_a_random_states_file_is_IV507(multigpu_dir, built_multigpu):
+    record_world_size(multigpu_dir, 2)
+    (multigpu_dir / ACCELERATE / "random_states_1.pkl").unlink()
+    assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], "accelerate-state") == ["IV507"]
+
+
+# --- missing optimizer state (IV507) -----------------------------------------------------------------
+
+@pytest.mark.parametrize("artifact, folder", [("zero2-checkpoint", ZERO2), ("zero3-checkpoint", ZERO3),
+                                              ("ds-trainer-checkpoint", DS_TRAINER)])
+def test_deepspeed_missing_optimizer_shard_is_IV507(multigpu_dir, built_multigpu, artifact, folder):
+    (multigpu_dir / folder / "global_step2/zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
+    assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], artifact) == ["IV507"]
+
+
+def test_fsdp_checkpoint_without_its_optimizer_folder_is_IV507(multigpu_dir, built_multigpu):
+    shutil.rmtree(multigpu_dir / FSDP / "optimizer_0")
+    assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], "fsdp-checkpoint") == ["IV507"]
+
+
+def test_accelerate_state_without_optimizer_is_IV507(multigpu_dir, built_multigpu):
+    (multigpu_dir / ACCELERATE / "optimizer.bin").unlink()
+    assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], "accelerate-state") == ["IV507"]
+
+
+@pytest.mark.parametrize("artifact, folder", [("zero3-checkpoint", ZERO3), ("ds-trainer-checkpoint", DS_TRAINER)])
+def test_latest_naming_a_folder_that_is_not_there_is_IV507(multigpu_dir, built_multigpu, artifact, folder):
+    (multigpu_dir / folder / "latest").write_text("global_step9")
+    assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], artifact) == ["IV507"]
+
+
+def test_weights_only_lightning_checkpoint_is_IV507(multigpu_dir, built_multigpu):
+    shutil.copy2(Path(built_multigpu["extras"]) / "weights-only.ckpt", multigpu_dir / LIGHTNING)
+    results, findings = reload(multigpu_dir, built_multigpu["hf_cache"], "lightning-checkpoint")
+    assert codes(findings) == {"IV507"} and "save_weights_only=True" in findings[0].message
+
+
+# --- steps and world sizes that disagree (IV508) -----------------------------------------------------
+
+def test_deepspeed_trainer_global_step_disagreeing_with_the_engine_is_IV508(multigpu_dir, built_multigpu):
+    edit_json(multigpu_dir, f"{DS_TRAINER}/trainer_state.json", lambda s: s.update(global_step=3))
+    assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], "ds-trainer-checkpoint") == ["IV508"]
+
+
+def test_deepspeed_global_steps_disagreeing_with_the_optimizer_is_IV508(multigpu_dir, built_multigpu):
+    states = multigpu_dir / ZERO2 / "global_step2/mp_rank_00_model_states.pt"
+    rewrite(states, lambda d: d.update(global_steps=5, lr_scheduler={"last_batch_iteration": 4}))
+    assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], "zero2-checkpoint") == ["IV508"]
+
+
+def test_fsdp_checkpoint_global_step_disagreeing_with_the_optimizer_is_IV508(multigpu_dir, built_multigpu):
+    edit_json(multigpu_dir, f"{FSDP}/trainer_state.json", lambda s: s.update(global_step=7))
+    assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], "fsdp-checkpoint") == ["IV508"]
+
+
+def test_accelerate_scheduler_disagreeing_with_the_optimizer_is_IV508(multigpu_dir, built_multigpu):
+    rewrite(multigpu_dir / ACCELERATE / "scheduler.bin", lambda s: s.update(last_epoch=9))
+    assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], "accelerate-state") == ["IV508"]
+
+
+def test_lightning_global_step_disagreeing_with_the_optimizer_is_IV508(multigpu_dir, built_multigpu):
+    rewrite(multigpu_dir / LIGHTNING, lambda c: c.update(global_step=30))
+    assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], "lightning-checkpoint") == ["IV508"]
+
+
+def test_deepspeed_world_size_disagreeing_with_the_params_is_IV508(multigpu_dir, built_multigpu):
+    record_world_size(multigpu_dir, 4)  # the model states say dp_world_size 2
+    assert "IV508" in reload_codes(multigpu_dir, built_multigpu["hf_cache"], "zero2-checkpoint")
+
+
+def test_rng_files_for_more_ranks_than_the_world_size_is_IV508(multigpu_dir, built_multigpu):
+    shutil.copy2(multigpu_dir / DS_TRAINER / "rng_state_1.pth", multigpu_dir / DS_TRAINER / "rng_state_2.pth")
+    assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], "ds-trainer-checkpoint") == ["IV508"]
+
+
+def test_zero_partitions_of_another_model_are_IV508(multigpu_dir, built_multigpu):
+    states = multigpu_dir / ZERO3 / "global_step2/zero_pp_rank_0_mp_rank_00_model_states.pt"
+    rewrite(states, lambda d: d["param_shapes"][0].update({"extra.weight": torch.Size([64, 32])}))
+    assert "IV508" in reload_codes(multigpu_dir, built_multigpu["hf_cache"], "zero3-checkpoint")
+
+
+# --- damaged shards and weights (IV504) --------------------------------------------------------------
+
+def test_dcp_missing_distcp_file_is_IV504(multigpu_dir, built_multigpu):
+    (multigpu_dir / DCP / "__1_0.distcp").unlink()
+    assert "IV504" in reload_codes(multigpu_dir, built_multigpu["hf_cache"], "dcp-model")
+
+
+def test_dcp_truncated_distcp_file_is_IV504(multigpu_dir, built_multigpu):
+    truncate(multigpu_dir / DCP / "__0_0.distcp", -4000)
+    results, findings = reload(multigpu_dir, built_multigpu["hf_cache"], "dcp-model")
+    assert "IV504" in codes(findings) and "cut short" in results["dcp-model"].error
+
+
+def test_dcp_model_with_nan_weights_is_IV504(multigpu_dir, built_multigpu):
+    plant_nan_in_distcp(multigpu_dir / DCP)
+    results, findings = reload(multigpu_dir, built_multigpu["hf_cache"], "dcp-model")
+    assert codes(findings) == {"IV504"} and "non-finite" in results["dcp-model"].error
+
+
+def test_dcp_model_against_another_architecture_is_IV508(multigpu_dir, built_multigpu):
+    edit_json(multigpu_dir, "artifacts/control-model/config.json", lambda c: c.update(n_embd=64))
+    assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], "dcp-model") == ["IV508"]
+
+
+def test_dcp_model_without_config_is_IV504(multigpu_dir, built_multigpu):
+    edit_json(multigpu_dir, "reload.json", lambda r: r["artifacts"]["dcp-model"].pop("config"))
+    results, findings = reload(multigpu_dir, built_multigpu["hf_cache"], "dcp-model")
+    assert codes(findings) == {"IV504"} and "config" in results["dcp-model"].error
+
+
+def test_zero2_nan_module_weights_are_IV504(multigpu_dir, built_multigpu):
+    states = multigpu_dir / ZERO2 / "global_step2/mp_rank_00_model_states.pt"
+    rewrite(states, lambda d: d["module"]["transformer.h.0.mlp.c_fc.weight"].fill_(float("nan")))
+    assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], "zero2-checkpoint") == ["IV504"]
+
+
+def test_zero3_nan_in_an_fp32_partition_is_IV504(multigpu_dir, built_multigpu, monkeypatch):
+    """ZeRO-3 module tensors are empty by design; the values live in the fp32 partitions."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")  # rewrite() unpickles DeepSpeed's own classes
+
+    def poison(data):
+        with torch.no_grad():
+            data["optimizer_state_dict"]["fp32_flat_groups"][0][3] = float("nan")
+
+    rewrite(multigpu_dir / ZERO3 / "global_step2/zero_pp_rank_1_mp_rank_00_optim_states.pt", poison)
+    results, findings = reload(multigpu_dir, built_multigpu["hf_cache"], "zero3-checkpoint")
+    assert codes(findings) == {"IV504"} and "non-finite values in fp32 partition 0" in results["zero3-checkpoint"].error
+
+
+def test_lightning_nan_weights_are_IV504(multigpu_dir, built_multigpu):
+    rewrite(multigpu_dir / LIGHTNING, lambda c: c["state_dict"]["model.lm_head.weight"].fill_(float("nan")))
+    assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], "lightning-checkpoint") == ["IV504"]
+
+
+def plant_nan_in_distcp(folder: Path) -> None:
+    """Overwrite one stored tensor chunk of a real .distcp with the same chunk holding a NaN (a torch.save
+    archive of the same tensor shape has the same length, so every offset in .metadata stays right)."""
+    import io
+
+    from itera_verify.pickles.distcp import Window, split_archives
+
+    path = folder / "__0_0.distcp"
+    data = bytearray(path.read_bytes())
+    with open(path, "rb") as fh:
+        start, length = split_archives(fh, len(data))[0]
+        chunk = torch.load(Window(fh, start, length), weights_only=True)
+    chunk.view(-1)[0] = float("nan")
+    buffer = io.BytesIO()
+    torch.save(chunk, buffer)
+    assert len(buffer.getvalue()) == length
+    data[start:start + length] = buffer.getvalue()
+    path.write_bytes(bytes(data))
+
+
+def test_world_size_in_the_report_json_is_recorded(multigpu_dir, built_multigpu):
+    """The facts the report keeps name every rank a layout holds."""
+    results, _ = reload(multigpu_dir, built_multigpu["hf_cache"], "zero3-checkpoint")
+    facts = json.loads(json.dumps(results["zero3-checkpoint"].facts))
+    assert facts["ranks"] == {"model states": [0, 1], "optimizer shard": [0, 1]}

@@ -1,0 +1,222 @@
+"""DeepSpeed ZeRO checkpoints (stages 1, 2, 3): `latest` names `global_step<N>/`, which holds the model states
+and one optimizer shard per data-parallel rank. Shared by `deepspeed-checkpoint` and by a Trainer checkpoint
+written under DeepSpeed.
+
+DeepSpeed's load_checkpoint only warns when `latest` names a missing folder, and its zero_to_fp32.py finds a
+missing shard only by counting files: here each proof is made, file by file, and each failure named. The flat
+fp32 partitions must hold exactly the parameters param_shapes lists (the arithmetic of zero_to_fp32.py:
+stage 1-2 partitions aligned to 2 × dp_world_size, stage 3 each parameter padded to a multiple of it).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..common import INCONSISTENT, LOAD, MISSING, Outcome, Stop, nonfinite_count, safe_torch_load
+from . import _ranks, _resume
+
+MODEL_STATES = re.compile(r"(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt")
+OPTIMIZER_SHARD = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt")
+
+
+@dataclass
+class ZeroFacts:
+    folder: Path
+    dp_world_size: int | None = None
+    global_steps: int | None = None
+    skipped_steps: int = 0
+    param_shapes: list = field(default_factory=list)  # one {name: shape} per parameter group
+    stage: int | None = None
+    flat_numel: list = field(default_factory=list)  # per rank, per group: numel of its fp32 partition
+    alignment_paddings: list | None = None
+    optimizer_steps: list[float] = field(default_factory=list)
+
+
+def step_folder(folder: Path, outcome: Outcome) -> Path | None:
+    """The folder `latest` names; a missing `latest` or folder is a missing component (IV507)."""
+    latest = folder / "latest"
+    if not latest.is_file():
+        outcome.fail(MISSING, f"no `latest` in {outcome.rel(folder)}: DeepSpeed's load_checkpoint cannot tell "
+                              "which global_step folder to resume from", latest)
+        return None
+    tag = latest.read_text(encoding="utf-8", errors="replace").strip()
+    if not tag or "/" in tag or "\\" in tag or tag in (".", ".."):
+        outcome.fail(LOAD, f"{outcome.rel(latest)} holds {tag!r}, not a checkpoint folder name", latest)
+        return None
+    outcome.facts["latest"] = tag
+    if not (folder / tag).is_dir():
+        outcome.fail(MISSING, f"{outcome.rel(latest)} names {tag}/, which is not in {outcome.rel(folder)}: "
+                              "DeepSpeed would silently resume nothing", folder / tag)
+        return None
+    return folder / tag
+
+
+def _int(value) -> int | None:
+    value = value.item() if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1 else value
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def read_model_states(step_dir: Path, device, outcome: Outcome, facts: ZeroFacts) -> None:
+    files = {}
+    for path in sorted(step_dir.iterdir()):
+        match = MODEL_STATES.fullmatch(path.name)
+        if match:
+            files[(int(match.group(1) or 0), int(match.group(2)))] = path
+    if not files:
+        raise Stop(MISSING, f"no mp_rank_00_model_states.pt (or zero_pp_rank_<r>_mp_rank_00_model_states.pt) in "
+                            f"{outcome.rel(step_dir)}", step_dir)
+    first = files[min(files)]
+    states = safe_torch_load(first, outcome, device)
+    if not isinstance(states, dict) or "module" not in states:
+        raise Stop(LOAD, f"{outcome.rel(first)} is not DeepSpeed model states (no `module`)", first)
+    facts.dp_world_size, facts.global_steps = _int(states.get("dp_world_size")), _int(states.get("global_steps"))
+    facts.skipped_steps = _int(states.get("skipped_steps")) or 0
+    shapes = states.get("param_shapes")
+    facts.param_shapes = [dict(g) for g in shapes] if isinstance(shapes, list) else [dict(shapes or {})]
+    outcome.facts.update(dp_world_size=facts.dp_world_size, global_steps=facts.global_steps,
+                         parameters=sum(math.prod(s) for g in facts.param_shapes for s in g.values()))
+    check_module(states["module"], facts, outcome, first)
+    check_lr_scheduler(states.get("lr_scheduler"), facts, outcome, first)
+    zero3_ranks = {dp: path for (dp, _mp), path in files.items() if MODEL_STATES.fullmatch(path.name).group(1)}
+    if zero3_ranks:  # ZeRO-3: one model states file per data-parallel rank
+        _ranks.check_ranks(zero3_ranks, facts.dp_world_size, "model states", outcome, step_dir,
+                           "the model states' dp_world_size")
+        for rank, path in sorted(zero3_ranks.items()):
+            if path != first:
+                other = safe_torch_load(path, outcome, device)
+                if isinstance(other, dict) and _int(other.get("global_steps")) != facts.global_steps:
+                    outcome.fail(INCONSISTENT, f"{outcome.rel(path)} is at global step {other.get('global_steps')}, "
+                                               f"rank 0 at {facts.global_steps}", path)
+
+
+def check_module(module, facts: ZeroFacts, outcome: Outcome, file: Path) -> None:
+    """Module weights finite; under ZeRO-3 they are empty by design (the values live in the fp32 partitions)."""
+    import torch
+
+    if not isinstance(module, dict):
+        raise Stop(LOAD, f"{outcome.rel(file)}: `module` is not a state dict", file)
+    shapes = {name: tuple(shape) for group in facts.param_shapes for name, shape in group.items()}
+    bad, wrong = [], []
+    for name, tensor in module.items():
+        if not torch.is_tensor(tensor) or tensor.numel() == 0:
+            continue
+        if nonfinite_count(tensor):
+            bad.append(name)
+        elif name in shapes and tuple(tensor.shape) != shapes[name]:
+            wrong.append(f"{name} {list(tensor.shape)} (param_shapes: {list(shapes[name])})")
+    if bad:
+        outcome.fail(LOAD, f"{outcome.rel(file)}: non-finite weights in {', '.join(bad[:5])}", file)
+    if wrong:
+        outcome.fail(INCONSISTENT, f"{outcome.rel(file)}: weights shaped unlike param_shapes: {', '.join(wrong[:3])}",
+                     file)
+
+
+def check_lr_scheduler(state, facts: ZeroFacts, outcome: Outcome, file: Path) -> None:
+    """DeepSpeed's own schedulers count last_batch_iteration from 0; a torch scheduler's last_epoch from 1."""
+    if not isinstance(state, dict) or facts.global_steps is None:
+        return
+    if isinstance(state.get("last_batch_iteration"), int):
+        steps = state["last_batch_iteration"] + 1
+    elif isinstance(state.get("last_epoch"), int):
+        steps = state["last_epoch"]
+    else:
+        return
+    outcome.facts["scheduler_steps"] = steps
+    if steps != facts.global_steps:
+        outcome.fail(INCONSISTENT, f"{outcome.rel(file)}: the LR scheduler has stepped {steps} time(s), the engine "
+                                   f"{facts.global_steps} (global_steps)", file)
+
+
+def read_optimizer_shard(path: Path, device, outcome: Outcome, facts: ZeroFacts) -> None:
+    import torch
+
+    data = safe_torch_load(path, outcome, device)
+    state = data.get("optimizer_state_dict") if isinstance(data, dict) else None
+    if not isinstance(state, dict) or "zero_stage" not in state:
+        raise Stop(LOAD, f"{outcome.rel(path)} is not a ZeRO optimizer shard (no optimizer_state_dict.zero_stage)",
+                   path)
+    stage = int(state["zero_stage"])
+    if facts.stage is not None and stage != facts.stage:
+        raise Stop(INCONSISTENT, f"{outcome.rel(path)} is ZeRO stage {stage}, another shard stage {facts.stage}", path)
+    facts.stage = stage
+    flat = state.get("fp32_flat_groups" if stage == 3 else "single_partition_of_fp32_groups")
+    base = state.get("optimizer_state_dict" if stage == 3 else "base_optimizer_state")
+    if not isinstance(flat, list) or not all(torch.is_tensor(t) for t in flat) or not isinstance(base, dict):
+        raise Stop(LOAD, f"{outcome.rel(path)}: no fp32 partitions or base optimizer state for stage {stage}", path)
+    for index, partition in enumerate(flat):
+        if nonfinite_count(partition):
+            raise Stop(LOAD, f"{outcome.rel(path)}: non-finite values in fp32 partition {index}", path)
+    facts.flat_numel.append([t.numel() for t in flat])
+    if facts.alignment_paddings is None and isinstance(state.get("param_alignment_paddings"), list):
+        facts.alignment_paddings = state["param_alignment_paddings"]
+    summary = _resume.summarise_optimizer(base, outcome, path)
+    facts.optimizer_steps += summary.steps
+
+
+def check_partitions(facts: ZeroFacts, outcome: Outcome, step_dir: Path) -> None:
+    """The fp32 partitions of all ranks together hold exactly the parameters param_shapes lists."""
+    world, groups = len(facts.flat_numel), facts.param_shapes
+    if not world or facts.stage is None:
+        return
+    if any(len(per_rank) != len(groups) for per_rank in facts.flat_numel):
+        raise Stop(INCONSISTENT, f"{outcome.rel(step_dir)}: {len(groups)} parameter group(s) in param_shapes, "
+                                 f"{sorted({len(p) for p in facts.flat_numel})} fp32 partition(s) per shard", step_dir)
+    for index, shapes in enumerate(groups):
+        numels = [math.prod(shape) for shape in shapes.values()]
+        held = sum(per_rank[index] for per_rank in facts.flat_numel)
+        if facts.stage == 3:
+            wanted = world * sum(math.ceil(n / world) for n in numels)  # each parameter padded to the world
+            fits = wanted == held and len({p[index] for p in facts.flat_numel}) == 1
+        else:
+            paddings = facts.alignment_paddings[index] if facts.alignment_paddings else []
+            align = 2 * world  # zero_to_fp32.py: both sides aligned to 2 × world size
+
+            def aligned(x: int) -> int:
+                return align * math.ceil(x / align)
+
+            wanted = sum(numels) + sum(p for p in paddings if isinstance(p, int))
+            fits = aligned(wanted) == aligned(held)
+        outcome.facts.setdefault("fp32_partition_numel", []).append(held)
+        if not fits:
+            raise Stop(INCONSISTENT, f"{outcome.rel(step_dir)}: the fp32 partitions of group {index} hold {held} "
+                                     f"values over {world} rank(s), the model's {len(numels)} parameters need "
+                                     f"{wanted}: a shard belongs to another model or another world size", step_dir)
+
+
+def check_zero_checkpoint(folder: Path, job: dict, device, outcome: Outcome, expected_step: int | None = None,
+                          against: str = "") -> ZeroFacts | None:
+    """Every proof of a DeepSpeed folder; problems are recorded, the facts returned (None without a step folder)."""
+    step_dir = step_folder(folder, outcome)
+    if step_dir is None:
+        return None
+    facts = ZeroFacts(step_dir)
+    _resume.attempt(outcome, read_model_states, step_dir, device, outcome, facts)
+    shards = {}
+    for path in sorted(step_dir.iterdir()):
+        match = OPTIMIZER_SHARD.fullmatch(path.name)
+        if match and int(match.group(2)) == 0:
+            shards[int(match.group(1))] = path
+    if not shards:
+        outcome.fail(MISSING, f"no zero_pp_rank_<r>_mp_rank_00_optim_states.pt in {outcome.rel(step_dir)}: the "
+                              "optimizer cannot resume", step_dir)
+    world = _ranks.settle_world_size({"the run's params record world_size": job.get("world_size"),
+                                      "the model states record dp_world_size": facts.dp_world_size}, outcome,
+                                     step_dir)
+    _ranks.check_ranks(shards, world, "optimizer shard", outcome, step_dir, "the recorded world size")
+    for path in shards.values():
+        _resume.attempt(outcome, read_optimizer_shard, path, device, outcome, facts)
+    outcome.facts["zero_stage"] = facts.stage
+    if len(facts.flat_numel) == len(shards) and (world is None or len(shards) == world):
+        _resume.attempt(outcome, check_partitions, facts, outcome, step_dir)
+    if facts.optimizer_steps and facts.global_steps is not None:
+        step = int(max(facts.optimizer_steps))
+        outcome.facts["optimizer_step"] = step
+        if step != facts.global_steps - facts.skipped_steps:
+            outcome.fail(INCONSISTENT, f"{outcome.rel(step_dir)}: the optimizer has taken {step} step(s), the engine "
+                                       f"{facts.global_steps} (global_steps, {facts.skipped_steps} skipped)", step_dir)
+    if expected_step is not None and facts.global_steps is not None and facts.global_steps != expected_step:
+        outcome.fail(INCONSISTENT, f"{outcome.rel(step_dir)}: DeepSpeed's global_steps is {facts.global_steps} "
+                                   f"but {against} is {expected_step}", step_dir)
+    return facts

@@ -1,0 +1,140 @@
+"""Loader `dcp`: a torch.distributed.checkpoint folder, as FSDP and dcp.save write it.
+
+`.metadata` read through the restricted unpickler, every item inside an existing `.distcp` file, every embedded
+archive scanned, the state loaded in this one process with no process group (_dcp.py); tensors finite and
+shaped as listed; a model state fits the model built from reload.json's `config` (a model folder in the
+package), loads into it and gives a finite forward pass. A folder holding only a model state needs nothing else.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..common import INCONSISTENT, LOAD, Outcome, Stop, check_parameters, forward_pass, short
+from . import _dcp, _resume
+
+SHAPED = set(_resume.SHAPED_STATE)
+
+
+def build_model(job: dict, config_folder: Path | None, outcome: Outcome, device):
+    """The model of `config` (reload.json) or of the checkpoint's own config.json, with fresh weights."""
+    from .transformers import model_class
+
+    if config_folder is None:
+        ref = job.get("config_ref")
+        raise Stop(LOAD, f"reload.json `config` {ref!r} is not a model folder inside the package" if ref else
+                   "reload.json gives no `config` (a model folder in the package): nothing to check the sharded "
+                   "state against")
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(config_folder), local_files_only=True)
+        raw = json.loads((config_folder / "config.json").read_text(encoding="utf-8"))
+        cls = model_class(job.get("class"), raw, default="AutoModelForCausalLM")
+        model = cls.from_config(config) if hasattr(cls, "from_config") else cls(config)
+    except Stop:
+        raise
+    except Exception as exc:
+        raise Stop(LOAD, f"the model of {outcome.rel(config_folder)} cannot be built: {short(exc)}") from exc
+    outcome.facts["config"] = outcome.rel(config_folder)
+    return model.to(device)
+
+
+def model_tensors(state: _dcp.DcpState) -> dict:
+    """The model's tensors: accelerate saves {"model": state_dict}, flattened to `model.<name>`."""
+    if state.tensors and all(key.startswith("model.") for key in state.tensors):
+        return {key.removeprefix("model."): tensor for key, tensor in state.tensors.items()}
+    return dict(state.tensors)
+
+
+def load_into_model(model, tensors: dict, outcome: Outcome, folder: Path, device) -> None:
+    """Every key and shape fits the model (a tied weight saved once is fine), then the values go in."""
+    import torch
+
+    expected = model.state_dict()
+    tied = {name for name in expected if name not in tensors and _shares_storage(model, name, tensors)}
+    missing = sorted(set(expected) - set(tensors) - tied)
+    unexpected = sorted(set(tensors) - set(expected))
+    wrong = [f"{name} {list(tensors[name].shape)} (model: {list(expected[name].shape)})"
+             for name in sorted(set(tensors) & set(expected)) if tensors[name].shape != expected[name].shape]
+    if missing or unexpected or wrong:
+        parts = [f"missing {', '.join(missing[:4])}" if missing else "",
+                 f"not in the model {', '.join(unexpected[:4])}" if unexpected else "",
+                 f"shaped otherwise {', '.join(wrong[:3])}" if wrong else ""]
+        raise Stop(INCONSISTENT, f"{outcome.rel(folder)} does not fit the model of `config`: "
+                                 + "; ".join(p for p in parts if p), folder)
+    with torch.no_grad():
+        model.load_state_dict({k: v.to(expected[k].dtype) for k, v in tensors.items()}, strict=False)
+    model.to(device)
+
+
+def _shares_storage(model, name: str, tensors: dict) -> bool:
+    """GPT-2's lm_head.weight is wte.weight: saved once under the other name."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    target = params.get(name)
+    return target is not None and any(p is target and other in tensors for other, p in params.items())
+
+
+def check_optimizer_state(state: _dcp.DcpState, model, global_step: int | None, outcome: Outcome,
+                          against: str) -> None:
+    """`optimizer.state.<param>.<key>` entries: each belongs to a trainable parameter and has its shape; the step
+    equals `global_step`."""
+    import torch
+
+    params = {name: p for name, p in model.named_parameters()} if model is not None else None
+    steps, states, wrong, foreign = [], set(), [], []
+    for key, tensor in {**state.tensors, **state.values}.items():
+        if not key.startswith("optimizer.state."):
+            continue
+        name, _, entry = key.removeprefix("optimizer.state.").rpartition(".")
+        states.add(name)
+        if params is not None and name not in params:
+            foreign.append(name)
+        elif entry in SHAPED and params is not None and torch.is_tensor(tensor) \
+                and tuple(tensor.shape) != tuple(params[name].shape):
+            wrong.append(f"{key} {list(tensor.shape)} (parameter: {list(params[name].shape)})")
+        elif entry == "step":
+            steps.append(float(tensor.item() if torch.is_tensor(tensor) else tensor))
+    outcome.facts["optimizer_parameters"] = len(states)
+    folder = state.folder
+    if not states:
+        raise Stop(LOAD, f"{outcome.rel(folder)} holds no optimizer state (no optimizer.state.* entries)", folder)
+    if foreign or wrong:
+        shown = f"state for parameters the model lacks: {', '.join(sorted(set(foreign))[:4])}" if foreign \
+            else f"state shaped unlike its parameter: {', '.join(wrong[:3])}"
+        raise Stop(INCONSISTENT, f"{outcome.rel(folder)} holds {shown}", folder)
+    if state.nonfinite:
+        raise Stop(LOAD, f"{outcome.rel(folder)}: non-finite values in {', '.join(state.nonfinite[:4])}", folder)
+    summary = _resume.OptimizerSummary(steps=steps)
+    _resume.check_step(summary, global_step, outcome, folder, against, bool(outcome.job.get("fp16")))
+
+
+def check_model_state(state: _dcp.DcpState, model, outcome: Outcome, device) -> bool:
+    tensors = model_tensors(state)
+    if not tensors:
+        raise Stop(LOAD, f"{outcome.rel(state.folder)} holds no model tensor", state.folder)
+    if state.nonfinite:
+        raise Stop(LOAD, f"{outcome.rel(state.folder)}: non-finite weights in {', '.join(state.nonfinite[:5])}",
+                   state.folder)
+    outcome.facts["model_parameters"] = sum(t.numel() for t in tensors.values())
+    load_into_model(model, tensors, outcome, state.folder, device)
+    return True
+
+
+def reload(job: dict, device, outcome: Outcome) -> None:
+    folder = Path(job["path"])
+    if not folder.is_dir():
+        raise Stop(LOAD, f"{outcome.rel(folder)} is not a torch.distributed.checkpoint folder")
+    state = _dcp.read_dcp(folder, outcome, job.get("world_size"))
+    config = Path(job["config"]) if job.get("config") else None
+    is_optimizer = any(key.startswith("optimizer.") for key in {**state.tensors, **state.values})
+    model = build_model(job, config, outcome, device)
+    if is_optimizer:
+        check_optimizer_state(state, model, None, outcome, "")
+        outcome.forward = "not run: an optimizer state alone"
+        return
+    check_model_state(state, model, outcome, device)
+    check_parameters(model, outcome, "model")
+    model.eval()
+    outcome.forward = forward_pass(model, device)
+
