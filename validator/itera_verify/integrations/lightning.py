@@ -5,20 +5,23 @@ rate, ...), appends the real per-step loss and every value the module logs, enfo
 live (every rank takes the decision together), and at the end saves the module's weights into the package as
 safetensors and registers them. Only the global-zero process writes.
 
-Lightning `.ckpt` files are not registered: reload.json has no loader for them yet (SPEC's
-`lightning-checkpoint` is not in the schema); keep `enable_checkpointing=False` or the checkpoints outside the
-package, or register a torch-resume file yourself."""
+With `register_checkpoints=True`, the `.ckpt` files the trainer's ModelCheckpoint callbacks kept inside the
+package are registered at the end as resume artifacts (loader `lightning-checkpoint`, SPEC's multi-GPU table);
+off by default until every checker in use knows that loader."""
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 
 try:
     import lightning.pytorch as pl
 except ImportError:  # the standalone package
     import pytorch_lightning as pl
 
+from ..record.artifacts import forget_missing
 from ..record.run import Run
-from .common import json_value
+from .common import json_value, package_relative
 
 
 def _scalar(value):
@@ -35,8 +38,9 @@ class LightningRecorder(pl.Callback):
     save_weights_to: a `.safetensors` path inside the package for the final weights (default
     artifacts/<run>.safetensors; None to save nothing)."""
 
-    def __init__(self, run: Run, save_weights_to: str | None = "default"):
+    def __init__(self, run: Run, save_weights_to: str | None = "default", register_checkpoints: bool = False):
         self.run = run
+        self.register_checkpoints = register_checkpoints
         self.save_weights_to = f"artifacts/{run.id}.safetensors" if save_weights_to == "default" else save_weights_to
         self.stopped = False
         self._last: dict[str, float] = {}
@@ -97,6 +101,8 @@ class LightningRecorder(pl.Callback):
             self._record(trainer, self._fresh(trainer.callback_metrics))
 
     def on_train_end(self, trainer, pl_module):
+        if trainer.is_global_zero and self.register_checkpoints:
+            self._register_checkpoints(trainer)
         if trainer.is_global_zero and self.save_weights_to and not self.stopped:
             from safetensors.torch import save_model
 
@@ -104,3 +110,15 @@ class LightningRecorder(pl.Callback):
             target.parent.mkdir(parents=True, exist_ok=True)
             save_model(pl_module, str(target))  # handles tied weights, unlike save_file
             self.run.artifact(target, "safetensors")
+
+    def _register_checkpoints(self, trainer) -> None:
+        for callback in trainer.checkpoint_callbacks:
+            folder = getattr(callback, "dirpath", None)
+            if not folder or package_relative(self.run, folder) is None:
+                continue
+            for ckpt in sorted(Path(folder).glob("*.ckpt")):
+                # ModelCheckpoint names files epoch=0-step=8.ckpt: '=' is not allowed in an artifact id.
+                stem = re.sub(r"[^A-Za-z0-9._-]+", "-", ckpt.stem).strip("-.")
+                self.run.artifact(ckpt.absolute(), "resume-checkpoint", id=f"{self.run.id}-{stem}",
+                                  loader="lightning-checkpoint")
+        forget_missing(self.run, "resume-checkpoint")

@@ -43,6 +43,8 @@ def resume_loader(folder: Path) -> str:
         return "hf-trainer-checkpoint"
     if folder.is_file() and folder.suffix == ".pt":
         return "torch-resume"
+    if folder.is_file() and folder.suffix == ".ckpt":
+        return "lightning-checkpoint"
     raise RecordError(f"{folder}: a resume checkpoint is a Trainer checkpoint-N/ folder or a torch-resume .pt "
                       "file; pass loader= for another form")
 
