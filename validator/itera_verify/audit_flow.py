@@ -29,7 +29,7 @@ from . import __version__
 from .archive.extract import Extraction, safe_extract
 from .archive.zstdframes import declared_content_size
 from .hfcache import resolve_hf_cache
-from .model import UsageError
+from .model import Severity, UsageError
 from .package import discover
 from .progress import NULL_PROGRESS, Progress
 from .report import Report
@@ -47,8 +47,13 @@ def default_max_size(archive_bytes: int) -> int:
 
 def audit(archive, *, reload: bool = False, max_size: int | None = None, device: str = "auto", hf_cache=None,
           timeout: float = 600.0, jobs: int = 1, selection: Selection | None = None,
-          progress: Progress = NULL_PROGRESS, isolation: str = "auto") -> Report:
-    """Audit a sealed archive. Raises UsageError (exit 2) when it cannot be read at all."""
+          progress: Progress = NULL_PROGRESS, isolation: str = "auto", tmp_patterns: tuple[str, ...] = (),
+          tariffs: dict | None = None) -> Report:
+    """Audit a sealed archive. Raises UsageError (exit 2) when it cannot be read at all.
+
+    `selection`, `tmp_patterns` and `tariffs` are the reviewer's configuration: the re-check applies them, and
+    the sender's configuration (as its record shows it) is compared beside it. The archive's own findings
+    (IV701-IV706) are always errors: no configuration makes bytes that differ from their checksums pass."""
     selection = selection or Selection()
     path = Path(archive)
     resolved_device = None
@@ -69,7 +74,8 @@ def audit(archive, *, reload: bool = False, max_size: int | None = None, device:
                                       keep_prefix=None if reload else safetensors_header)
                 report, unwalkable = _recheck(path, size, workdir, extraction, selection, reload=reload,
                                               device=resolved_device, hf_cache=hf_cache, timeout=timeout,
-                                              jobs=jobs, progress=progress, isolation=isolation)
+                                              jobs=jobs, progress=progress, isolation=isolation,
+                                              tmp_patterns=tmp_patterns, tariffs=tariffs)
                 facts = AuditFacts(path.name, limit, extraction, seal_scans=_scan_seal_files(extraction),
                                    detached=_detached_checksum(path, extraction), unwalkable=unwalkable)
             finally:
@@ -85,11 +91,14 @@ def audit(archive, *, reload: bool = False, max_size: int | None = None, device:
     report.audit["archive_sha256"] = archive_sha256
     comparison = _compare_record(extraction, report)
     report.audit["comparison"] = comparison
-    facts.record_contradicted = comparison.get("recorded_verdict") == "pass" and comparison.get("verdict") == "fail"
+    # A pass recorded for content the re-check fails is a contradiction only where the sender's own configuration
+    # ran the failing rules at error level: a stricter reviewer, or a newer rule, explains the rest.
+    facts.record_contradicted = (comparison.get("recorded_verdict") == "pass" and comparison.get("verdict") == "fail"
+                                 and bool(comparison.get("unexplained_blocking", True)))
     facts.record_unreadable = comparison.get("error")
     archive_findings = audit_findings(facts)
     for finding in archive_findings:
-        finding.severity = selection.severity(finding.code)
+        finding.severity = Severity.ERROR
     report.findings[:0] = archive_findings
     return report
 
@@ -199,7 +208,8 @@ def _extract(path: Path, fd: int, workdir: str, limit: int, progress: Progress, 
 
 def _recheck(path: Path, size: int, workdir: str, extraction: Extraction, selection: Selection, *, reload: bool,
              device: str | None, hf_cache, timeout: float, jobs: int,
-             progress: Progress, isolation: str = "auto") -> tuple[Report, str | None]:
+             progress: Progress, isolation: str = "auto", tmp_patterns: tuple[str, ...] = (),
+             tariffs: dict | None = None) -> tuple[Report, str | None]:
     """Every check again on the extracted package; skipped when the stream itself failed. Returns the report
     and, when the extracted package cannot even be walked, why."""
     facts = {"archive": str(path), "archive_bytes": size,
@@ -221,6 +231,9 @@ def _recheck(path: Path, size: int, workdir: str, extraction: Extraction, select
         report.audit = facts
         return report, unwalkable
     package.hf_cache = resolve_hf_cache(hf_cache)
+    package.tmp_patterns = tuple(tmp_patterns)
+    if tariffs is not None:
+        package.settings["tariffs"] = tariffs
     findings, reloads = check_package(package, selection, reload=reload, device=device or "cpu", timeout=timeout,
                                       jobs=jobs, progress=progress, processes=check_processes(package),
                                       isolation=isolation)
@@ -275,7 +288,25 @@ def _compare_record(extraction: Extraction, report: Report) -> dict:
     })
     comparison["matches"] = bool(report.audit.get("rechecked")) and comparison["recorded_verdict"] == \
         comparison["verdict"] and not comparison["codes_only_recorded"] and not comparison["codes_only_now"]
+    comparison.update(_configurations(recorded, report))
     return comparison
+
+
+def _configurations(recorded: dict, report: Report) -> dict:
+    """The audit applies the reviewer's configuration; the sender's, as its record shows it (each rule that ran
+    and its level), is shown beside it. A blocking finding now for a code the sender ran below error level, or
+    did not run (ignored, or unknown to its version), is explained by that difference, not by the content."""
+    rules = recorded.get("rules") if isinstance(recorded.get("rules"), dict) else {}
+    sender = {code: (entry.get("severity") if isinstance(entry, dict) and isinstance(entry.get("severity"), str)
+                     else "unknown") for code, entry in rules.items() if isinstance(code, str)}
+    reviewer = {code: entry["severity"] for code, entry in (report.rules or {}).items()}
+    differences = [{"code": code, "sender": sender.get(code, "not run"), "reviewer": reviewer.get(code, "not run")}
+                   for code in sorted(set(sender) | set(reviewer)) if sender.get(code) != reviewer.get(code)]
+    blocking = sorted({f.code for f in report.blocking()})
+    explained = [code for code in blocking if sender.get(code) != "error"]
+    return {"sender_rules": len(sender), "configuration_differences": differences,
+            "explained_by_configuration": explained,
+            "unexplained_blocking": [code for code in blocking if code not in explained]}
 
 
 __all__ = ["audit", "default_max_size"]

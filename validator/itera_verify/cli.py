@@ -223,23 +223,31 @@ def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, r
 @_format_option
 @_report_option
 @click.option("--strict", is_flag=True)
+@click.option("--select", help="Only these codes or prefixes in the re-check (comma-separated).")
+@click.option("--ignore", help="Skip these codes or prefixes in the re-check (comma-separated).")
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="The reviewer's configuration (default: itera-verify.toml or pyproject.toml, searched upward "
+                   "from the current folder; never one inside the archive).")
 @_quiet
 @_verbose
 def audit_command(archive, do_reload, max_size, device, hf_cache, timeout, jobs, isolation, fmt, reports, strict,
-                  quiet, verbose):
+                  select, ignore, config_path, quiet, verbose):
     """Audit a sealed ARCHIVE without trusting it: members, checksums, then every check again."""
     from .audit_flow import audit
 
     keep_freed_buffers()
 
     def action() -> int:
+        # The reviewer's configuration, never the sender's: the sender's is shown beside it from the record.
+        config = load_config(explicit=config_path)
         fmt_chosen = _choose_format(fmt)
         targets = _report_targets(reports, fmt_chosen)
         _refuse_reports_inside(targets, archive, "archive")
         with _make_progress(quiet, verbose) as progress:
             report = audit(archive, reload=do_reload, max_size=max_size, device=device, hf_cache=hf_cache,
-                           timeout=timeout, jobs=jobs, selection=Selection(strict=strict), progress=progress,
-                           isolation=isolation)
+                           timeout=timeout, jobs=jobs, selection=_selection(config, select, ignore, strict),
+                           progress=progress, isolation=isolation, tmp_patterns=config.tmp_patterns,
+                           tariffs=config.tariffs)
         _emit(report, fmt_chosen, targets, quiet, verbose)
         return _exit_code(report)
 

@@ -242,13 +242,22 @@ def _reloads(console: Console, report: Report, verbose: bool) -> None:
     if not report.reloads:
         console.print(Text("Reloads: no artifact to reload.", style="yellow"))
         return
-    table = _table("Reloads", "artifact", "loader", "device", "ok", "seconds", "peak memory", "detail")
+    table = _table("Reloads", "artifact", "loader", "devices", "ok", "seconds", "peak memory (host / GPU)",
+                   "detail")
     for reload in report.reloads:
         ok = Text("ok", style="green") if reload.ok else Text("FAILED", style="bold red")
         detail = clean(reload.error if not reload.ok else (reload.forward if verbose else ""))
-        table.add_row(clean(reload.artifact), clean(reload.loader), clean(reload.device), ok,
-                      f"{reload.seconds:.1f}", human_bytes(reload.peak_memory_bytes), detail)
+        table.add_row(clean(reload.artifact), clean(reload.loader), clean(", ".join(reload.devices) or reload.device),
+                      ok, f"{reload.seconds:.1f}", memory_cell(reload), detail)
     console.print(table)
+
+
+def memory_cell(reload) -> str:
+    """Host peak beside device peak (a GPU reload); the one peak known otherwise."""
+    host = reload.host_peak_memory_bytes
+    if reload.device_peak_memory_bytes is not None:
+        return f"{human_bytes(host)} / {human_bytes(reload.device_peak_memory_bytes)}"
+    return human_bytes(host if host is not None else reload.peak_memory_bytes)
 
 
 def _budget(console: Console, budget: dict | None) -> None:
@@ -306,6 +315,27 @@ def _archive(console: Console, report: Report) -> None:
         console.print(Text(f"Archive: not sealed ({clean(report.seal_skipped)})", style="yellow"), soft_wrap=True)
 
 
+def _record(console: Console, report: Report) -> None:
+    """Audit: what the sender's record says next to the re-check, and what a configuration difference explains."""
+    comparison = (report.audit or {}).get("comparison") if isinstance(report.audit, dict) else None
+    if not isinstance(comparison, dict) or not comparison.get("recorded"):
+        return
+    console.print(Text("Sender's record", style="bold"))
+    console.print(f"  recorded verdict {clean(comparison.get('recorded_verdict'))} by itera-verify "
+                  f"{clean(comparison.get('recorded_version'))}; re-check now {clean(comparison.get('verdict'))} "
+                  f"under the reviewer's configuration", soft_wrap=True)
+    differences = comparison.get("configuration_differences") or []
+    if differences:
+        shown = ", ".join(f"{clean(d.get('code'))} {clean(d.get('sender'))}→{clean(d.get('reviewer'))}"
+                          for d in differences[:8] if isinstance(d, dict))
+        more = f" and {len(differences) - 8} more" if len(differences) > 8 else ""
+        console.print(f"  rules configured differently (sender→reviewer): {shown}{more}", soft_wrap=True)
+    explained = comparison.get("explained_by_configuration") or []
+    if explained:
+        console.print(f"  {', '.join(clean(c) for c in explained)}: failing now, not run at error level by the "
+                      "sender (a configuration or version difference, not a change of content)", soft_wrap=True)
+
+
 def render(report: Report, options: dict) -> str:
     color = bool(options.get("color"))
     width = shutil.get_terminal_size((PLAIN_WIDTH, 24)).columns if color else PLAIN_WIDTH
@@ -324,6 +354,7 @@ def render(report: Report, options: dict) -> str:
         _budget(console, report.budget)
         _plan(console, report.plan)
         _archive(console, report)
+        _record(console, report)
         if options.get("verbose") and report.elapsed_seconds is not None:
             console.print(f"elapsed {report.elapsed_seconds:.1f} s")
         console.print()
