@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from itera_verify.package import discover
+from itera_verify.runtime.progress import NULL_PROGRESS
+from itera_verify.reload import run_reloads
+from itera_verify.rules import reload as reload_rules
 
 from fixtures.artifacts import truncate
 from fixtures.edit import edit_json, refresh_hashes
 from fixtures.multigpu import ARTIFACTS
-from itera_verify.package import discover
-from itera_verify.progress import NULL_PROGRESS
-from itera_verify.reload import run_reloads
-from itera_verify.rules import reload as reload_rules
 from tests.helpers import codes, static_findings
 
 DDP, DS_TRAINER, FSDP = (ARTIFACTS[a][1] for a in ("ddp-checkpoint", "ds-trainer-checkpoint", "fsdp-checkpoint"))
@@ -142,7 +142,7 @@ def test_latest_naming_a_folder_that_is_not_there_is_IV507(multigpu_dir, built_m
 
 def test_weights_only_lightning_checkpoint_is_IV507(multigpu_dir, built_multigpu):
     shutil.copy2(Path(built_multigpu["extras"]) / "weights-only.ckpt", multigpu_dir / LIGHTNING)
-    results, findings = reload(multigpu_dir, built_multigpu["hf_cache"], "lightning-checkpoint")
+    _, findings = reload(multigpu_dir, built_multigpu["hf_cache"], "lightning-checkpoint")
     assert codes(findings) == {"IV507"} and "save_weights_only=True" in findings[0].message
 
 
@@ -249,7 +249,7 @@ def plant_nan_in_distcp(folder: Path) -> None:
     archive of the same tensor shape has the same length, so every offset in .metadata stays right)."""
     import io
 
-    from itera_verify.pickles.distcp import Window, split_archives
+    from itera_verify.package.pickles.distcp import Window, split_archives
 
     path = folder / "__0_0.distcp"
     data = bytearray(path.read_bytes())

@@ -15,7 +15,7 @@ import io
 import pickle
 from dataclasses import dataclass
 
-from ..pickles.allowlist import DCP_METADATA_GLOBALS, DEEPSPEED_RECORDS
+from ..package.pickles.allowlist import DCP_METADATA_GLOBALS, DEEPSPEED_RECORDS
 
 
 class LossScaler:
@@ -35,7 +35,7 @@ class ZeroStageEnum(int, enum.Enum):
 
 
 @dataclass
-class fragment_address:  # noqa: N801 - DeepSpeed's own name
+class fragment_address:  # DeepSpeed's own name
     """Stand-in for deepspeed.utils.tensor_fragment.fragment_address."""
     numel: int = 0
     start: int = 0

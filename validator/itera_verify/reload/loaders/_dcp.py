@@ -15,10 +15,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...pickles import is_allowed
-from ...pickles.containers import scan_container
-from ...pickles.distcp import Window
-from ..common import LOAD, Outcome, Stop, nonfinite_count, record_globals, scan_or_refuse, short
+from ...package.pickles import is_allowed
+from ...package.pickles.containers import scan_container
+from ...package.pickles.distcp import Window
+from ..common import (
+    LOAD,
+    Outcome,
+    Stop,
+    nonfinite_count,
+    record_globals,
+    scan_or_refuse,
+    short,
+)
 from ..records import read_metadata
 from . import _ranks
 

@@ -14,7 +14,15 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..common import INCONSISTENT, LOAD, MISSING, Outcome, Stop, nonfinite_count, safe_torch_load
+from ..common import (
+    INCONSISTENT,
+    LOAD,
+    MISSING,
+    Outcome,
+    Stop,
+    nonfinite_count,
+    safe_torch_load,
+)
 from . import _ranks, _resume
 
 MODEL_STATES = re.compile(r"(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt")
@@ -155,6 +163,11 @@ def read_optimizer_shard(path: Path, device, outcome: Outcome, facts: ZeroFacts)
     facts.optimizer_steps += summary.steps
 
 
+def _aligned(numel: int, align: int) -> int:
+    """zero_to_fp32.py aligns both sides to 2 × world size before comparing them (ZeRO 1-2 padding)."""
+    return align * math.ceil(numel / align)
+
+
 def check_partitions(facts: ZeroFacts, outcome: Outcome, step_dir: Path) -> None:
     """The fp32 partitions of all ranks together hold exactly the parameters param_shapes lists."""
     world, groups = len(facts.flat_numel), facts.param_shapes
@@ -171,13 +184,8 @@ def check_partitions(facts: ZeroFacts, outcome: Outcome, step_dir: Path) -> None
             fits = wanted == held and len({p[index] for p in facts.flat_numel}) == 1
         else:
             paddings = facts.alignment_paddings[index] if facts.alignment_paddings else []
-            align = 2 * world  # zero_to_fp32.py: both sides aligned to 2 × world size
-
-            def aligned(x: int) -> int:
-                return align * math.ceil(x / align)
-
             wanted = sum(numels) + sum(p for p in paddings if isinstance(p, int))
-            fits = aligned(wanted) == aligned(held)
+            fits = _aligned(wanted, 2 * world) == _aligned(held, 2 * world)
         outcome.facts.setdefault("fp32_partition_numel", []).append(held)
         if not fits:
             raise Stop(INCONSISTENT, f"{outcome.rel(step_dir)}: the fp32 partitions of group {index} hold {held} "

@@ -12,7 +12,15 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from ..common import INCONSISTENT, LOAD, MISSING, Outcome, Stop, nonfinite_count, safe_torch_load
+from ..common import (
+    INCONSISTENT,
+    LOAD,
+    MISSING,
+    Outcome,
+    Stop,
+    nonfinite_count,
+    safe_torch_load,
+)
 from . import _ranks, _resume
 
 MODEL = re.compile(r"(?:model|pytorch_model)(?:_(\d+))?\.(safetensors|bin)")
@@ -29,7 +37,7 @@ def model_shapes(file: Path, device, outcome: Outcome) -> Counter:
         tensors = {}
         try:
             with safe_open(str(file), framework="pt", device="cpu") as handle:
-                tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+                tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118 - a safe_open handle is no dict
         except (SafetensorError, OSError) as exc:
             raise Stop(LOAD, f"{outcome.rel(file)} is not a valid safetensors file: {exc}", file) from exc
     else:

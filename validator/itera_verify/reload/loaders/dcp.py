@@ -10,7 +10,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..common import INCONSISTENT, LOAD, Outcome, Stop, check_parameters, forward_pass, short
+from ..common import (
+    INCONSISTENT,
+    LOAD,
+    Outcome,
+    Stop,
+    check_parameters,
+    forward_pass,
+    short,
+)
 from . import _dcp, _resume
 
 SHAPED = set(_resume.SHAPED_STATE)

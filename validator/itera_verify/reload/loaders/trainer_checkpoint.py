@@ -11,8 +11,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from ..common import LOAD, MISSING, Outcome, Stop, forward_pass, safe_torch_load, short
-from ...pickles import scan_file
+from ...package.pickles import scan_file
+from ..common import LOAD, MISSING, Outcome, Stop, safe_torch_load, short
 from . import _resume, _trainer_layouts
 from .peft import load_adapter_model
 from .transformers import load_model
