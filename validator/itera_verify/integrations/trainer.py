@@ -52,10 +52,13 @@ class RecordCallback(TrainerCallback):
 
     save_model_to: a folder inside the package where the final model (or adapter) is saved and registered at
     the end of a run that was not stopped. hf_cache: the hub cache the base of an adapter was loaded from
-    (default: the environment's)."""
+    (default: the environment's). checkpoint_id: the artifact id of each checkpoint, formatted with the run id
+    and the step."""
 
-    def __init__(self, run: Run, save_model_to: str | None = None, hf_cache=None):
+    def __init__(self, run: Run, save_model_to: str | None = None, hf_cache=None,
+                 checkpoint_id: str = "{run}-checkpoint-{step}"):
         self.run = run
+        self.checkpoint_id = checkpoint_id
         self.save_model_to = save_model_to
         self.hf_cache = hf_cache
         self.stopped = run.stopped
@@ -104,7 +107,8 @@ class RecordCallback(TrainerCallback):
             return
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if folder.is_dir():
-            self.run.artifact(folder.absolute(), "resume-checkpoint", id=f"{self.run.id}-checkpoint-{state.global_step}")
+            artifact_id = self.checkpoint_id.format(run=self.run.id, step=state.global_step)
+            self.run.artifact(folder.absolute(), "resume-checkpoint", id=artifact_id)
         forget_missing(self.run, "resume-checkpoint")  # save_total_limit deleted older ones
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
