@@ -34,7 +34,11 @@ RULES = [
              "reached (trainer_state.json / `step`), the position in the data (`data_state`) and, with fp16 mixed "
              "precision, the gradient scaler. The Trainer silently restarts the optimizer or scheduler from "
              "scratch when their file is missing, so the loss of exactness goes unnoticed. Save the full "
-             "checkpoint (Trainer: save_only_model=False)."),
+             "checkpoint (Trainer: save_only_model=False). Written by several processes, every rank's file "
+             "must be there (rng_state_<rank>.pth, random_states_<rank>.pkl, one DeepSpeed optimizer shard per "
+             "data-parallel rank), and DeepSpeed's `latest` must name a global_step folder that exists "
+             "(DeepSpeed only warns and resumes nothing). A Lightning checkpoint saved with "
+             "save_weights_only=True has no optimizer or scheduler state and cannot resume."),
          bad="checkpoint-400/ with model.safetensors, optimizer.pt, trainer_state.json   # no scheduler.pt, no rng_state.pth",
          good="checkpoint-400/ with model.safetensors, optimizer.pt, scheduler.pt, rng_state.pth, trainer_state.json"),
     Rule("IV508", Severity.ERROR, "resume checkpoint is inconsistent",
@@ -43,7 +47,10 @@ RULES = [
              "the model trains, each state shaped like one of them (tied weights such as lm_head count once; "
              "frozen parameters have no state), and an AdamW step count equal to trainer_state.json's "
              "global_step (or the `step` of a torch-resume file; an fp16 scaler may have skipped a few). A "
-             "mismatch means files from different runs or different moments were mixed."),
+             "mismatch means files from different runs or different moments were mixed. Multi-process "
+             "outputs must also agree on the world size: the run's params `world_size`, DeepSpeed's "
+             "dp_world_size and the per-rank files; DeepSpeed's fp32 partitions must hold exactly the model's "
+             "parameters, and a sharded (DCP) state must fit the model of reload.json's `config`."),
          bad='trainer_state.json "global_step": 400, optimizer.pt state step 200',
          good='trainer_state.json "global_step": 400, optimizer.pt state step 400'),
     Rule("IV509", Severity.ERROR, "accepted run has no artifact that reloaded",
