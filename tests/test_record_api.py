@@ -67,6 +67,13 @@ def test_a_changed_configuration_under_the_same_id_is_refused(tmp_path):
     with pytest.raises(RecordError, match="another configuration.*needs a new run id"):
         campaign.start_run("control", "control", params={"seed": 1, "lr": 0.2})
     assert (tmp_path / "pkg/params/control.json").read_bytes() == before
+    changed = campaign.run("control", "control", params={"seed": 1, "lr": 0.3})
+    with pytest.raises(RecordError):
+        changed.start()
+    with pytest.raises(RecordError, match="has not started"):  # a refused run logs nowhere
+        changed.log(1, "loss", 1.0)
+    with pytest.raises(RecordError, match="params must be JSON"):
+        campaign.start_run("variant", "variant", params={"seed": 1, "lr": float("nan")})
     campaign.start_run("control", "control", params={"lr": 0.1, "seed": 1})  # same params, any key order
     with pytest.raises(RecordError, match="integer seed"):
         campaign.start_run("variant", "variant", params={"lr": 0.1})

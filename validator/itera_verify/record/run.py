@@ -65,11 +65,12 @@ class Run:
             raise RecordError(f"run {self.id!r}: params need an integer seed (got {seed!r}), so the run can be "
                               "replayed")
         try:
+            json.dumps(merged, allow_nan=False)  # NaN is no JSON: a strict reader of the params would fail
             data = dumps(merged)
         except (TypeError, ValueError) as exc:
             raise RecordError(f"run {self.id!r}: params must be JSON ({exc})") from None
-        self.params, self.started = merged, True
         if not self.writer:
+            self.params, self.started = merged, True
             return self
         digest = hashlib.sha256(data).hexdigest()
         params_rel = f"params/{self.id}.json"
@@ -91,6 +92,7 @@ class Run:
                 if (old.get("role"), old.get("category")) != (self.role, self.category):
                     raise RecordError(f"run {self.id!r} was started as {old.get('role')}/{old.get('category')}")
                 self._stopped = old.get("status") == "stopped"
+                self.params, self.started = merged, True
                 return self  # continued after a reopen: params and started_at stay as recorded
             if self.role == "control" and any(r.get("role") == "control" for r in manifest["runs"]):
                 raise RecordError(f"run {self.id!r}: the campaign already has its control (IV302); "
@@ -100,6 +102,7 @@ class Run:
                 "id": self.id, "role": self.role, "category": self.category, "status": "running",
                 "started_at": self.campaign.now(), "params": params_rel, "config_sha256": digest,
                 "metrics": self.metrics_path, "predictions": self.predictions_path})
+        self.params, self.started = merged, True  # only once recorded: a refused start logs nothing
         return self
 
     def _require_started(self) -> None:
@@ -167,8 +170,8 @@ class Run:
         self._require_started()
         if not isinstance(reason, str) or not reason.strip():
             raise RecordError("a stop needs its reason (IV402)")
-        self._stopped = True
         if not self.writer:
+            self._stopped = True
             return
         with transaction(self.root) as tx:
             manifest = tx.get(MANIFEST)
@@ -183,6 +186,7 @@ class Run:
                 record["step"] = step
             tx.get(STOPS)["stops"].append(record)
             run.update(status="stopped", ended_at=record["at"], predictions=None)
+        self._stopped = True
 
     def complete(self) -> None:
         """The run finished: its predictions must cover every frozen eval id exactly once (IV303)."""
