@@ -242,3 +242,29 @@ def test_a_run_needs_the_plan_and_the_rules_first_and_a_plan_must_fit_its_lots(t
     with pytest.raises(RecordError, match="declare the stop rules"):
         campaign.start_run("control", "control", params={"seed": 1})
     assert json.loads((tmp_path / "pkg/manifest.json").read_text())["runs"] == []
+
+
+def test_the_fallback_lock_file_excludes_too_and_lies_beside_the_package(tmp_path):
+    import threading
+
+    from itera_verify.record.lock import package_lock
+
+    root = tmp_path / "pkg"
+    root.mkdir()
+    inside, overlaps = [], []
+
+    def hold(name):
+        for _ in range(20):
+            with package_lock(root, folder_lock=False):
+                inside.append(name)
+                overlaps.append(len(inside) > 1)
+                time.sleep(0.001)
+                inside.remove(name)
+
+    threads = [threading.Thread(target=hold, args=(n,)) for n in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(overlaps) == 40 and not any(overlaps)
+    assert list(root.iterdir()) == [] and (tmp_path / ".pkg.itera-lock").is_file()
