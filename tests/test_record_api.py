@@ -268,3 +268,18 @@ def test_the_fallback_lock_file_excludes_too_and_lies_beside_the_package(tmp_pat
         t.join()
     assert len(overlaps) == 40 and not any(overlaps)
     assert list(root.iterdir()) == [] and (tmp_path / ".pkg.itera-lock").is_file()
+
+
+def test_a_stop_interrupted_between_stops_json_and_the_manifest_completes_without_a_second_record(tmp_path):
+    campaign = campaign_at(tmp_path / "pkg")
+    run = campaign.start_run("control", "control", params={"seed": 1})
+    run.log(2, "loss", float("nan"))
+    # What a crash after stops.json's rename and before the manifest's leaves behind:
+    record = {"run": "control", "rule": "nonfinite-loss", "at": "2026-11-20T09:00:00Z", "step": 2,
+              "reason": "loss became nan at step 2"}
+    (tmp_path / "pkg/stops.json").write_text(json.dumps({"stops": [record]}))
+    campaign_at(tmp_path / "pkg").start_run("control", "control", params={"seed": 1}).stop(
+        "nonfinite-loss", 2, "loss became nan at step 2")
+    assert json.loads((tmp_path / "pkg/stops.json").read_text())["stops"] == [record]
+    (entry,) = json.loads((tmp_path / "pkg/manifest.json").read_text())["runs"]
+    assert (entry["status"], entry["ended_at"]) == ("stopped", record["at"])

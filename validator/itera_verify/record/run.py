@@ -181,10 +181,14 @@ class Run:
             run = self._entry_in(manifest)
             if run["status"] != "running":
                 raise RecordError(f"run {self.id!r} is already {run['status']}")
-            record = {"run": self.id, "rule": rule, "at": self.campaign.now(), "reason": reason}
-            if step is not None:
-                record["step"] = step
-            tx.get(STOPS)["stops"].append(record)
+            stops = tx.get(STOPS)["stops"]
+            # stops.json is written before the manifest: after a crash between the two, the record is there.
+            record = next((s for s in stops if s.get("run") == self.id), None)
+            if record is None:
+                record = {"run": self.id, "rule": rule, "at": self.campaign.now(), "reason": reason}
+                if step is not None:
+                    record["step"] = step
+                stops.append(record)
             run.update(status="stopped", ended_at=record["at"], predictions=None)
         self._stopped = True
 
