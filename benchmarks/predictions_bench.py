@@ -58,7 +58,7 @@ def child(folder: str, trace: bool) -> None:
     """Runs in a fresh process: read the eval ids, scan the predictions, print one JSON line."""
     import tracemalloc
 
-    from itera_verify import readers
+    from itera_verify.package import readers
     from itera_verify.package import discover
 
     package = discover(folder)

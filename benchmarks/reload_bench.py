@@ -105,7 +105,7 @@ def timed(command: list[str]) -> tuple[float, str]:
 
 def measure(artifact: str, package: Path, hf_cache: Path, device: str) -> dict:
     from itera_verify.package import discover
-    from itera_verify.progress import NULL_PROGRESS
+    from itera_verify.runtime.progress import NULL_PROGRESS
     from itera_verify.reload import run_reloads
 
     imports = ", ".join(child_imports(ARTIFACTS[artifact]))

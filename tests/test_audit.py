@@ -15,7 +15,7 @@ import pytest
 import zstandard
 
 from itera_verify.archive import format_sums, parse_sums
-from itera_verify.audit_flow import audit, default_max_size
+from itera_verify.flows.audit import audit, default_max_size
 from itera_verify.model import UsageError
 from tests.helpers import run_cli
 
@@ -325,7 +325,7 @@ def test_archive_of_many_frames_is_audited_in_parallel_and_a_flipped_byte_still_
 
 
 def test_extraction_folder_is_private_and_removed(sealed, monkeypatch, private_tmp):
-    from itera_verify import audit_flow
+    from itera_verify.flows import audit as audit_flow
 
     seen = {}
     real_extract = audit_flow.safe_extract
@@ -357,7 +357,7 @@ def _package_with_large_shard(built, folder: Path) -> Path:
 
 def test_extraction_can_leave_tensor_payloads_as_holes_yet_hashes_every_byte(built, tmp_path):
     from itera_verify.archive.extract import safe_extract
-    from itera_verify.audit_flow import safetensors_header
+    from itera_verify.flows.audit import safetensors_header
 
     archive = _package_with_large_shard(built, tmp_path)
     original = (tmp_path / "pkg" / "artifacts" / "big.safetensors").read_bytes()
@@ -396,7 +396,7 @@ def test_member_names_nested_past_path_max_are_IV703_not_a_crash(sealed, tmp_pat
 
 # ---- where the private folder goes ------------------------------------------------------------------------
 def test_private_folder_goes_to_memory_only_when_nobody_chose_a_temporary_folder(sealed, tmp_path, monkeypatch):
-    from itera_verify import audit_flow
+    from itera_verify.flows import audit as audit_flow
 
     if not audit_flow.MEMORY_SCRATCH.is_dir() or not os.access(audit_flow.MEMORY_SCRATCH, os.W_OK):
         pytest.skip("no writable /dev/shm here")
@@ -413,7 +413,7 @@ def test_private_folder_goes_to_memory_only_when_nobody_chose_a_temporary_folder
 
 def test_a_stream_without_declared_sizes_is_never_extracted_into_memory(tmp_path, monkeypatch):
     """zstd from a pipe does not know the size: nothing bounds the expansion ahead, so the disk it is."""
-    from itera_verify import audit_flow
+    from itera_verify.flows import audit as audit_flow
 
     streamed = tmp_path / "piped.tar.zst"
     with open(streamed, "wb") as out, zstandard.ZstdCompressor().stream_writer(out) as writer:

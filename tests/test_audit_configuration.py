@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from itera_verify import verify
-from itera_verify.audit_flow import audit
+from itera_verify.flows.audit import audit
 from itera_verify.rules import Selection
 from tests.helpers import run_cli
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from itera_verify.audit_flow import audit
+from itera_verify.flows.audit import audit
 from tests.helpers import run_cli
 from tests.tar_forms import gnu_extract, payload_pickle
 from tests.test_audit import entries_of, member, write_archive

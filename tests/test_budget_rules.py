@@ -6,7 +6,7 @@ import shutil
 from fixtures.edit import edit_manifest, refresh_hashes
 from itera_verify.package import discover
 from itera_verify.rules import Selection, run_checks
-from itera_verify.rules.budget import shipped_tariffs, tariffs
+from itera_verify.package.budget import shipped_tariffs, tariffs
 from tests.handmade import write_tiny_package
 from tests.helpers import codes, static_findings
 

@@ -40,7 +40,7 @@ def test_defect_gives_exit_1_and_the_code(package_dir):
 
 
 def test_json_format_is_one_document_on_stdout_matching_the_schema(package_dir):
-    from itera_verify.schemas import validator
+    from itera_verify.package.schemas import validator
 
     edit_manifest(package_dir, lambda m: m["runs"][0].__setitem__("role", "baseline"))
     result = run_cli(package_dir, "--no-reload", "--no-seal", "--format", "json")

@@ -7,8 +7,8 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from itera_verify.cli_progress import make_progress
-from itera_verify.progress import NULL_PROGRESS
+from itera_verify.cli.progress import make_progress
+from itera_verify.runtime.progress import NULL_PROGRESS
 from tests.helpers import run_cli
 from tests.test_config import drop_last_prediction
 from tests.test_renderers import WORKFLOW_COMMAND

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from itera_verify.config import load_config, parse_config
+from itera_verify.cli.config import load_config, parse_config
 from itera_verify.model import Severity, UsageError
 from tests.helpers import run_cli
 

@@ -115,7 +115,7 @@ SEAL_HOOK = textwrap.dedent("""
     # begins; the other actions change one file once every check has run, before the seal is finished.
     import contextlib, os, sys
     from itera_verify import cli, verify_flow
-    from itera_verify.progress import Progress
+    from itera_verify.runtime.progress import Progress
     target, action = sys.argv[1], sys.argv[2]
     class Hook(Progress):
         def start(self, key, description, total=None, unit=""):

@@ -8,7 +8,7 @@ import torch
 
 from fixtures.edit import edit_json
 from itera_verify.package import discover
-from itera_verify.progress import NULL_PROGRESS
+from itera_verify.runtime.progress import NULL_PROGRESS
 from itera_verify.reload import resolve_device, run_reloads
 from itera_verify.rules import reload as reload_rules
 

@@ -8,7 +8,7 @@ import pytest
 from itera_verify.model import UsageError
 from itera_verify.package import discover
 from itera_verify.rules import Selection, run_checks
-from itera_verify.template import is_placeholder, write_template
+from itera_verify.package.template import is_placeholder, write_template
 from tests.helpers import run_cli
 
 MY_FAMILIES = ("IV3", "IV4", "IV6")

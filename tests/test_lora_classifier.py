@@ -16,7 +16,7 @@ from fixtures.artifacts import write_safetensors
 from fixtures.classifier import BERT_MODEL, build_bert_hub_cache
 from fixtures.edit import edit_json
 from itera_verify.package import discover
-from itera_verify.progress import NULL_PROGRESS
+from itera_verify.runtime.progress import NULL_PROGRESS
 from itera_verify.reload import run_reloads
 from itera_verify.reload.loaders.peft import model_key
 from itera_verify.rules import reload as reload_rules

@@ -12,11 +12,11 @@ import textwrap
 import pytest
 
 from itera_verify import rules
-from itera_verify.forked import ChildLost, Forked
+from itera_verify.runtime.forked import ChildLost, Forked
 from itera_verify.model import UsageError
 from itera_verify.package import discover
 from itera_verify.rules import Selection, families, run_checks
-from itera_verify.verify_flow import PARALLEL_MIN_FILES, check_processes
+from itera_verify.flows.verify import PARALLEL_MIN_FILES, check_processes
 
 CAMPAIGN = "reviews-lora-2026-11"
 
@@ -163,7 +163,7 @@ def test_only_a_big_package_is_checked_in_several_processes(package_dir):
 def test_audit_of_a_big_package_rechecks_in_several_processes_and_still_finds_a_planted_path(package_dir, tmp_path,
                                                                                              monkeypatch):
     from itera_verify import verify
-    from itera_verify import audit_flow
+    from itera_verify.flows import audit as audit_flow
     from itera_verify.seal import seal_package
 
     many = package_dir / "analysis" / "samples"
@@ -186,7 +186,7 @@ def test_audit_of_a_big_package_rechecks_in_several_processes_and_still_finds_a_
 
 ALLOCATION_ROUNDS = textwrap.dedent("""
     import resource, sys
-    from itera_verify.allocator import keep_freed_buffers
+    from itera_verify.runtime.allocator import keep_freed_buffers
     applied = keep_freed_buffers() if sys.argv[1] == "tuned" else None
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(10):  # rounds of 20 buffers of 4 MiB in flight, all freed: what the seal's frames do
@@ -210,7 +210,7 @@ def test_the_audit_command_keeps_freed_buffers_instead_of_faulting_them_in_again
     _, default = faults("default")
     assert applied == "True"
     assert tuned * 4 < default  # about 20,000 faults (one round) against about 200,000 (every round)
-    user_choice = subprocess.run([sys.executable, "-c", "from itera_verify.allocator import keep_freed_buffers;"
+    user_choice = subprocess.run([sys.executable, "-c", "from itera_verify.runtime.allocator import keep_freed_buffers;"
                                   "print(keep_freed_buffers())"], env={**env, "MALLOC_TRIM_THRESHOLD_": "1"},
                                  capture_output=True, text=True, check=True).stdout.strip()
     assert user_choice == "False"  # a user who tuned malloc keeps their settings
@@ -276,7 +276,8 @@ def test_verify_beside_a_seal_forks_the_checks_before_the_seal_starts_its_thread
     are forked first. The order is observed, not assumed: the fork records how many threads were running."""
     import threading
 
-    from itera_verify import forked, verify
+    from itera_verify.runtime import forked
+    from itera_verify import verify
 
     threads_at_fork = []
     real_fork = os.fork
@@ -344,7 +345,7 @@ def test_select_runs_only_the_families_that_have_an_enabled_code(defective, monk
 def test_a_detached_child_hands_back_its_pickle_scan_and_parsed_run_files(defective, monkeypatch):
     """The parent builds the report and plans the reloads from what the child already read: it must not scan
     the pickles or parse the metrics a second time."""
-    from itera_verify import pickles
+    from itera_verify.package import pickles
     from itera_verify.rules import StartedChecks
 
     package = discover(defective)

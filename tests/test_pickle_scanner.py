@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from fixtures.artifacts import malicious_pickle, tiny_gpt2
-from itera_verify.pickles import is_pickle_or_torch_zip, scan_file
+from itera_verify.package.pickles import is_pickle_or_torch_zip, scan_file
 from tests.helpers import codes, static_findings
 
 SHORT_BINUNICODE, MEMOIZE, BINGET, STACK_GLOBAL = b"\x8c", b"\x94", b"h", b"\x93"

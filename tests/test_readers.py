@@ -7,7 +7,7 @@ import tracemalloc
 
 import pytest
 
-from itera_verify import readers
+from itera_verify.package import readers
 from itera_verify.package import discover
 
 
@@ -256,7 +256,7 @@ def test_line_blocks_end_at_line_ends_and_bound_the_unfinished_line():
 
     from hypothesis import given, settings, strategies as st
 
-    from itera_verify.lineblocks import line_blocks
+    from itera_verify.package.lineblocks import line_blocks
 
     @settings(max_examples=400, deadline=None)
     @given(st.lists(st.sampled_from([b"a", b"bcd", b"\n", b"\r\n", b"e" * 40]), max_size=80).map(b"".join),

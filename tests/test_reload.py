@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 from fixtures.artifacts import malicious_pickle, truncate, write_safetensors, write_sharded_safetensors
 from fixtures.edit import edit_json, edit_manifest
 from itera_verify.package import discover
-from itera_verify.pickles import scan_package
-from itera_verify.progress import NULL_PROGRESS
+from itera_verify.package.pickles import scan_package
+from itera_verify.runtime.progress import NULL_PROGRESS
 from itera_verify.reload import run_reloads
 from itera_verify.reload.common import numpy_rng_globals
 from itera_verify.rules import reload as reload_rules
@@ -61,7 +61,7 @@ def load_resume(path: Path) -> dict:
 # --- the clean package ----------------------------------------------------------------------------------
 
 def test_clean_package_reloads_every_artifact_with_no_finding(package_dir, hf_cache):
-    from itera_verify.verify_flow import verify
+    from itera_verify.flows.verify import verify
 
     report = verify(package_dir, device="cpu", seal=False, hf_cache=hf_cache, jobs=2)
     assert {r.artifact: r.ok for r in report.reloads} == {

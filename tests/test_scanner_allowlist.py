@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from itera_verify.pickles import INERT_CONFIG, scan_file
+from itera_verify.package.pickles import INERT_CONFIG, scan_file
 
 from tests.helpers import static_findings
 

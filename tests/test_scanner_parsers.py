@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 import zstandard
-from itera_verify.pickles import is_pickle_or_torch_zip, scan_file, sniff
+from itera_verify.package.pickles import is_pickle_or_torch_zip, scan_file, sniff
 
 from tests import zip_forms
 from tests.helpers import run_cli, static_findings
@@ -253,7 +253,7 @@ def test_numpy_files_without_objects_are_not_pickles(real_torch_files, name):
 
 def test_every_pickle_of_the_real_package_is_accepted(built):
     from itera_verify.package import discover
-    from itera_verify.pickles import scan_package
+    from itera_verify.package.pickles import scan_package
 
     results = scan_package(discover(built["package"]))
     assert results and all(r.error is None and r.unsafe == [] for r in results.values()), results
@@ -451,7 +451,7 @@ def _mutations(data: bytes, count: int, seed: int):
 def test_every_zip_the_scanner_accepts_reads_the_same_in_zipfile_and_torch(layout, tmp_path):
     """The differential: for damaged real archives, whenever the strict reader accepts the layout, torch's own
     reader (torch._C.PyTorchFileReader, miniz) returns exactly the records zipfile returns."""
-    from itera_verify.pickles.zips import AmbiguousZip, open_checked
+    from itera_verify.package.pickles.zips import AmbiguousZip, open_checked
 
     data = zip_forms.torch_bytes({"a": torch.ones(3), "b": torch.zeros(2, dtype=torch.int8)})
     if layout == "zipfile-appended":

@@ -12,12 +12,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
+from itera_verify.rules.archive import seal_findings
 import zstandard
 
 from itera_verify.archive import ArchiveReader
 from itera_verify.model import UsageError
 from itera_verify.package import discover
-from itera_verify.progress import Progress
+from itera_verify.runtime.progress import Progress
 from itera_verify import seal as seal_module
 from itera_verify.seal import SealRefused, seal_package
 from tests.fuzz.processes import ctrl_c_as_in_a_terminal
@@ -129,7 +131,7 @@ def test_package_holding_SEAL_folder_is_IV706_and_not_sealed(package_dir, tmp_pa
     assert not (tmp_path / "x.tar.zst").exists()
     with pytest.raises(SealRefused) as refused:
         seal_directly(package_dir, tmp_path / "y.tar.zst")
-    assert codes(refused.value.findings) == {"IV706"}
+    assert codes(seal_findings(refused.value.problems)) == {"IV706"}
 
 
 def test_archive_inside_the_package_is_refused(package_dir):
@@ -141,7 +143,7 @@ def test_fifo_in_the_package_cannot_be_sealed(package_dir, tmp_path):
     os.mkfifo(package_dir / "analysis" / "pipe")
     with pytest.raises(SealRefused) as refused:
         seal_directly(package_dir, tmp_path / "x.tar.zst")
-    assert codes(refused.value.findings) == {"IV703"}
+    assert codes(seal_findings(refused.value.problems)) == {"IV703"}
     assert no_leftovers(tmp_path, tmp_path / "x.tar.zst")
 
 
@@ -160,7 +162,7 @@ def test_file_appended_after_the_check_is_IV704(package_dir, tmp_path):
         fh.write('{"step": 99, "name": "train_loss", "value": 1.0}\n')
     with pytest.raises(SealRefused) as refused:
         seal_package(package, CAMPAIGN, {}, tmp_path / "x.tar.zst")
-    assert [(f.code, f.path) for f in refused.value.findings] == [("IV704", "metrics/control.jsonl")]
+    assert [(f.code, f.path) for f in seal_findings(refused.value.problems)] == [("IV704", "metrics/control.jsonl")]
     assert no_leftovers(tmp_path, tmp_path / "x.tar.zst")
 
 
@@ -170,8 +172,8 @@ def test_content_differing_from_a_digest_a_check_computed_is_IV704(package_dir, 
     package.digests["params/control.json"] = "0" * 64  # as if the check had read other bytes than the seal
     with pytest.raises(SealRefused) as refused:
         seal_package(package, CAMPAIGN, {}, tmp_path / "x.tar.zst")
-    assert [(f.code, f.path) for f in refused.value.findings] == [("IV704", "params/control.json")]
-    assert "differs from what the checks read" in refused.value.findings[0].message
+    assert [(f.code, f.path) for f in seal_findings(refused.value.problems)] == [("IV704", "params/control.json")]
+    assert "differs from what the checks read" in seal_findings(refused.value.problems)[0].message
     assert no_leftovers(tmp_path, tmp_path / "x.tar.zst")
 
 
@@ -186,7 +188,7 @@ def test_same_size_same_mtime_rewrite_of_a_checked_file_is_IV704(package_dir, tm
     assert params.stat().st_size == stat.st_size and params.stat().st_mtime_ns == stat.st_mtime_ns
     with pytest.raises(SealRefused) as refused:
         seal_package(package, CAMPAIGN, {}, tmp_path / "x.tar.zst")
-    assert [(f.code, f.path) for f in refused.value.findings] == [("IV704", "params/control.json")]
+    assert [(f.code, f.path) for f in seal_findings(refused.value.problems)] == [("IV704", "params/control.json")]
 
 
 class ModifyDuringSeal(Progress):
@@ -206,7 +208,7 @@ def test_file_modified_during_the_seal_is_IV704(package_dir, tmp_path):
     later = package_dir / "stops.json"  # sorted after most of the package
     with pytest.raises(SealRefused) as refused:
         seal_directly(package_dir, tmp_path / "x.tar.zst", progress=ModifyDuringSeal(later))
-    assert ("IV704", "stops.json") in [(f.code, f.path) for f in refused.value.findings]
+    assert ("IV704", "stops.json") in [(f.code, f.path) for f in seal_findings(refused.value.problems)]
     assert no_leftovers(tmp_path, tmp_path / "x.tar.zst")
 
 
@@ -215,7 +217,7 @@ def test_file_modified_while_it_is_read_is_IV704(tmp_path):
     with pytest.raises(SealRefused) as refused:
         seal_package(discover(package_dir), "big", {}, tmp_path / "x.tar.zst",
                      progress=ModifyDuringSeal(package_dir / "a-weights.bin"))
-    assert [(f.code, f.path) for f in refused.value.findings] == [("IV704", "a-weights.bin")]
+    assert [(f.code, f.path) for f in seal_findings(refused.value.problems)] == [("IV704", "a-weights.bin")]
     assert no_leftovers(tmp_path, tmp_path / "x.tar.zst")
 
 
@@ -224,12 +226,12 @@ def test_vanished_file_is_IV704(package_dir, tmp_path):
     (package_dir / "analysis" / "errors.md").unlink()
     with pytest.raises(SealRefused) as refused:
         seal_package(package, CAMPAIGN, {}, tmp_path / "x.tar.zst")
-    assert [(f.code, f.path) for f in refused.value.findings] == [("IV704", "analysis/errors.md")]
+    assert [(f.code, f.path) for f in seal_findings(refused.value.problems)] == [("IV704", "analysis/errors.md")]
 
 
 def _checks_then(monkeypatch, action):
     """verify's checks, followed by `action` while the seal begun beside them is still open."""
-    from itera_verify import verify_flow
+    from itera_verify.flows import verify as verify_flow
 
     real_checks = verify_flow.check_package
 
@@ -254,7 +256,7 @@ def test_a_file_changed_while_the_checks_ran_beside_the_seal_is_IV704(package_di
 
 
 def test_a_seal_begun_beside_failing_checks_leaves_nothing(package_dir, tmp_path):
-    from itera_verify import verify_flow
+    from itera_verify.flows import verify as verify_flow
 
     (package_dir / "stops.json").write_text("{}")
     out = tmp_path / "out"
@@ -325,7 +327,7 @@ CHILD = textwrap.dedent("""
     sys.path.insert(0, {validator!r})
     from pathlib import Path
     from itera_verify.package import discover
-    from itera_verify.progress import Progress
+    from itera_verify.runtime.progress import Progress
     from itera_verify.seal import seal_package
 
     class Announce(Progress):
@@ -422,7 +424,7 @@ def test_rewrite_restoring_size_and_mtime_is_IV704_when_discovery_records_the_ct
     assert weights.stat().st_mtime_ns == stat.st_mtime_ns and weights.stat().st_ctime_ns != time_before
     with pytest.raises(SealRefused) as refused:
         seal_package(package, CAMPAIGN, {}, tmp_path / "x.tar.zst")
-    assert [(f.code, f.path) for f in refused.value.findings] == [("IV704", rel)]
+    assert [(f.code, f.path) for f in seal_findings(refused.value.problems)] == [("IV704", rel)]
 
 
 def test_a_file_replaced_by_a_fifo_after_discovery_is_IV704_without_waiting_for_a_writer(package_dir, tmp_path):
@@ -434,7 +436,7 @@ def test_a_file_replaced_by_a_fifo_after_discovery_is_IV704_without_waiting_for_
     out.mkdir()
     with pytest.raises(SealRefused) as refused:
         seal_package(package, CAMPAIGN, {}, out / "x.tar.zst")
-    assert [(f.code, f.path) for f in refused.value.findings] == [("IV704", "stops.json")]
+    assert [(f.code, f.path) for f in seal_findings(refused.value.problems)] == [("IV704", "stops.json")]
     assert list(out.iterdir()) == []
 
 

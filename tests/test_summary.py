@@ -5,7 +5,7 @@ import json
 import math
 
 from fixtures.edit import append_jsonl, edit_manifest, write_text
-from itera_verify import summary
+from itera_verify.report import summary
 from itera_verify.package import discover
 from itera_verify.rules import Selection
 from tests.handmade import write_tiny_package

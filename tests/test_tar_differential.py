@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from itera_verify.archive import ArchiveReader
 from itera_verify.archive.profile import OutsideProfile
-from itera_verify.audit_flow import audit
+from itera_verify.flows.audit import audit
 from tests import tar_forms as tf
 from tests.fuzz.tar_differential import compare_with_gnu, tar_streams
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from fixtures.edit import write_text
-from itera_verify.template import LEGACY_READMES, README, TEMPLATE_README, write_template
+from itera_verify.package.template import LEGACY_READMES, README, TEMPLATE_README, write_template
 from tests.handmade import write_tiny_package
 from tests.helpers import run_cli, static_findings
 

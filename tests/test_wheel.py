@@ -35,7 +35,7 @@ def test_wheel_installs_in_a_fresh_venv_and_carries_the_schemas(tmp_path, packag
     cli = venv / "bin" / "itera-verify"
     rules = subprocess.run([str(cli), "rules", "IV105"], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert rules.returncode == 0 and "schema" in rules.stdout
-    where = subprocess.run([str(python), "-c", "import itera_verify.schemas as s; print(s.schema_dir())"],
+    where = subprocess.run([str(python), "-c", "import itera_verify.package.schemas as s; print(s.schema_dir())"],
                            capture_output=True, text=True, cwd=tmp_path, env=env).stdout.strip()
     assert where.startswith(site), f"schemas read from {where}, not from the installed wheel"
     checked = subprocess.run([str(cli), str(package_dir), "--no-reload", "--no-seal"], capture_output=True,

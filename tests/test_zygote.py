@@ -16,7 +16,7 @@ import pytest
 
 from itera_verify.model import UsageError
 from itera_verify.package import discover
-from itera_verify.progress import NULL_PROGRESS
+from itera_verify.runtime.progress import NULL_PROGRESS
 from itera_verify.reload import run_reloads
 from itera_verify.reload.process import ChildProcesses, ForkedChild
 from itera_verify.reload.runner import Zygote

@@ -35,7 +35,7 @@ def assert_survived(outcome: Outcome, allowed_exits=(0, 1)) -> dict | None:
     if outcome.exit_code == 2:
         return None
     report = json.loads(outcome.stdout)
-    from itera_verify.schemas import validator
+    from itera_verify.package.schemas import validator
 
     problems = [e.message for e in validator("report").iter_errors(report)]
     assert not problems, f"--format json breaks its schema: {problems[:3]}"
@@ -90,7 +90,7 @@ def metrics_csv_property(ws: Workspace, data: bytes) -> None:
 
 def config_property(ws: Workspace, example: tuple[str, bytes]) -> None:
     """A configuration file ends in a Config with sane values, or in exit 2 with one line (the documented case)."""
-    from itera_verify.config import load_config
+    from itera_verify.cli.config import load_config
     from itera_verify.model import UsageError
 
     name, data = example
@@ -181,7 +181,7 @@ SUFFIXES = [".pkl", ".pt", ".bin", ".pth", ".txt", ""]
 def pickle_property(ws: Workspace, example: tuple[bytes, str]) -> None:
     """The scanner never unpickles, never crashes, and names every non-allowlisted global a real unpickler
     would import (IV506 through the command line too)."""
-    from itera_verify.pickles import category_of, is_allowed
+    from itera_verify.package.pickles import category_of, is_allowed
 
     data, suffix = example
     rel = f"analysis/blob{suffix}"
@@ -199,7 +199,7 @@ def pickle_property(ws: Workspace, example: tuple[bytes, str]) -> None:
 
 def direct_scan_property(ws: Workspace, data: bytes) -> None:
     """The scanner alone, on a file outside any package (its own contract: a ScanResult, never an exception)."""
-    from itera_verify.pickles import scan_file
+    from itera_verify.package.pickles import scan_file
 
     path = ws.scratch / "direct.pkl"
     path.write_bytes(data)
@@ -315,7 +315,7 @@ READERS: list[Reader] = [
            pickle_property),
     Reader("tar member reader", lambda ws: binary.tar_zst_archives(), tar_reader_property,
            _module_exists("itera_verify.archive.reader")),
-    Reader("audit (archive)", audit_strategy, audit_property, _module_exists("itera_verify.audit_flow")),
+    Reader("audit (archive)", audit_strategy, audit_property, _module_exists("itera_verify.flows.audit")),
     Reader("tar differential (GNU tar 1.34)", lambda ws: tar_differential.tar_streams(),
            tar_differential.differential_property, tar_differential.available),
 ]

@@ -116,7 +116,7 @@ def _lighten(root: Path) -> None:
     """Swap the checkpoint pickles for tiny plain ones. Static checks never load them, and scanning the real
     optimizer states on every example would halve the examples a run can afford; the pickle readers fuzz
     the scanner itself."""
-    from itera_verify.pickles import PICKLE_EXTENSIONS
+    from itera_verify.package.pickles import PICKLE_EXTENSIONS
 
     for path in root.rglob("*"):
         if path.is_file() and not path.is_symlink() and path.name.endswith(PICKLE_EXTENSIONS):

@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from ..hfcache import resolve_hf_cache
+from ..runtime.hfcache import resolve_hf_cache
 from ..model import UsageError
 from .errors import RecordError
 

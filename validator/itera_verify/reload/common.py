@@ -8,7 +8,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from ..pickles import has_pickle_extension, scan_file, sniff
+from ..package.pickles import has_pickle_extension, scan_file, sniff
 
 # Failure kinds, mapped to codes by rules/reload.py.
 LOAD, BASE_UNAVAILABLE, MISSING, INCONSISTENT = "load", "base-unavailable", "missing-component", "inconsistent"

@@ -21,10 +21,10 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
-from ..forked import SIGNAL_POLL_SECONDS
+from ..runtime.forked import SIGNAL_POLL_SECONDS
 from ..model import ReloadResult
 from ..package import Package
-from ..pickles import scan_package
+from ..package.pickles import scan_package
 from .loaders import LOADERS
 from .process import ChildProcesses, Exit, ForkedChild, ZygoteClient, sigterm_interrupts
 

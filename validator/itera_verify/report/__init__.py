@@ -5,7 +5,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .. import __version__
+from ..version import __version__
 from ..model import Finding, ReloadResult, Severity
 
 

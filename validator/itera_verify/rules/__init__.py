@@ -12,10 +12,10 @@ from functools import lru_cache, partial
 from types import ModuleType
 from typing import Iterable
 
-from ..forked import ChildLost, Forked, can_fork
+from ..runtime.forked import ChildLost, Forked, can_fork
 from ..model import Finding, Rule, Severity
 from ..package import Package
-from ..pickles import SCAN_SETTING
+from ..package.pickles import SCAN_SETTING
 
 
 @lru_cache(maxsize=1)

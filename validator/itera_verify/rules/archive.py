@@ -12,7 +12,7 @@ from ..package import Package
 
 if TYPE_CHECKING:
     from ..archive.extract import Extraction
-    from ..pickles import ScanResult
+    from ..package.pickles import ScanResult
 
 RULES = [
     Rule("IV701", Severity.ERROR, "audit: a member's checksum does not match SEAL/SHA256SUMS",

@@ -6,7 +6,7 @@ from typing import Iterator
 
 from ..model import Finding, Rule, Severity
 from ..package import MANIFEST, RELOAD, Package, pointer_of
-from ..template import is_placeholder
+from ..package.template import is_placeholder
 
 RULES = [
     Rule("IV501", Severity.ERROR, "adapter base revision not pinned",

@@ -6,11 +6,11 @@ import re
 from collections import Counter
 from typing import Iterator
 
-from .. import readers
+from ..package import readers
 from ..model import Finding, Rule, Severity
 from ..package import MANIFEST, STOPS, Package, pointer_of
-from ._campaign import (accepted_entries, filled_text, fmt_ids, indexed_runs, listed, runs_by_id, section, shown,
-                        stop_records)
+from ..package.campaign import (accepted_entries, filled_text, fmt_ids, indexed_runs, listed, runs_by_id, section, shown,
+                                stop_records)
 
 RULES = [
     Rule("IV301", Severity.ERROR, "duplicate run id",

@@ -12,8 +12,9 @@ from typing import Iterator
 
 from ..model import Finding, Rule, Severity
 from ..package import Package, pointer_of
-from ._campaign import accepted_entries, indexed_runs, runs_by_id, shown, stopped_by_record
-from .stops import metrics_of, nonfinite_token, watched_metrics
+from ..package.campaign import accepted_entries, indexed_runs, runs_by_id, shown, stopped_by_record
+from ..package.campaign import metrics_of
+from .stops import nonfinite_token, watched_metrics
 
 RULES = [
     Rule("IV409", Severity.ERROR, "non-finite loss or gradient norm in a run that was not stopped",

@@ -9,13 +9,13 @@ from typing import Any, Iterator
 
 import yaml
 
-from ..jsonpos import line_of, pointer_lines
-from ..files import open_binary
-from ..lineblocks import line_blocks
-from ..layout import references
+from ..package.jsonpos import line_of, pointer_lines
+from ..package.files import open_binary
+from ..package.lineblocks import line_blocks
+from ..package.layout import references
 from ..model import Finding, Rule, Severity, UsageError
 from ..package import MANIFEST, RELOAD, Package, pointer_of
-from ..pickles.strings import pickled_strings
+from ..package.pickles.strings import pickled_strings
 
 # Relative CPU time on a package of many files; run_checks balances its processes by it.
 COST = 25  # searches every text file and pickle; parses only the JSON documents that could hold a path

@@ -5,7 +5,7 @@ from typing import Iterator
 
 from ..model import Finding, Rule, Severity
 from ..package import Package
-from ..pickles import scan_package
+from ..package.pickles import scan_package
 
 # Relative CPU time on a package of many files; run_checks balances its processes by it.
 COST = 15  # reads the head of every file to find pickles

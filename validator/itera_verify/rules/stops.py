@@ -4,11 +4,11 @@ from __future__ import annotations
 import math
 from typing import Iterator
 
-from .. import readers
+from ..package import readers
 from ..model import Finding, Rule, Severity
 from ..package import MANIFEST, STOPS, Package, pointer_of
-from ._campaign import (accepted_entries, filled_text, first_run_start, indexed_runs, is_number, listed,
-                        parse_time, runs_by_id, section, shown, stop_records, stopped_by_record)
+from ..package.campaign import (accepted_entries, filled_text, first_run_start, indexed_runs, is_number, listed,
+                                parse_time, runs_by_id, section, shown, stop_records, stopped_by_record, metrics_of)
 from .timeline import to_second
 
 RULES = [
@@ -83,12 +83,6 @@ def check(package: Package) -> Iterator[Finding]:
 
 def declared_rules(package: Package) -> list[dict]:
     return [r for r in listed(section(package.manifest, "stop_rules"), "rules") if isinstance(r, dict)]
-
-
-def metrics_of(package: Package, run: dict) -> readers.MetricsScan | None:
-    ref = run.get("metrics")
-    rel = package.normalise_ref(ref) if isinstance(ref, str) else None
-    return readers.scan_metrics(package, rel) if rel else None
 
 
 def _declared_in_time(package: Package) -> Iterator[Finding]:

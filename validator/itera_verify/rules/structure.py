@@ -10,13 +10,13 @@ from typing import Iterator
 import yaml
 from jsonschema.exceptions import best_match
 
-from ..jsonpos import line_of, pointer_lines
-from ..layout import FIXED_DOCUMENTS, document_kinds, references
+from ..package.jsonpos import line_of, pointer_lines
+from ..package.layout import FIXED_DOCUMENTS, document_kinds, references
 from ..model import Finding, Rule, Severity
 from ..package import MANIFEST, RELOAD, Package, pointer_of
-from .. import readers
-from ..schemas import validator
-from ._campaign import numbers_out_of_range
+from ..package import readers
+from ..package.schemas import validator
+from ..package.campaign import numbers_out_of_range
 
 # Relative CPU time on a package of many files; run_checks balances its processes by it.
 COST = 100  # parses every JSON document and validates every JSONL line

@@ -13,7 +13,7 @@ from typing import Iterator
 
 from ..model import Finding, Rule, Severity
 from ..package import MANIFEST, Package
-from ..template import (LEGACY_READMES, README, TEMPLATE_README, document_bytes, template_files, template_params,
+from ..package.template import (LEGACY_READMES, README, TEMPLATE_README, document_bytes, template_files, template_params,
                         template_run_ids)
 
 RULES = [

@@ -10,7 +10,7 @@ from typing import Iterator
 
 from ..model import Finding, Rule, Severity
 from ..package import MANIFEST, STOPS, Package, pointer_of
-from ._campaign import indexed_runs, listed, parse_time, section, shown, stop_records
+from ..package.campaign import indexed_runs, listed, parse_time, section, shown, stop_records
 
 RULES = [
     Rule("IV612", Severity.ERROR, "times out of order",

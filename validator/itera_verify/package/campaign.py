@@ -10,7 +10,8 @@ from datetime import datetime, timezone
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any, Iterator
 
-from ..template import is_placeholder
+from . import readers
+from .template import is_placeholder
 
 CENT = Decimal("0.01")
 
@@ -187,3 +188,10 @@ def fmt_hours(hours: float) -> str:
 def fmt_ids(ids, count: int) -> str:
     text = ", ".join(ids)
     return text + (", …" if count > len(ids) else "")
+
+
+def metrics_of(package, run: dict) -> "readers.MetricsScan | None":
+    """A run's parsed metrics file (read once per package), or None when it names none."""
+    ref = run.get("metrics")
+    rel = package.normalise_ref(ref) if isinstance(ref, str) else None
+    return readers.scan_metrics(package, rel) if rel else None

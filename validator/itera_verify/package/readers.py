@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from .model import UsageError
+from ..model import UsageError
 from .files import open_binary
 from .lineblocks import line_blocks
 

@@ -5,13 +5,13 @@ import os
 import time
 from pathlib import Path
 
-from .hfcache import resolve_hf_cache
-from .model import Finding, Severity, UsageError
-from .package import Package, discover
-from .progress import NULL_PROGRESS, Progress
-from .report import Report, renderer
-from .rules import Selection, StartedChecks, all_rules, run_checks
-from . import summary
+from ..runtime.hfcache import resolve_hf_cache
+from ..model import Finding, Severity, UsageError
+from ..package import Package, discover
+from ..runtime.progress import NULL_PROGRESS, Progress
+from ..report import Report, renderer
+from ..rules import Selection, StartedChecks, all_rules, run_checks
+from ..report import summary
 
 
 def default_archive_path(package: Package, campaign_id: str, output: str | os.PathLike | None) -> Path:
@@ -31,7 +31,7 @@ def check_processes(package: Package) -> int:
     """Processes for the static checks: one per core, up to the number of families worth a share (three), on a
     package big enough that a fork (milliseconds) is noise beside the checks (seconds on 20,000 files). The
     callers use it where nothing else keeps the cores busy (not beside a seal)."""
-    from .archive import worker_count
+    from ..archive import worker_count
 
     cores = worker_count(0)  # every core this process may use
     scanned = sum(entry.size for rel, entry in package.files.items() if not rel.endswith(".safetensors"))
@@ -48,7 +48,7 @@ def check_package(package: Package, selection: Selection, *, reload: bool, devic
                                                                        processes=processes)
     reloads: list = []
     if reload:
-        from .reload import run_reloads
+        from ..reload import run_reloads
 
         reloads = run_reloads(package, device=device, timeout=timeout, jobs=jobs, progress=progress,
                               isolation=isolation)
@@ -81,7 +81,7 @@ def verify(path, *, device: str = "auto", reload: bool = True, seal: bool = True
     selection = selection or Selection()
     resolved_device = None
     if reload:
-        from .reload import resolve_device
+        from ..reload import resolve_device
 
         resolved_device = resolve_device(device)  # --device cuda without a GPU fails before any work
     package = discover(path)
@@ -89,7 +89,7 @@ def verify(path, *, device: str = "auto", reload: bool = True, seal: bool = True
     package.tmp_patterns = tuple(tmp_patterns)
     if tariffs is not None:
         package.settings["tariffs"] = tariffs
-    from .seal import termination_unwinds
+    from ..seal import termination_unwinds
 
     seal_options = dict(output=output, overwrite=overwrite, level=level, threads=threads, progress=progress)
     with termination_unwinds():  # SIGTERM unwinds like Ctrl-C: a seal begun beside the checks is removed
@@ -127,7 +127,7 @@ def start_sealing(package: Package, *, output, overwrite: bool, level: int, thre
     overlaps the checks (which mostly run on one core), and the result is thrown away unless they pass. None
     when the seal cannot start this early (no campaign id yet, a destination or an entry that would refuse):
     seal_report then seals after the checks, and reports such a problem the way it always has."""
-    from .seal import SealRefused, Sealing
+    from ..seal import SealRefused, Sealing
 
     campaign_id = package.manifest.get("campaign_id")
     if not isinstance(campaign_id, str):
@@ -144,7 +144,8 @@ def seal_report(package: Package, report: Report, selection: Selection, *, outpu
                 threads: int, progress: Progress, sealing=None) -> None:
     """Seal the package with the report inside; a file changed since the check turns into IV704 findings.
     `sealing`: a seal started beside the checks, finished here with the report; None seals now."""
-    from .seal import SealRefused, seal_package
+    from ..rules.archive import seal_findings
+    from ..seal import SealRefused, seal_package
 
     campaign_id = report.campaign_id or package.root.resolve().name
     destination = default_archive_path(package, campaign_id, output)
@@ -165,10 +166,11 @@ def seal_report(package: Package, report: Report, selection: Selection, *, outpu
     except SealRefused as refused:
         report.sealed = False
         report.seal_refused = True
-        for finding in refused.findings:
+        findings = seal_findings(refused.problems)
+        for finding in findings:
             # A seal that did not happen is never a pass: `levels` and `ignore` cannot lower these.
             finding.severity = Severity.ERROR
-        report.findings.extend(refused.findings)
+        report.findings.extend(findings)
         report.seal_skipped = str(refused)
 
 

@@ -32,18 +32,17 @@ import stat
 import threading
 import time
 from contextlib import contextmanager
-from functools import cached_property
 from dataclasses import dataclass
 from pathlib import Path
 
-from .archive import ArchiveError, ArchiveWriter, FileFeeder, SizeChanged, format_sums, worker_count
-from .archive.direct import DirectWriter
-from .archive.publish import (fsync_folder, partial_path, publish, read_back, remove_stale_partials,
+from ..archive import ArchiveError, ArchiveWriter, FileFeeder, SizeChanged, format_sums, worker_count
+from ..archive.direct import DirectWriter
+from ..archive.publish import (fsync_folder, partial_path, publish, read_back, remove_stale_partials,
                               write_checksum_file)
-from .forked import SIGNAL_POLL_SECONDS
-from .model import Finding, UsageError
-from .package import Package, inside_package
-from .progress import NULL_PROGRESS, Progress
+from ..runtime.forked import SIGNAL_POLL_SECONDS
+from ..model import UsageError
+from ..package import Package, inside_package
+from ..runtime.progress import NULL_PROGRESS, Progress
 
 SEAL_DIR = "SEAL"
 SUMS = "SEAL/SHA256SUMS"
@@ -51,17 +50,11 @@ SUMS = "SEAL/SHA256SUMS"
 
 class SealRefused(Exception):
     """Nothing was sealed because of the package's content. `problems`: (kind, package path, detail) facts;
-    `findings`: what rules/archive.py makes of them (IV703, IV704, IV706)."""
+    the workflow hands them to rules/archive.py, which makes the findings (IV703, IV704, IV706)."""
 
     def __init__(self, message: str, problems: list[tuple[str, str, str]]):
         super().__init__(message)
         self.problems = problems
-
-    @cached_property  # made once: the workflow sets their severity in place
-    def findings(self) -> list[Finding]:
-        from .rules.archive import seal_findings
-
-        return seal_findings(self.problems)
 
 
 class Terminated(KeyboardInterrupt):

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .model import UsageError
+from ..model import UsageError
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 PLACEHOLDER = re.compile(r"^\s*<[^<>]*>\s*$")

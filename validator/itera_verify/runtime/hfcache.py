@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .model import UsageError
+from ..model import UsageError
 
 
 def resolve_hf_cache(given: str | os.PathLike | None) -> Path:

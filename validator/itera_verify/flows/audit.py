@@ -25,18 +25,18 @@ import stat
 import tempfile
 from pathlib import Path
 
-from . import __version__
-from .archive.extract import Extraction, safe_extract
-from .archive.zstdframes import declared_content_size
-from .hfcache import resolve_hf_cache
-from .model import Severity, UsageError
-from .package import discover
-from .progress import NULL_PROGRESS, Progress
-from .report import Report
-from .rules import Selection
-from .rules.archive import RECORD, AuditFacts, audit_findings
-from .seal import termination_unwinds
-from .verify_flow import build_report, check_package, check_processes
+from ..version import __version__
+from ..archive.extract import Extraction, safe_extract
+from ..archive.zstdframes import declared_content_size
+from ..runtime.hfcache import resolve_hf_cache
+from ..model import Severity, UsageError
+from ..package import discover
+from ..runtime.progress import NULL_PROGRESS, Progress
+from ..report import Report
+from ..rules import Selection
+from ..rules.archive import RECORD, AuditFacts, audit_findings
+from ..seal import termination_unwinds
+from .verify import build_report, check_package, check_processes
 
 GiB = 1 << 30
 
@@ -58,7 +58,7 @@ def audit(archive, *, reload: bool = False, max_size: int | None = None, device:
     path = Path(archive)
     resolved_device = None
     if reload:
-        from .reload import resolve_device
+        from ..reload import resolve_device
 
         resolved_device = resolve_device(device)
     fd = open_archive(path)
@@ -245,7 +245,7 @@ def _recheck(path: Path, size: int, workdir: str, extraction: Extraction, select
 
 def _scan_seal_files(extraction: Extraction) -> dict:
     """Every SEAL/ file beside the two records, written aside by the extraction: scanned like any pickle."""
-    from .pickles import scan_file
+    from ..package.pickles import scan_file
 
     return {rel: scan_file(side) for rel, side in extraction.seal_side.items()}
 

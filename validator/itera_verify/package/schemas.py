@@ -12,10 +12,10 @@ NAMES = ("manifest", "stops", "reload", "params", "report")
 
 
 def schema_dir() -> Path:
-    installed = Path(__file__).parent / "schemas"
+    installed = Path(__file__).resolve().parents[1] / "schemas"  # itera_verify/schemas in the wheel
     if installed.is_dir():
         return installed
-    return Path(__file__).resolve().parents[2] / "schemas"  # editable install: the repository's schemas/
+    return Path(__file__).resolve().parents[3] / "schemas"  # editable install: the repository's schemas/
 
 
 @lru_cache(maxsize=None)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
-from .model import UsageError
+from ..model import UsageError
 from .files import READ_FLAGS, open_binary
 
 MANIFEST = "manifest.json"

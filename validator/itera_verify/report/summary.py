@@ -9,11 +9,10 @@ import math
 from decimal import Decimal
 from typing import Any
 
-from .model import Finding, Severity
-from .rules._campaign import (accepted_declared, filled_text, first_run_start, fmt_usd, indexed_runs, is_number,
-                              listed, money, parse_time, runs_by_id, section, stopped_by_record)
-from .rules.budget import lots, lots_window_hours, other_expenses, rental_usd, total_usd
-from .rules.stops import metrics_of
+from ..model import Finding, Severity
+from ..package.campaign import (accepted_declared, filled_text, first_run_start, fmt_usd, indexed_runs, is_number,
+                                listed, money, parse_time, runs_by_id, section, stopped_by_record, metrics_of)
+from ..package.budget import lots, lots_window_hours, other_expenses, rental_usd, total_usd
 
 
 # ---------------------------------------------------------------------------------------------- budget

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .model import Severity, UsageError
+from ..model import Severity, UsageError
 
 KEYS = {"select", "ignore", "levels", "tmp-patterns", "tariffs", "device", "timeout"}
 
@@ -67,7 +67,7 @@ def load_config(start: Path | None = None, explicit: Path | None = None) -> Conf
 
 
 def parse_config(table: Any, source: Path | None = None) -> Config:
-    from .rules import unknown_codes
+    from ..rules import unknown_codes
 
     where = str(source) if source else "configuration"
     if not isinstance(table, dict):
@@ -122,7 +122,7 @@ def parse_config(table: Any, source: Path | None = None) -> Config:
 def _tariffs(tariffs: Any, where: str) -> dict[str, Any]:
     """GPU -> {days: USD}. TOML has nan and inf: a price the budget rules cannot compare would switch IV602 off
     for that lot in silence, so each price must be a finite amount within the manifest's own bounds."""
-    from .rules._campaign import MAX_DAYS, MAX_USD
+    from ..package.campaign import MAX_DAYS, MAX_USD
 
     if not isinstance(tariffs, dict):
         raise UsageError(f"{where}: tariffs must be a table")

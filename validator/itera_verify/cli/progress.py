@@ -17,8 +17,8 @@ from rich.progress import (BarColumn, Progress as RichBars, ProgressColumn, Spin
 from rich.table import Column
 from rich.text import Text
 
-from .progress import NULL_PROGRESS, Progress
-from .report.text_format import clean, human_bytes
+from ..runtime.progress import NULL_PROGRESS, Progress
+from ..report.text_format import clean, human_bytes
 
 
 def amount(value: float, unit: str) -> str:

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import click
 
-from . import __version__
-from .allocator import keep_freed_buffers
+from ..version import __version__
+from ..runtime.allocator import keep_freed_buffers
 from .config import Config, load_config
-from .model import UsageError
-from .package import inside_package, shortened
-from .report import FORMATS, Report, renderer
-from .rules import Selection, all_rules, unknown_codes
+from ..model import UsageError
+from ..package import inside_package, shortened
+from ..report import FORMATS, Report, renderer
+from ..rules import Selection, all_rules, unknown_codes
 
 EXTENSION_FORMATS = {".json": "json", ".xml": "junit", ".html": "html", ".htm": "html", ".txt": "text",
                      ".log": "github"}
@@ -105,7 +105,7 @@ def _exit_code(report: Report) -> int:
 
 
 def _make_progress(quiet: bool, verbose: bool):
-    from .cli_progress import make_progress
+    from .progress import make_progress
 
     return make_progress(quiet=quiet, verbose=verbose)
 
@@ -190,7 +190,7 @@ _verbose = click.option("-v", "--verbose", is_flag=True, help="More detail (pass
 def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, reports, strict, select, ignore,
                    hf_cache, timeout, jobs, isolation, level, threads, config_path, quiet, verbose):
     """Check OUTDIR, reload every artifact and seal it (exit 0 pass, 1 findings, 2 could not run)."""
-    from .verify_flow import verify
+    from ..flows.verify import verify
 
     def action() -> int:
         config = load_config(explicit=config_path)
@@ -233,7 +233,7 @@ def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, r
 def audit_command(archive, do_reload, max_size, device, hf_cache, timeout, jobs, isolation, fmt, reports, strict,
                   select, ignore, config_path, quiet, verbose):
     """Audit a sealed ARCHIVE without trusting it: members, checksums, then every check again."""
-    from .audit_flow import audit
+    from ..flows.audit import audit
 
     keep_freed_buffers()
 
@@ -259,7 +259,7 @@ def audit_command(archive, do_reload, max_size, device, hf_cache, timeout, jobs,
 @click.option("--campaign-id", default=None, help="Campaign id (default: the folder name).")
 def init_command(outdir, campaign_id):
     """Write a filled-in template package to start a campaign from (never overwrites)."""
-    from .template import write_template
+    from ..package.template import write_template
 
     def action() -> int:
         written = write_template(outdir, campaign_id=campaign_id)
@@ -275,7 +275,7 @@ def init_command(outdir, campaign_id):
 @click.argument("code", required=False)
 def rules_command(code):
     """List every rule, or explain one (e.g. `itera-verify rules IV303`)."""
-    from .report.rules_format import explain_rule, list_rules
+    from ..report.rules_format import explain_rule, list_rules
 
     def action() -> int:
         rules = all_rules()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .package import MANIFEST, RELOAD, STOPS, Package, pointer_of
+from . import MANIFEST, RELOAD, STOPS, Package, pointer_of
 
 FIXED_DOCUMENTS = {MANIFEST: "manifest", STOPS: "stops", RELOAD: "reload"}
 
