@@ -219,7 +219,10 @@ def test_two_processes_updating_one_manifest_lose_nothing(tmp_path):
 
 def test_a_fixed_clock_dates_everything_and_a_refused_close_writes_nothing(tmp_path):
     times = iter(f"2026-11-20T0{h}:00:00Z" for h in range(8, 10))
-    clock = lambda: next(times)
+
+    def clock():
+        return next(times)
+
     campaign = open_campaign(tmp_path / "pkg", "api-test", QUESTION, "toy", "v1", EVAL_IDS, clock=clock)
     campaign.declare_plan(lots=LOTS, reserved_hours=2)
     with pytest.raises(RecordError, match="not a run of this campaign"):

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-pl = pytest.importorskip("lightning.pytorch")
-
 from fixtures.train import torch_threads
 from tests.test_record_trainer import errors, verify
+
+pl = pytest.importorskip("lightning.pytorch")
 
 EVAL_IDS = [f"x-{i}" for i in range(8)]
 ROOT = Path(__file__).resolve().parents[1]

@@ -126,20 +126,20 @@ class Campaign:
         longest lot), other expenses ({label, usd, included}). Declaring the same plan again is a no-op."""
         if not self.writer:
             return
-        if not lots or not all(isinstance(l, dict) and {"gpu", "days", "price_usd"} <= l.keys() for l in lots):
+        if not lots or not all(isinstance(lot, dict) and {"gpu", "days", "price_usd"} <= lot.keys() for lot in lots):
             raise RecordError("plan lots: a non-empty list of {gpu, days, price_usd, gpus?}")
         if not all(isinstance(e, dict) and {"label", "usd", "included"} <= e.keys() for e in other_expenses):
             raise RecordError("other expenses: a list of {label, usd, included}")
         # Lots bought together run side by side: the window is the longest lot (SPEC §6).
-        longest = max(l["days"] for l in lots) * 24
+        longest = max(lot["days"] for lot in lots) * 24
         window_hours = longest if window_hours is None else window_hours
         if window_hours > longest:
             raise RecordError(f"window_hours {window_hours} exceeds the longest lot ({longest} h)")
         if reserved_hours > window_hours:
             raise RecordError(f"reserved_hours {reserved_hours} exceed the window of {window_hours} h (IV606)")
         plan = {"window_hours": window_hours,
-                "reserved_hours": reserved_hours, "lots": [dict(l) for l in lots],
-                "rental_total_usd": round(sum(l["price_usd"] for l in lots), 2),
+                "reserved_hours": reserved_hours, "lots": [dict(lot) for lot in lots],
+                "rental_total_usd": round(sum(lot["price_usd"] for lot in lots), 2),
                 "other_expenses": [dict(e) for e in other_expenses]}
         self._declare("plan", plan)
 
