@@ -9,7 +9,7 @@ export HF_HUB_DISABLE_TELEMETRY := 1
 DEMO := demo-out
 JOBS ?= 2
 
-.PHONY: install demo test fuzz bench gpu-check clean system-tools
+.PHONY: install demo test lint fuzz bench gpu-check clean system-tools
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "needs $(PYTHON)"; exit 2; }
@@ -39,7 +39,12 @@ demo: install
 	$(VENV)/bin/itera-verify $(DEMO)/package --hf-cache $(DEMO)/hf-cache -o $(DEMO)/ --report html=$(DEMO)/report.html
 	@echo; echo "archive: $$(ls $(DEMO)/*.tar.zst)"; echo "HTML report: $(DEMO)/report.html"
 
-test: install
+# The linter and the layering contracts (docs/architecture.md) run before the tests.
+lint: install
+	$(VENV)/bin/ruff check validator tests fixtures benchmarks scripts
+	$(VENV)/bin/lint-imports
+
+test: lint
 	$(PY) -m pytest -n $(JOBS) -q
 
 fuzz: install

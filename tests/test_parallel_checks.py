@@ -327,9 +327,9 @@ def test_select_runs_only_the_families_that_have_an_enabled_code(defective, monk
 
     ran = []
     for module in families():
-        original = module.check
+        original, name = module.check, module.__name__.rsplit(".", 1)[-1]
 
-        def recording(package, _original=original, _name=module.__name__.rsplit(".", 1)[-1], **kwargs):
+        def recording(package, _original=original, _name=name, **kwargs):
             ran.append(_name)
             return _original(package, **kwargs)
 

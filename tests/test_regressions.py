@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from fixtures.edit import edit_manifest, write_text
-from tests.helpers import codes, run_cli, static_findings
+from fixtures.edit import edit_manifest
+from tests.helpers import run_cli, static_findings
 
 
 def _strict_json(text: str):

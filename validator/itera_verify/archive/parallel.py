@@ -195,7 +195,7 @@ class FrameParallelExpanded:
                 self._read_range(None, hashed_to, None)  # whatever follows the last frame, to the end of the file
         except _Stopped:
             return
-        except BaseException as exc:  # the frame being read gets it (its worker raises it), else the digest
+        except BaseException as exc:  # noqa: BLE001 - the frame being read gets it (its worker raises it), else the digest
             self._read_error = exc
             if index is not None:
                 try:
@@ -286,7 +286,7 @@ class FrameParallelExpanded:
                     self._put(("out", index), Corrupt(f"zstd: {exc}"))
                 except _Stopped:
                     return
-                except BaseException as exc:
+                except BaseException as exc:  # noqa: BLE001 - raised in the waiting thread
                     self._put(("out", index), exc)
             except _Stopped:
                 return

@@ -89,7 +89,7 @@ class _CompressedSource:
             self._put(b"")
         except FrameError as exc:
             self._put({"not-zstd": NotZstd, "truncated": Truncated}.get(exc.kind, Corrupt)(str(exc)))
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - handed to the thread that waits on it, which raises it there
             self._put(exc)
 
     def read(self, size: int = -1) -> bytes:
@@ -139,7 +139,7 @@ class _Expanded:
                 self._ready.put((buffer, count))
         except zstandard.ZstdError as exc:
             self._ready.put(Corrupt(f"zstd: {exc}"))
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - handed to the thread that waits on it, which raises it there
             self._ready.put(exc)
 
     @property

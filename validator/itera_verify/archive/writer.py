@@ -126,7 +126,7 @@ class _Output:
             if self._failure is None:
                 try:
                     self._write_all(data)
-                except BaseException as exc:
+                except BaseException as exc:  # noqa: BLE001 - raised in the waiting thread
                     self._failure = exc
             self._pending.task_done()
         self._pending.task_done()
@@ -180,7 +180,8 @@ class _FrameCompressor:
         compressors = getattr(self._local, "compressors", None)
         if compressors is None:
             compressors = self._local.compressors = {
-                name: zstandard.ZstdCompressor(level=level, write_checksum=True) for name, level in self._levels.items()}
+                name: zstandard.ZstdCompressor(level=level, write_checksum=True)
+                for name, level in self._levels.items()}
         return compressors[profile].compress(data)
 
     def submit(self, profile: str, data: memoryview) -> Future:
@@ -397,7 +398,7 @@ class FileFeeder:
                 self._read_file(index, path, expected)
             self._ready.put(("chunks", self._buffer, self._batch))
             self._ready.put(("done", None))
-        except BaseException as exc:  # delivered to the consumer, never lost in a thread
+        except BaseException as exc:  # noqa: BLE001 - delivered to the consumer, never lost in a thread
             self._ready.put(("crash", exc))
 
     def _room_for(self, remaining: int) -> bool:

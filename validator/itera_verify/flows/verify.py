@@ -61,7 +61,8 @@ def build_report(package: Package, findings: list[Finding], reloads: list, selec
                  mode: str, reloaded: bool, device: str | None) -> Report:
     report = Report(package=str(package.root), mode=mode, findings=findings, reloads=reloads, reloaded=reloaded,
                     strict=selection.strict, device=device)
-    report.campaign_id = package.manifest.get("campaign_id") if isinstance(package.manifest.get("campaign_id"), str) else None
+    campaign_id = package.manifest.get("campaign_id")
+    report.campaign_id = campaign_id if isinstance(campaign_id, str) else None
     report.rules = {code: {"severity": selection.severity(code).value, "title": rule.title, "family": rule.family}
                     for code, rule in all_rules().items() if selection.enabled(code)}
     blocking = [f for f in findings if selection.blocks(f)]

@@ -46,7 +46,8 @@ def references(package: Package) -> list[Reference]:
     for index, artifact in enumerate(artifacts if isinstance(artifacts, list) else []):
         if isinstance(artifact, dict) and isinstance(artifact.get("path"), str):
             run_id = artifact.get("run") if isinstance(artifact.get("run"), str) else None
-            refs.append(Reference(pointer_of(["artifacts", index, "path"]), artifact["path"], "artifact", False, run_id))
+            refs.append(Reference(pointer_of(["artifacts", index, "path"]), artifact["path"], "artifact", False,
+                                  run_id))
     decision = manifest.get("decision")
     if isinstance(decision, dict) and isinstance(decision.get("error_analysis"), str):
         refs.append(Reference("/decision/error_analysis", decision["error_analysis"], "analysis", False))

@@ -147,7 +147,7 @@ def runs_summary(package, findings: list[Finding]) -> list[dict[str, Any]]:
         if finding.run is not None:
             per_run.setdefault(finding.run, []).append(finding)
     out = []
-    for index, run, run_id in indexed_runs(package):
+    for _index, run, run_id in indexed_runs(package):
         own = per_run.get(run_id, []) if run_id is not None else []
         errors = [f for f in own if (f.severity or Severity.ERROR) == Severity.ERROR]
         stopped = run.get("status") == "stopped" or run_id in records

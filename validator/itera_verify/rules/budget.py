@@ -9,7 +9,8 @@ from typing import Iterator
 
 from ..model import Finding, Rule, Severity
 from ..package import MANIFEST, Package, pointer_of
-from ..package.budget import catalog_price, longer_lot, lot_name, lots, lots_window_hours, rental_usd, tariffs, total_usd
+from ..package.budget import (catalog_price, longer_lot, lot_name, lots, lots_window_hours, rental_usd, tariffs,
+                              total_usd)
 from ..package.campaign import (accepted_entries, accepted_declared, filled_text, first_run_start, fmt_hours, fmt_usd,
                                 is_number, listed, parse_time, runs_by_id, section, shown, to_cent, usd)
 
@@ -123,7 +124,8 @@ def _catalog_prices(plan: dict, catalog: dict) -> Iterator[Finding]:
         if stated is None or listed_price is None or to_cent(stated) == to_cent(listed_price):
             continue
         yield Finding("IV602", MANIFEST, pointer=pointer_of(["plan", "lots", index, "price_usd"]),
-                      message=f"lot {index} ({lot_name(lot)}, {shown(lot.get('days'))} days) costs {fmt_usd(stated)} but "
+                      message=f"lot {index} ({lot_name(lot)}, {shown(lot.get('days'))} days) costs {fmt_usd(stated)} "
+                              "but "
                               f"the catalog says {fmt_usd(listed_price)}: check the offer, or update the catalog "
                               f"([tool.itera-verify.tariffs]) if the price changed")
 

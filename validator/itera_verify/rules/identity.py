@@ -9,8 +9,8 @@ from typing import Iterator
 from ..package import readers
 from ..model import Finding, Rule, Severity
 from ..package import MANIFEST, STOPS, Package, pointer_of
-from ..package.campaign import (accepted_entries, filled_text, fmt_ids, indexed_runs, listed, runs_by_id, section, shown,
-                                stop_records)
+from ..package.campaign import (accepted_entries, filled_text, fmt_ids, indexed_runs, listed, runs_by_id, section,
+                                shown, stop_records)
 
 RULES = [
     Rule("IV301", Severity.ERROR, "duplicate run id",
@@ -179,7 +179,8 @@ def _unknown_run_ids(package: Package) -> Iterator[Finding]:
         if isinstance(artifact, dict) and isinstance(artifact.get("run"), str) and artifact["run"] not in known:
             yield Finding("IV305", MANIFEST, pointer=pointer_of(["artifacts", index, "run"]),
                           artifact=artifact.get("id") if isinstance(artifact.get("id"), str) else None,
-                          message=f"artifact {shown(artifact.get('id'), str(index))} belongs to run {artifact['run']!r}, "
+                          message=f"artifact {shown(artifact.get('id'), str(index))} belongs to run "
+                                  f"{artifact['run']!r}, "
                                   f"which the manifest does not list ({hint})")
     for index, record in stop_records(package):
         if isinstance(record.get("run"), str) and record["run"] not in known:
@@ -261,7 +262,7 @@ def _identical_predictions(package: Package) -> Iterator[Finding]:
             files.append((index, run_id or f"#{index}", rel))
     sizes = Counter(_size(package, rel) for _, _, rel in files)
     first_by_digest: dict[str, tuple[str, str]] = {}
-    for index, name, rel in files:
+    for _index, name, rel in files:
         size = _size(package, rel)
         if size == 0 or sizes[size] < 2:
             continue  # an empty file is IV102

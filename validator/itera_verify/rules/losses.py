@@ -37,7 +37,8 @@ RULES = [
                  "name the rule gives (the Trainer logs its step loss as `loss`), or name in the rule the "
                  "metric the runs log, before the first run.",
          bad='rule {"kind": "nonfinite_loss", "metric": "train_loss"}   metrics: {"name": "loss", ...} only',
-         good='rule {"kind": "nonfinite_loss", "metric": "loss"}   metrics: {"step": 1, "name": "loss", "value": 2.31}'),
+         good='rule {"kind": "nonfinite_loss", "metric": "loss"}   '
+              'metrics: {"step": 1, "name": "loss", "value": 2.31}'),
 ]
 
 

@@ -419,6 +419,7 @@ def _escaping_references(package: Package) -> Iterator[Finding]:
                           message=f"{ref.kind} path {ref.value!r} is absolute or climbs out of the package")
     entries = package.reload_spec.get("artifacts")
     for artifact_id, entry in (entries.items() if isinstance(entries, dict) else []):
-        if isinstance(entry, dict) and isinstance(entry.get("path"), str) and package.normalise_ref(entry["path"]) is None:
+        path = entry.get("path") if isinstance(entry, dict) else None
+        if isinstance(path, str) and package.normalise_ref(path) is None:
             yield Finding("IV205", RELOAD, pointer=pointer_of(["artifacts", artifact_id, "path"]), artifact=artifact_id,
                           message=f"path {entry['path']!r} is absolute or climbs out of the package")

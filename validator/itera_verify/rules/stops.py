@@ -162,7 +162,8 @@ def _nonfinite_in_unstopped_runs(package: Package) -> Iterator[Finding]:
             step, value, line = bad[0]
             more = f" ({len(bad)} non-finite values in all)" if len(bad) > 1 else ""
             yield Finding("IV404", scan.path, line=line, run=run_id,
-                          message=f"run {run_id or index}: {metric} is {nonfinite_token(value)} at step {step}{more}, yet "
+                          message=f"run {run_id or index}: {metric} is {nonfinite_token(value)} at step {step}{more}, "
+                                  "yet "
                                   f"the run was not stopped: stop rule {rule_id} should have fired; mark the run "
                                   f"stopped with a stop record, or rerun it")
 

@@ -37,7 +37,8 @@ RULES = [
     Rule("IV103", Severity.ERROR, "file empty in substance",
          explain="A document that parses but says nothing: `{}`, `[]`, `null`, whitespace only, a JSONL file "
                  "with no record, a CSV with only its header. `{\"stops\": []}` is a valid stops.json.",
-         bad='metrics/control.csv:\n  step,name,value', good='metrics/control.csv:\n  step,name,value\n  10,train_loss,2.31'),
+         bad='metrics/control.csv:\n  step,name,value',
+         good='metrics/control.csv:\n  step,name,value\n  10,train_loss,2.31'),
     Rule("IV104", Severity.ERROR, "file does not parse",
          explain="A JSON, JSONL, CSV or YAML file that does not parse cannot be read by the reviewer's tools. "
                  "The finding gives the line and column of the first error in the file (per line for JSONL).",
@@ -289,7 +290,7 @@ def _shown(value) -> str:
 def _manifest_numbers(package: Package) -> Iterator[Finding]:
     """The one place that decides which manifest numbers are usable: not NaN or Infinity (Python's JSON reader
     takes those tokens; the schema's range checks compare false on NaN and let it through), and within the
-    sane bounds of _campaign.NUMBER_FIELDS. The budget and threshold rules then never meet such a value
+    sane bounds of package/campaign.NUMBER_FIELDS. The budget and threshold rules then never meet such a value
     unannounced."""
     doc = package.document(MANIFEST)
     if doc is None or not doc.ok:

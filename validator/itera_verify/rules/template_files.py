@@ -13,8 +13,8 @@ from typing import Iterator
 
 from ..model import Finding, Rule, Severity
 from ..package import MANIFEST, Package
-from ..package.template import (LEGACY_READMES, README, TEMPLATE_README, document_bytes, template_files, template_params,
-                        template_run_ids)
+from ..package.template import (LEGACY_READMES, README, TEMPLATE_README, document_bytes, template_files,
+                                template_params, template_run_ids)
 
 RULES = [
     Rule("IV107", Severity.WARNING, "file left as `itera-verify init` wrote it",
@@ -32,7 +32,8 @@ RULES = [
 
 GUIDE_ADVICE = ("it describes the template, not this campaign: delete it, or replace it by the campaign's own "
                 "README.md, before sealing")
-PARAMS_ADVICE = "fill in the run's parameters (its integer seed and what it varies), then record its sha256 in config_sha256"
+PARAMS_ADVICE = ("fill in the run's parameters (its integer seed and what it varies), then record its sha256 in "
+                 "config_sha256")
 
 
 def _sha256(data: bytes) -> str:

@@ -13,7 +13,8 @@ the workflow hands over (`SEAL/verification.json`, `SEAL/report.html`). Choices 
   the seal).
 - Each file is read once; its SHA-256 is computed on the bytes given to the compressor. A file that vanished,
   changed size, modification time or inode (or inode change time, when discovery records it) since discovery,
-  or whose digest differs from one a check computed, is IV704 and nothing is sealed. A file that exists but cannot be read is unreadable input: UsageError (exit 2).
+  or whose digest differs from one a check computed, is IV704 and nothing is sealed. A file that exists but
+  cannot be read is unreadable input: UsageError (exit 2).
 - The archive is written to `.<name>.<pid>.<random>.partial` beside the destination, synced, read back and
   verified member by member against what was hashed, then linked to its final name (never clobbering an archive
   that appeared meanwhile unless --overwrite). Where the file system allows, the writing and the read-back both go
@@ -343,7 +344,7 @@ class Sealing:
         try:
             self._result = _write_package_members(self.package, self.campaign_id, self.plan, self._writer,
                                                   self.progress, self._stop)
-        except BaseException as exc:  # handed to finish(), never lost in the thread
+        except BaseException as exc:  # noqa: BLE001 - handed to finish(), never lost in the thread
             self._failure = exc
 
     def finish(self, members: dict[str, bytes]) -> dict:
