@@ -247,3 +247,22 @@ def test_a_second_plan_after_a_run_started_is_refused_and_nothing_changes(record
     assert (package / "manifest.json").read_bytes() == before
     campaign.declare_stop_rules(RULES)  # the same rules again: a reopened script, no change
     assert (package / "manifest.json").read_bytes() == before
+
+
+def test_a_callback_added_after_init_still_sees_the_real_nan_loss(tmp_path):
+    from transformers import PrinterCallback, ProgressCallback, Trainer, TrainingArguments
+
+    from itera_verify.integrations import RecordCallback
+
+    with torch_threads(1), contextlib.chdir(tmp_path):
+        run = open_test_campaign(Path("pkg")).run("control", "control")
+        args = TrainingArguments(output_dir="pkg/out", max_steps=3, per_device_train_batch_size=2, logging_steps=1,
+                                 save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True, seed=0)
+        trainer = Trainer(model=nan_model(), args=args, train_dataset=token_dataset(8, 16, seed=7))
+        assert trainer.args.logging_nan_inf_filter is True  # the Trainer's default, which masks the NaN
+        trainer.add_callback(RecordCallback(run))  # on_init_end has run already: on_train_begin turns it off
+        trainer.remove_callback(PrinterCallback)
+        trainer.remove_callback(ProgressCallback)
+        trainer.train()
+    (stop,) = json.loads((tmp_path / "pkg/stops.json").read_text())["stops"]
+    assert stop["step"] == 1 and stop["reason"].startswith("loss became nan")
