@@ -286,3 +286,17 @@ def test_a_stop_interrupted_between_stops_json_and_the_manifest_completes_withou
     assert json.loads((tmp_path / "pkg/stops.json").read_text())["stops"] == [record]
     (entry,) = json.loads((tmp_path / "pkg/manifest.json").read_text())["runs"]
     assert (entry["status"], entry["ended_at"]) == ("stopped", record["at"])
+
+
+def test_closing_with_a_run_still_running_or_accepted_twice_is_refused(tmp_path):
+    campaign = campaign_at(tmp_path / "pkg")
+    run = campaign.start_run("control", "control", params={"seed": 1})
+    with pytest.raises(RecordError, match="'control' is still running"):
+        campaign.close("positive", "too early", accepted=[])
+    with run.predictions() as stream:
+        for i in EVAL_IDS:
+            stream.write(i, "yes")
+    run.complete()
+    with pytest.raises(RecordError, match="accepted twice"):
+        campaign.close("positive", "twice", accepted=["control", "control"])
+    assert "decision" not in json.loads((tmp_path / "pkg/manifest.json").read_text())

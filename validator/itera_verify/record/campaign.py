@@ -216,6 +216,12 @@ class Campaign:
             if "plan" not in manifest:
                 raise RecordError("declare the plan before closing: the cost needs its lots")
             runs = {r["id"]: r for r in manifest.get("runs", [])}
+            running = [run_id for run_id, run in runs.items() if run.get("status") == "running"]
+            if running:
+                raise RecordError(f"run {running[0]!r} is still running: complete it or stop it by a rule "
+                                  "before closing the campaign")
+            if len(set(accepted)) != len(accepted):
+                raise RecordError("a run is accepted twice (IV609)")
             for run_id in accepted:
                 status = runs.get(run_id, {}).get("status")
                 if status != "completed":
