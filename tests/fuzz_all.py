@@ -66,7 +66,7 @@ def fuzz_reader(name: str, examples: int, package: str, hf_cache: str) -> dict:
 
     reader = next(r for r in READERS if r.name == name)
     stats = {"reader": name, "tried": 0, "failed": 0, "groups": {}, "seconds": 0.0, "skipped": False}
-    if not reader.available():
+    if not reader.tools_present():
         stats["skipped"] = True
         return stats
     scratch = Path(tempfile.mkdtemp(prefix="fuzz-workspace-"))

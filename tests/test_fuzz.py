@@ -31,8 +31,8 @@ def workspace(built, tmp_path_factory) -> Workspace:
 
 @pytest.mark.parametrize("reader", READERS, ids=[r.name for r in READERS])
 def test_reader_survives_hostile_input(reader, workspace):
-    if not reader.available():
-        pytest.skip(f"{reader.name}: the module under test is not there yet")
+    if not reader.tools_present():
+        pytest.skip(f"{reader.name}: the outside program it compares with is not installed")
 
     @FUZZ_SETTINGS
     @given(reader.strategy(workspace))
@@ -51,6 +51,27 @@ REPLAYED = [pytest.param(name, label, example, id=f"{name}: {label}",
 @pytest.mark.parametrize("name,label,example", REPLAYED)
 def test_reader_survives_what_once_broke_it(name, label, example, workspace):
     reader = next(r for r in READERS if r.name == name)
-    if not reader.available():
-        pytest.skip(f"{reader.name}: the module under test is not there yet")
+    if not reader.tools_present():
+        pytest.skip(f"{reader.name}: the outside program it compares with is not installed")
     reader.check(workspace, example(workspace) if callable(example) else example)
+
+
+def test_every_reader_imports_the_module_it_fuzzes():
+    """A reader whose module moved must fail here, not skip: each property names real modules of the tool."""
+    import importlib
+
+    import tests.fuzz.properties as properties
+
+    source = open(properties.__file__, encoding="utf-8").read()
+    modules = sorted(set(__import__("re").findall(r"itera_verify(?:\.[a-z_]+)+", source)))
+    assert modules, "the fuzz properties name no module of the tool"
+    for dotted in modules:
+        # a dotted name may end in an attribute: import the longest prefix that is a module
+        parts = dotted.split(".")
+        for cut in range(len(parts), 0, -1):
+            try:
+                importlib.import_module(".".join(parts[:cut]))
+                break
+            except ModuleNotFoundError:
+                continue
+        assert cut > 1, f"{dotted}: no module of that name"
