@@ -1,0 +1,128 @@
+"""Tensors of safetensors weights, read from the header alone, and digests of their payload bytes, lazily.
+
+No torch: a safetensors header says each tensor's dtype, shape and byte range, so two weight sets can be told
+apart (different names or shapes) without reading a byte of data, and compared tensor by tensor when they look
+alike. A digest is computed once per tensor of a file and only when a comparison needs it; a comparison stops at
+the first tensor that differs, so weights that were trained cost a few small reads.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+
+from ..package.files import open_binary
+
+MAX_HEADER = 100_000_000  # the safetensors format's own limit
+READ_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Tensor:
+    file: str  # absolute, fully resolved
+    dtype: str
+    shape: tuple[int, ...]
+    start: int  # absolute offset in the file
+    end: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class WeightSet:
+    """The tensors of one model: one safetensors file or the shards an index names."""
+
+    label: str  # what a message calls it: an artifact id, or base ORG/NAME@REV
+    where: str  # the file a finding points at (package-relative for artifacts)
+    tensors: dict[str, Tensor]
+    run: str | None = None
+    artifact: str | None = None
+    signature: frozenset = field(init=False)
+
+    def __post_init__(self):
+        self.signature = frozenset((name, t.dtype, t.shape) for name, t in self.tensors.items())
+
+
+def read_header(path: str) -> dict[str, Tensor] | None:
+    """name -> Tensor from a safetensors header; None when the file is not a readable safetensors file (the
+    reload reports a damaged one, IV504)."""
+    try:
+        with open_binary(path) as fh:
+            raw = fh.read(8)
+            if len(raw) != 8:
+                return None
+            (length,) = struct.unpack("<Q", raw)
+            if length > MAX_HEADER:
+                return None
+            header = json.loads(fh.read(length))
+            data_start = 8 + length
+            file_size = os.fstat(fh.fileno()).st_size
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(header, dict):
+        return None
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            begin, end = (int(x) for x in info["data_offsets"])
+            shape = tuple(int(x) for x in info["shape"])
+            dtype = str(info["dtype"])
+        except (TypeError, KeyError, ValueError):
+            return None
+        if not 0 <= begin <= end or data_start + end > file_size:
+            return None
+        tensors[name] = Tensor(os.path.realpath(path), dtype, shape, data_start + begin, data_start + end)
+    return tensors
+
+
+def read_weights(paths: list[str]) -> dict[str, Tensor] | None:
+    """The tensors of several shards together; None when one of them cannot be read or a name repeats."""
+    merged: dict[str, Tensor] = {}
+    for path in paths:
+        tensors = read_header(path)
+        if tensors is None or merged.keys() & tensors.keys():
+            return None
+        merged.update(tensors)
+    return merged
+
+
+class Digests:
+    """sha256 of each tensor's payload, computed at most once per (file, byte range) in one check."""
+
+    def __init__(self):
+        self._known: dict[tuple[str, int, int], str] = {}
+
+    def of(self, tensor: Tensor) -> str:
+        key = (tensor.file, tensor.start, tensor.end)
+        if key not in self._known:
+            digest = hashlib.sha256()
+            with open_binary(tensor.file) as fh:
+                fh.seek(tensor.start)
+                left = tensor.size
+                while left > 0:
+                    chunk = fh.read(min(READ_CHUNK, left))
+                    if not chunk:
+                        break  # a file cut short since its header was read: its digest differs, nothing equal
+                    digest.update(chunk)
+                    left -= len(chunk)
+            self._known[key] = digest.hexdigest()
+        return self._known[key]
+
+    def equal(self, one: WeightSet, other: WeightSet) -> bool:
+        """Every tensor of `one` has the bytes of `other`'s tensor of that name (their signatures are equal).
+        Smallest first: norms and biases change in any full fine-tune and cost almost nothing to read."""
+        if one.signature != other.signature or not one.tensors:
+            return False
+        for name in sorted(one.tensors, key=lambda n: (one.tensors[n].size, n)):
+            a, b = one.tensors[name], other.tensors[name]
+            if (a.file, a.start) == (b.file, b.start):
+                continue  # the same bytes on disk (a folder delivered twice, a link)
+            if self.of(a) != self.of(b):
+                return False
+        return True

@@ -1,0 +1,158 @@
+"""IV512: a delivered model whose weights are the base's, or another run's: nothing was trained.
+
+Static: the safetensors headers say which weight sets look alike (same tensor names, dtypes and shapes); only
+those are compared, tensor by tensor, on digests of their payload bytes (rules/_tensors.py). No torch, no load.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Iterator
+
+from ..model import Finding, Rule, Severity
+from ..package import Package
+from ..runtime.hfcache import resolve_hf_cache
+from ._tensors import Digests, WeightSet, read_weights
+
+RULES = [
+    Rule("IV512", Severity.ERROR, "delivered model equals the base or another run's",
+         explain=(
+             "A delivered model (a transformers-model folder or a safetensors artifact) whose every tensor holds "
+             "the same bytes as the base model at its pinned revision in the local Hugging Face cache was not "
+             "trained: it is the untrained base under a fine-tuned name, and it reloads and runs like any "
+             "model, so nothing else notices. The bases compared are the one the artifact's manifest `base` "
+             "names and those the package's adapters name (adapter_config.json, manifest `base`). A model equal "
+             "to another run's artifact (its model, or the weights of its checkpoint) is the same model "
+             "delivered twice under two runs: at most one of them trained it. Only weight sets with the same "
+             "tensor names, dtypes and shapes are compared, from the safetensors headers, and the comparison "
+             "stops at the first tensor that differs. Deliver the weights the run saved at its end "
+             "(trainer.save_model(...) or model.save_pretrained(...)), not a copy of the base snapshot."),
+         bad="artifacts/control-model/model.safetensors copied from models--org--base/snapshots/3f1c…a5b4/",
+         good="artifacts/control-model/ written by trainer.save_model('artifacts/control-model') after training"),
+]
+
+MODEL_KINDS = ("transformers-model", "safetensors")
+WEIGHTS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+PINNED = re.compile(r"[0-9a-f]{40}")
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+
+
+def _text(value) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _package_weights(package: Package, rel: str) -> tuple[str, list[str]] | None:
+    """(the file a finding names, the shards' OS paths) of a safetensors file or of a model folder's weights."""
+    if rel.endswith(".safetensors") and package.is_file(rel):
+        return rel, [os.path.realpath(package.os_path(rel))]
+    index = f"{rel}/{WEIGHTS_INDEX}"
+    if package.is_file(index):
+        value = package.json_value(index)
+        weight_map = value.get("weight_map") if isinstance(value, dict) else None
+        shards = sorted({f"{rel}/{name}" for name in weight_map.values() if isinstance(name, str)}) \
+            if isinstance(weight_map, dict) else []
+        if not shards or not all(package.is_file(shard) for shard in shards):
+            return None  # a shard missing is the reload's IV504
+        return index, [os.path.realpath(package.os_path(shard)) for shard in shards]
+    single = f"{rel}/{WEIGHTS}"
+    if package.is_file(single):
+        return single, [os.path.realpath(package.os_path(single))]
+    return None
+
+
+def _snapshot_weights(snapshot: Path) -> list[str] | None:
+    index = snapshot / WEIGHTS_INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+            names = sorted({n for n in weight_map.values() if isinstance(n, str)})
+        except (OSError, ValueError, AttributeError):
+            return None
+        return [os.path.realpath(snapshot / name) for name in names] if names else None
+    single = snapshot / WEIGHTS
+    return [os.path.realpath(single)] if single.is_file() else None
+
+
+def _snapshot(cache: Path, name: str, revision: str) -> Path | None:
+    """The cached snapshot of ORG/NAME at a commit (or at the commit a cached ref names)."""
+    if not HUB_ID.fullmatch(name) or "/" in revision or revision in ("", ".", ".."):
+        return None
+    repo = cache / f"models--{name.replace('/', '--')}"
+    commit = revision
+    if not PINNED.fullmatch(revision):
+        try:
+            commit = (repo / "refs" / revision).read_text(encoding="utf-8").strip()
+        except OSError:
+            return None
+    folder = repo / "snapshots" / commit
+    return folder if folder.is_dir() else None
+
+
+def _named_bases(package: Package) -> list[tuple[str, str]]:
+    """(hub id, revision) of every base the package names: manifest `base` entries and adapter_config.json."""
+    bases: list[tuple[str, str]] = []
+    for artifact in package.artifacts():
+        base = artifact.get("base")
+        if isinstance(base, dict) and _text(base.get("name")) and _text(base.get("revision")):
+            bases.append((base["name"], base["revision"]))
+        rel = package.normalise_ref(artifact["path"]) if _text(artifact.get("path")) else None
+        config = package.json_value(f"{rel}/adapter_config.json") if rel else None
+        if isinstance(config, dict) and _text(config.get("base_model_name_or_path")) and _text(config.get("revision")):
+            bases.append((config["base_model_name_or_path"], config["revision"]))
+    return list(dict.fromkeys(bases))
+
+
+def _base_weight_sets(package: Package) -> list[WeightSet]:
+    cache = package.hf_cache or resolve_hf_cache(None)
+    found = []
+    for name, revision in _named_bases(package):
+        snapshot = _snapshot(Path(cache), name, revision)
+        paths = _snapshot_weights(snapshot) if snapshot else None
+        tensors = read_weights(paths) if paths else None
+        if tensors:
+            found.append(WeightSet(f"the base {name} at {revision}", str(snapshot), tensors))
+    return found
+
+
+def _artifact_weight_sets(package: Package) -> list[tuple[bool, WeightSet]]:
+    """(delivered as a model, its weights) for every artifact with safetensors model weights, in manifest order;
+    a checkpoint's weights are compared with, never reported."""
+    found = []
+    for artifact in package.artifacts():
+        rel = package.normalise_ref(artifact["path"]) if _text(artifact.get("path")) else None
+        located = _package_weights(package, rel) if rel else None
+        tensors = read_weights(located[1]) if located else None
+        if tensors:
+            found.append((artifact.get("kind") in MODEL_KINDS,
+                          WeightSet(_text(artifact.get("id")) or rel, located[0], tensors,
+                                    run=_text(artifact.get("run")), artifact=_text(artifact.get("id")))))
+    return found
+
+
+def check(package: Package) -> Iterator[Finding]:
+    artifacts = _artifact_weight_sets(package)
+    if not any(delivered for delivered, _ in artifacts):
+        return
+    digests = Digests()
+    bases = _base_weight_sets(package)
+    for position, (delivered, model) in enumerate(artifacts):
+        if not delivered:
+            continue
+        where = dict(run=model.run, artifact=model.artifact)
+        base = next((b for b in bases if digests.equal(model, b)), None)
+        if base is not None:
+            yield Finding("IV512", model.where, **where,
+                          message=f"every tensor of {model.label} equals {base.label} in the hub cache: nothing "
+                                  "was trained (deliver the weights the run saved)")
+            continue
+        # Another run's artifact: a model pair is reported once, on the later one; a checkpoint always.
+        others = [other for index, (is_model, other) in enumerate(artifacts)
+                  if other.run and model.run and other.run != model.run and (not is_model or index < position)]
+        twin = next((other for other in others if digests.equal(model, other)), None)
+        if twin is not None:
+            yield Finding("IV512", model.where, **where,
+                          message=f"every tensor of {model.label} (run {model.run!r}) equals {twin.label} of run "
+                                  f"{twin.run!r} ({twin.where}): one model delivered for two runs")
