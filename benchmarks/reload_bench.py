@@ -1,8 +1,10 @@
 """Reload benchmark: itera-verify's isolated reloads against a bare load of the same files, in the same run.
 
     python benchmarks/reload_bench.py [--package DIR --hf-cache DIR] [--repeat N] [--device cpu|cuda]
+                                      [--sections phase,midsize,artifacts]
 
-Without --package the fixture package is built in a temporary folder. For each artifact, interleaved and
+Without --package the fixture package is built in a temporary folder. `phase` and `midsize` are issue 17's
+side-by-side comparisons (reload_scale.py says what they time). `artifacts`: for each artifact, interleaved and
 repeated (median), it times:
   start-up   a fresh `python -c "import <what the reload child imports>"`: the price of a new process;
   bare       the plain library calls (from_pretrained / PeftModel.from_pretrained / safe_open / torch.load)
@@ -124,21 +126,25 @@ def measure(artifact: str, package: Path, hf_cache: Path, device: str) -> dict:
     return row
 
 
-def report(package: Path, hf_cache: Path, device: str, repeat: int) -> list[str]:
+def header(device: str) -> list[str]:
     import torch
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
+    return [f"reload benchmark, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%M:%SZ}",
+            f"machine: {' '.join(platform.uname()[:3])} {platform.machine()}, nproc {nproc()}",
+            f"python {platform.python_version()}, torch {torch.__version__}, device {device}"
+            + (f" ({torch.cuda.get_device_name(0)})" if device == "cuda" else ""),
+            f"load average before the run: {' '.join(f'{x:.2f}' for x in load)} (the machine is shared: other "
+            "work slows every column alike)", ""]
+
+
+def report(package: Path, hf_cache: Path, device: str, repeat: int) -> list[str]:
     rows: dict[str, list[dict]] = {name: [] for name in ARTIFACTS}
     for _ in range(repeat):  # interleaved, so a busy moment of the machine spreads over every column
         for name in ARTIFACTS:
             rows[name].append(measure(name, package, hf_cache, device))
     med = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for name, runs in rows.items()}
-    lines = [f"reload benchmark, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%M:%SZ}",
-             f"machine: {' '.join(platform.uname()[:3])} {platform.machine()}, nproc {nproc()}",
-             f"python {platform.python_version()}, torch {torch.__version__}, device {device}"
-             + (f" ({torch.cuda.get_device_name(0)})" if device == "cuda" else ""),
-             f"load average before the run: {' '.join(f'{x:.2f}' for x in load)} (other work on the machine "
-             "slows every column alike)",
+    lines = ["== each artifact alone: start-up, bare load, one isolated reload (run_reloads, default isolation)",
              f"median of {repeat} interleaved run(s); seconds", "",
              f"{'artifact':<27}{'start-up':>9}{'bare load':>10}{'bare total':>11}{'isolated':>10}"
              f"{'in-child load':>14}{'isolated/bare total':>21}{'checks cost':>12}"]
@@ -151,7 +157,7 @@ def report(package: Path, hf_cache: Path, device: str, repeat: int) -> list[str]
     lines += ["", "start-up: a fresh python importing what the child imports for that loader;",
               "bare total: the same process plus the bare library load; isolated: run_reloads' own seconds "
               "(spawn, scan, every check, forward pass, JSON result);",
-              "checks cost = isolated - start-up - bare load: what itera-verify adds beyond a new process."]
+              "checks cost = isolated - start-up - bare load: what itera-verify adds beyond a new process.", ""]
     return lines
 
 
@@ -161,11 +167,21 @@ def main() -> int:
     parser.add_argument("--hf-cache", type=Path)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    parser.add_argument("--sections", default="phase,midsize,artifacts",
+                        help="phase (whole reload phase vs one plain process), midsize (a 0.5 B model vs a bare "
+                             "from_pretrained), artifacts (each artifact vs a bare load)")
     parser.add_argument("--bare", help=argparse.SUPPRESS)  # internal: one bare load in this fresh process
+    parser.add_argument("--plain", help=argparse.SUPPRESS)  # internal: reload_scale's plain process
     args = parser.parse_args()
     if args.bare:
         bare_main(args.bare, args.package, args.hf_cache, args.device)
         return 0
+    if args.plain:
+        from reload_scale import plain_main
+
+        plain_main(args.plain, args.package, args.hf_cache, args.device)
+        return 0
+    sections = {s.strip() for s in args.sections.split(",") if s.strip()}
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -176,7 +192,20 @@ def main() -> int:
 
             package, hf_cache = Path(work) / "package", Path(work) / "hf-cache"
             build_package(package, hf_cache)
-        text = "\n".join(report(package.resolve(), hf_cache.resolve(), device, args.repeat)) + "\n"
+        package, hf_cache = package.resolve(), hf_cache.resolve()
+        lines = header(device)
+        if "phase" in sections:
+            from reload_scale import phase_section
+
+            lines += phase_section(package, hf_cache, device, args.repeat)
+        if "midsize" in sections:
+            from reload_scale import midsize_section
+
+            lines += midsize_section(package, hf_cache, device, args.repeat, Path(work))
+        if "artifacts" in sections:
+            lines += report(package, hf_cache, device, args.repeat)
+        lines.append(f"load average after the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        text = "\n".join(lines) + "\n"
     print(text, end="")
     results = ROOT / "benchmarks" / "results"
     results.mkdir(parents=True, exist_ok=True)

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 from accelerate import infer_auto_device_map, init_empty_weights
-from transformers import AutoModelForCausalLM, GPT2Config
-
 from itera_verify.reload import placement
 from itera_verify.reload.placement import Offload
+from transformers import AutoModelForCausalLM, GPT2Config
 
 MiB = 1 << 20
 
@@ -104,6 +103,36 @@ def test_weight_bytes_read_from_safetensors_headers(built):
 
     file = Path(built["package"]) / "artifacts/control-model/model.safetensors"
     with safe_open(str(file), framework="pt") as handle:
-        expected = sum(handle.get_tensor(k).numel() * handle.get_tensor(k).element_size() for k in handle.keys())
+        names = handle.keys()
+        expected = sum(handle.get_tensor(k).numel() * handle.get_tensor(k).element_size() for k in names)
     assert placement.weight_bytes(file) == expected
     assert placement.weight_bytes(file.parent) == expected  # config.json and the rest are not weights
+
+
+# --- what the report shows: each artifact's devices, host peak beside GPU peak ------------------------------
+
+def test_reports_show_each_artifacts_devices_and_host_beside_gpu_peak_memory():
+    import json
+
+    import jsonschema
+
+    from itera_verify.model import ReloadResult
+    from itera_verify.report import Report, renderer
+
+    spread_result = ReloadResult("big-model", "transformers", device="cuda:0", ok=True, seconds=12.5,
+                                 peak_memory_bytes=3 << 30, devices=["cuda:0", "cuda:1"],
+                                 host_peak_memory_bytes=700 << 20, device_peak_memory_bytes=3 << 30)
+    cpu_result = ReloadResult("small-model", "transformers", device="cpu", ok=True, seconds=0.4,
+                              peak_memory_bytes=300 << 20, devices=["cpu"], host_peak_memory_bytes=300 << 20)
+    report = Report(package="pkg/", reloads=[spread_result, cpu_result], reloaded=True, device="cuda")
+    document = json.loads(renderer("json")(report, {}))
+    big, small = document["reloads"]
+    assert big["devices"] == ["cuda:0", "cuda:1"] and big["host_peak_memory_bytes"] == 700 << 20
+    assert big["device_peak_memory_bytes"] == 3 << 30
+    assert small["devices"] == ["cpu"] and "device_peak_memory_bytes" not in small
+    jsonschema.validate(document, json.loads((Path(__file__).resolve().parents[1] / "schemas/report.schema.json")
+                                             .read_text()))
+    text = renderer("text")(report, {"width": 200})
+    assert "cuda:0, cuda:1" in text and "700.0 MiB / 3.0 GiB" in text and "peak memory (host / GPU)" in text
+    html = renderer("html")(report, {})
+    assert "cuda:0, cuda:1" in html and "700.0 MiB / 3.0 GiB" in html and "Peak memory (host / GPU)" in html

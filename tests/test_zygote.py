@@ -13,20 +13,20 @@ import time
 from pathlib import Path
 
 import pytest
-
 from itera_verify.model import UsageError
 from itera_verify.package import discover
 from itera_verify.runtime.progress import NULL_PROGRESS
 from itera_verify.reload import run_reloads
-from itera_verify.reload.process import ChildProcesses, ForkedChild
-from itera_verify.reload.runner import Zygote
+from itera_verify.reload.process import ChildProcesses
+from itera_verify.reload.runner import zygote_env
+from itera_verify.reload.zygote_client import ForkedChild, Zygote
 from itera_verify.rules import reload as reload_rules
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or not Path("/proc/self/stat").exists(),
                                 reason="the zygote forks (Linux)")
 TIMING = {"startup_seconds", "gate_wait_seconds", "load_seconds", "peak_rss_bytes", "started_at", "ended_at",
-          "wall_seconds", "isolation", "zygote_import_seconds", "host_peak_memory_bytes"}
+          "wall_seconds", "isolation", "zygote_import_seconds", "host_rss_before_load_bytes"}
 
 
 def reload(package_dir, hf_cache, *only, **options):
@@ -58,7 +58,7 @@ def zygote(monkeypatch, tmp_path):
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     children = ChildProcesses()
-    started = Zygote(children, [{"threads": 1, "hf_cache": None}])
+    started = Zygote(children, zygote_env(1, None))
     assert started.client is not None, started.why
     yield children, started
     started.close()

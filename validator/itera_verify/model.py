@@ -69,16 +69,22 @@ class ReloadResult:
     failure: str | None = None  # "load" | "base-unavailable" | "missing-component" | "inconsistent" | "crash" | "timeout"
     forward: str | None = None  # what the forward pass proved, or why none ran
     facts: dict[str, Any] = field(default_factory=dict)
+    devices: list[str] = field(default_factory=list)  # where the weights went: one device, or several GPUs
+    host_peak_memory_bytes: int | None = None  # the child's peak resident memory (ru_maxrss)
+    device_peak_memory_bytes: int | None = None  # GPU memory at its peak, over every GPU used (None on the CPU)
 
     def to_json(self) -> dict[str, Any]:
         out = {
             "artifact": self.artifact, "loader": self.loader, "device": self.device, "ok": self.ok,
             "seconds": round(self.seconds, 3), "peak_memory_bytes": self.peak_memory_bytes,
         }
-        for key in ("kind", "path", "error", "failure", "forward"):
+        for key in ("kind", "path", "error", "failure", "forward", "devices"):
             value = getattr(self, key)
             if value:
                 out[key] = value
+        for key in ("host_peak_memory_bytes", "device_peak_memory_bytes"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         if self.facts:
             out["facts"] = self.facts
         return out

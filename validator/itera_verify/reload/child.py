@@ -51,6 +51,15 @@ def rss_peak_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
 
 
+def rss_now_bytes() -> int | None:
+    """Resident memory now (Linux): the baseline a load's host peak is compared with (imports included)."""
+    try:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def run(job: dict, started: float = STARTED, started_at: float = STARTED_AT) -> dict | None:
     """Load one artifact as the job says; what it proved, or None when the gate closed without a go.
     `started`: when this process began (a forked child begins at its fork, not at the zygote's start)."""
@@ -69,11 +78,14 @@ def run(job: dict, started: float = STARTED, started_at: float = STARTED_AT) -> 
     if job.get("gated") and not sys.stdin.buffer.read(1):
         return None  # the parent closed the gate without a go: nothing to do
     let_through = time.monotonic()
-    device = torch.device(job["device"])
+    device, gpus = torch.device(job["device"]), []
     if device.type == "cuda":
-        torch.cuda.set_device(device.index or 0)
-        torch.cuda.reset_peak_memory_stats()
+        gpus = [int(gpu) for gpu in job.get("gpus") or [device.index or 0]]  # several: a model spread over them
+        torch.cuda.set_device(gpus[0])
+        for gpu in gpus:
+            torch.cuda.reset_peak_memory_stats(gpu)
         device = torch.device("cuda", torch.cuda.current_device())
+    rss_before = rss_now_bytes()
     outcome = Outcome(job)
     ready = time.monotonic()
     try:
@@ -85,16 +97,20 @@ def run(job: dict, started: float = STARTED, started_at: float = STARTED_AT) -> 
         outcome.fail("crash", f"out of device memory on {device}: {short(exc, 200)}")
     except MemoryError:
         outcome.fail("crash", "out of memory")
-    except Exception as exc:  # a library error we did not foresee is still a failed reload, with its words
+    except Exception as exc:  # noqa: BLE001 - a library error we did not foresee is still a failed reload, with its words
         outcome.fail("load", f"{type(exc).__name__}: {short(exc)}")
     loaded = time.monotonic()
-    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else rss_peak_bytes()
+    device_peak = sum(torch.cuda.max_memory_allocated(gpu) for gpu in gpus) if gpus else None
+    peak = device_peak if gpus else rss_peak_bytes()
+    devices = outcome.facts.pop("devices", None) or [str(device)]
     first = outcome.problems[0] if outcome.problems else {}
     return {
         "ok": outcome.ok, "failure": first.get("failure"), "error": first.get("message"),
         "problems": outcome.problems, "forward": outcome.forward, "facts": outcome.facts,
         "device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "peak_memory_bytes": int(peak), "peak_rss_bytes": rss_peak_bytes(),
+        "peak_memory_bytes": int(peak), "peak_rss_bytes": rss_peak_bytes(), "devices": devices,
+        "host_peak_memory_bytes": rss_peak_bytes(), "device_peak_memory_bytes": device_peak,
+        "host_rss_before_load_bytes": rss_before,
         "startup_seconds": round((imported - started) + (ready - let_through), 3),
         "gate_wait_seconds": round(let_through - imported, 3), "load_seconds": round(loaded - ready, 3),
         "started_at": started_at, "ended_at": time.time(),

@@ -25,13 +25,15 @@ from ..runtime.forked import SIGNAL_POLL_SECONDS
 from ..model import ReloadResult
 from ..package import Package
 from ..package.pickles import scan_package
+from .gpus import GpuPool, free_memory, needs_every_gpu, visible_gpus
 from .loaders import LOADERS
-from .process import ChildProcesses, Exit, ForkedChild, ZygoteClient, sigterm_interrupts
+from .placement import cap_from_environment, weight_bytes
+from .process import ChildProcesses, Exit, sigterm_interrupts
+from .zygote_client import ForkedChild, Zygote, start_zygote
 
 VALIDATOR_DIR = str(Path(__file__).resolve().parents[2])  # the folder holding the itera_verify package
 LOG_TAIL_LINES = 3
 ISOLATIONS = ("auto", "fork", "spawn")  # auto: fork through the zygote where that is possible and safe
-ZYGOTE_START_SECONDS = 300.0  # importing the libraries; far longer means a broken environment: spawn instead
 
 
 def _text(value) -> str | None:
@@ -81,7 +83,8 @@ def _leaving_link(package: Package, rel: str) -> str | None:
     """A link inside the artifact that leaves the package: its data is not part of what is delivered."""
     for path, link in sorted(package.links.items()):
         if (path == rel or path.startswith(rel.rstrip("/") + "/")) and not link.inside:
-            return f"refused: {path} links outside the package ({link.target}); the artifact must reload from the package alone"
+            return (f"refused: {path} links outside the package ({link.target}); the artifact must reload from the "
+                    "package alone")
     return None
 
 
@@ -119,6 +122,7 @@ def plan(package: Package, artifact: dict, device: str, threads: int) -> dict | 
         "fp16": fp16_run(package, _text(artifact.get("run"))), "threads": threads,
         "config": _config_folder(package, entry), "config_ref": _text(entry.get("config")),
         "world_size": recorded_world_size(package, _text(artifact.get("run"))),
+        "weight_bytes": weight_bytes(Path(real)),  # largest first; one GPU or all of them
     }
 
 
@@ -156,64 +160,29 @@ def _died(code: int | None, log: Path) -> str:
     return f"the reload process exited with code {code} without a result" + (f": {tail}" if tail else "")
 
 
-def zygote_env(threads: int, hf_cache: str | None, work: str) -> dict:
-    """The zygote's environment: what every child shares (read by the libraries at import), plus fork safety."""
-    env = child_env({"threads": threads, "hf_cache": hf_cache}, work)
-    # numpy's BLAS starts a worker thread at import, and a process with threads must not fork; numpy only reads
-    # RNG states here. The NVML check keeps torch.cuda.is_available() from initialising CUDA before a fork.
+def model_types(jobs) -> list[str]:
+    """The `model_type` of each model folder the jobs load (config.json, read here: the zygote opens no
+    artifact), so that the zygote imports those modelling modules once instead of every child importing them."""
+    found = []
+    for job in jobs:
+        folder = Path(job["path"]) if os.path.isdir(job["path"]) else None
+        try:
+            config = json.loads((folder / "config.json").read_text(encoding="utf-8")) if folder else None
+        except (OSError, ValueError):
+            continue
+        kind = config.get("model_type") if isinstance(config, dict) else None
+        if isinstance(kind, str) and kind not in found:
+            found.append(kind)
+    return found
+
+
+def zygote_env(threads: int, hf_cache: str | None) -> dict:
+    """The zygote's environment: what every child shares (the libraries read it at import), plus fork safety.
+    numpy's BLAS starts a worker thread at import, and a process with threads must not fork; numpy only reads
+    RNG states here. The NVML check keeps torch.cuda.is_available() from initialising CUDA before a fork."""
+    env = child_env({"threads": threads, "hf_cache": hf_cache}, "")  # TMPDIR: the zygote's own folder
     env.update(OPENBLAS_NUM_THREADS="1", PYTORCH_NVML_BASED_CUDA_CHECK="1")
     return env
-
-
-class Zygote:
-    """The zygote of one run and its folder; `client` is None when children must be spawned (and `why` says so)."""
-
-    def __init__(self, children: ChildProcesses, jobs: list[dict]):
-        self.work = Path(tempfile.mkdtemp(prefix="itera-zygote-"))
-        self.client, self.why, self.seconds = None, "", None
-        first = jobs[0]
-        # Room in its command line for a child's title: `-m itera_verify.reload.child JOB RESULT` (zygote.py).
-        room = 2 * len(tempfile.gettempdir()) + 256
-        with open(self.work / "zygote.log", "wb") as log_handle:
-            client = ZygoteClient(children, zygote_env(first.get("threads") or 0, first.get("hf_cache"),
-                                                       str(self.work)), str(self.work), log_handle, room)
-        try:
-            ready = client.ready(ZYGOTE_START_SECONDS)
-        except BaseException:  # Ctrl-C while it imports: it goes, and its folder with it
-            client.close()
-            shutil.rmtree(self.work, ignore_errors=True)
-            raise
-        if ready is None:
-            self.why = "the zygote did not start" + (f": {_log_tail(self.work / 'zygote.log')}" if not
-                                                    children.stopping.is_set() else "")
-        elif ready.get("threads") != 1:
-            self.why = f"the zygote has {ready.get('threads')} threads after its imports: fork is not safe"
-        elif ready.get("cuda_initialised"):
-            self.why = "the zygote initialised CUDA: fork is not safe"
-        else:
-            self.client, self.seconds = client, ready.get("seconds")
-        if self.client is None:
-            client.close()
-
-    def close(self) -> None:
-        if self.client is not None:
-            self.client.close()
-        shutil.rmtree(self.work, ignore_errors=True)
-
-
-def start_zygote(isolation: str, children: ChildProcesses, jobs: list[dict]) -> Zygote | None:
-    """The zygote for these jobs, or None where children are spawned (asked for, no fork, nothing to run)."""
-    if isolation == "spawn" or not jobs or not hasattr(os, "fork") or sys.platform == "darwin":
-        return None  # macOS: fork after the Objective-C runtime started is not safe (and CUDA is absent)
-    zygote = Zygote(children, jobs)
-    if zygote.client is None:
-        zygote.close()
-        if isolation == "fork" and not children.stopping.is_set():
-            from ..model import UsageError
-
-            raise UsageError(f"--isolation fork: {zygote.why}")
-        return None
-    return zygote
 
 
 class _Child:
@@ -263,8 +232,10 @@ class _Child:
         try:
             end = self.children.wait(self.proc, timeout) if self.proc is not None else Exit(interrupted=True)
             result.seconds = time.monotonic() - self.started
-            if end.usage is not None and job["device"] == "cpu":
-                result.peak_memory_bytes = end.usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+            if end.usage is not None:  # the child's own peak, from the kernel, whatever the child reported
+                result.host_peak_memory_bytes = end.usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+                if job["device"] == "cpu":
+                    result.peak_memory_bytes = result.host_peak_memory_bytes
             if end.interrupted:
                 result.failure, result.error = "crash", "interrupted"
             elif end.timed_out:
@@ -292,8 +263,18 @@ class _Child:
         shutil.rmtree(self.work, ignore_errors=True)
 
 
-def run_child(job: dict, timeout: float, children: ChildProcesses, zygote: Zygote | None = None) -> ReloadResult:
-    return _Child(job, children, zygote=zygote).finish(timeout)
+def run_child(job: dict, timeout: float, children: ChildProcesses, zygote: Zygote | None = None,
+              pool: GpuPool | None = None) -> ReloadResult:
+    """One reload; on the GPU, once the pool hands it its GPU (or every GPU, for a model too large for one)."""
+    if pool is None:
+        return _Child(job, children, zygote=zygote).finish(timeout)
+    gpus = pool.take(bool(job.get("every_gpu")))
+    try:
+        if gpus:
+            job = dict(job, device=f"cuda:{gpus[0]}", gpus=gpus)
+        return _Child(job, children, zygote=zygote).finish(timeout)
+    finally:
+        pool.give(gpus)
 
 
 def _one_at_a_time(jobs: list[dict], timeout: float, children: ChildProcesses):
@@ -318,9 +299,13 @@ def _merge(result: ReloadResult, reported: dict) -> None:
     result.forward, result.device = reported.get("forward"), reported.get("device") or result.device
     if result.peak_memory_bytes is None or result.device != "cpu":
         result.peak_memory_bytes = reported.get("peak_memory_bytes")
+    result.devices = [str(d) for d in reported.get("devices") or [result.device]]
+    if result.host_peak_memory_bytes is None:
+        result.host_peak_memory_bytes = reported.get("host_peak_memory_bytes")
+    result.device_peak_memory_bytes = reported.get("device_peak_memory_bytes")
     facts = dict(reported.get("facts") or {})
     for key in ("startup_seconds", "gate_wait_seconds", "load_seconds", "peak_rss_bytes", "device_name", "started_at",
-                "ended_at"):
+                "ended_at", "host_rss_before_load_bytes"):
         if reported.get(key) is not None:
             facts[key] = reported[key]
     if reported.get("problems"):
@@ -337,7 +322,8 @@ def run_reloads(package: Package, *, device: str, timeout: float, jobs: int, pro
     GPU): one at a time, the next child importing its libraries while the current one runs; on a machine where
     importing torch and transformers takes 10-20 s, that is most of a small reload. prefetch=True alone asks
     for spawned children."""
-    parallel = max(1, jobs) if device == "cpu" else 1  # one GPU, one reload at a time
+    gpus = visible_gpus() if device == "cuda" else []
+    parallel = max(1, jobs) if device == "cpu" else max(1, len(gpus))  # one reload per GPU at a time
     threads = max(1, (os.cpu_count() or 1) // parallel) if parallel > 1 else 0
     chosen = [a for a in package.artifacts() if only is None or a.get("id") in only]
     plans = [plan(package, artifact, device, threads) for artifact in chosen]
@@ -346,22 +332,32 @@ def run_reloads(package: Package, *, device: str, timeout: float, jobs: int, pro
     for _ in (r for r in results if r is not None):
         progress.advance("reload")
     pending = {i: p for i, p in enumerate(plans) if isinstance(p, dict)}
+    if gpus:  # largest first: the long reloads start at once, the small ones fill the gaps (results: manifest order)
+        pending = dict(sorted(pending.items(), key=lambda item: -int(item[1].get("weight_bytes") or 0)))
     children = ChildProcesses()
+    pool = GpuPool(gpus, children.stopping) if gpus else None
+    if gpus:
+        free, cap = free_memory(len(gpus)), cap_from_environment()
+        for job in pending.values():
+            job["every_gpu"] = needs_every_gpu(job, free, cap)
     if prefetch is True and isolation == "auto":
         isolation = "spawn"  # asked for by name: prefetching overlaps spawned children's start-up (forked: none)
     if prefetch is None:
         prefetch = device != "cpu"
     zygote: Zygote | None = None
-    with sigterm_interrupts(), ThreadPoolExecutor(max_workers=parallel) as pool:
+    with sigterm_interrupts(), ThreadPoolExecutor(max_workers=parallel) as workers:
         try:
-            zygote = start_zygote(isolation, children, list(pending.values()))
-            if zygote is None and prefetch and parallel == 1:
+            first = next(iter(pending.values()), {})
+            zygote = start_zygote(isolation, children, zygote_env(first.get("threads") or 0, first.get("hf_cache")),
+                                  bool(pending), model_types(pending.values()))
+            if zygote is None and prefetch and parallel == 1 and len(gpus) <= 1:
                 indexes = list(pending)
                 for position, result in _one_at_a_time([pending[i] for i in indexes], timeout, children):
                     results[indexes[position]] = result
                     progress.advance("reload")
             else:
-                futures = {pool.submit(run_child, job, timeout, children, zygote): i for i, job in pending.items()}
+                futures = {workers.submit(run_child, job, timeout, children, zygote, pool): i
+                           for i, job in pending.items()}
                 running = set(futures)
                 while running:
                     # Bounded waits: a SIGTERM or Ctrl-C the kernel hands to a worker thread runs its Python

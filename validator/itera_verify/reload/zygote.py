@@ -1,4 +1,5 @@
-"""The zygote: `python -m itera_verify.reload.zygote FD ROOM`, one preloaded parent that forks every reload child.
+"""The zygote: `python -m itera_verify.reload.zygote FD ROOM [MODEL_TYPE...]`, one preloaded parent that forks
+every reload child.
 
 Why: a fresh interpreter spends 5-18 s importing torch, transformers and peft; the reloads themselves take well
 under a second for most artifacts. The zygote pays that once per run, then forks one new process per job. Each
@@ -22,6 +23,7 @@ import ctypes
 import importlib
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -35,6 +37,7 @@ PRELOADS = ("numpy", "torch", "safetensors", "safetensors.torch", "transformers"
             "transformers.models.auto.modeling_auto", "peft", "accelerate", "huggingface_hub",
             "itera_verify.reload.child", "itera_verify.reload.common")
 PR_SET_PDEATHSIG = 1
+MODEL_TYPE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 REAP_POLL_SECONDS = 0.02
 
 
@@ -48,12 +51,21 @@ def thread_count() -> int:
         return threading.active_count()
 
 
-def preload() -> dict:
+def preload(model_types: list[str]) -> dict:
+    """Import what the children will use. `model_types`: transformers' names of the package's architectures
+    (config.json `model_type`, read by the runner, never here), whose modelling modules transformers would
+    otherwise import lazily in every child."""
     started = time.monotonic()
     from .loaders import MODULES, loader_module
 
     for name in PRELOADS:
         importlib.import_module(name)
+    for model_type in model_types:
+        if MODEL_TYPE.fullmatch(model_type):
+            try:
+                importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+            except ImportError:
+                pass  # not a model transformers knows: the child's from_pretrained says so
     for loader in MODULES:  # helpers' loaders import their libraries lazily; the module itself is cheap
         try:
             loader_module(loader)
@@ -224,7 +236,7 @@ def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=int(argv[1]))
     zygote = Zygote(sock)
     try:
-        zygote.send(preload())
+        zygote.send(preload(argv[3:]))
         zygote.serve()
     finally:
         zygote.stop()

@@ -13,8 +13,8 @@ from typing import Any
 from ..model import Severity
 from . import Report
 from .html_charts import metric_chart, plan_bar
-from .text_format import (clean, cost_per_accepted, findings_by_file, hours, human_bytes, location, metric_value,
-                          plural, rejection_cause, run_metrics, run_stop, severity_of, usd, verdict_line)
+from .text_format import (clean, cost_per_accepted, findings_by_file, hours, human_bytes, location, memory_cell,
+                          metric_value, plural, rejection_cause, run_metrics, run_stop, severity_of, usd, verdict_line)
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 MAX_METRIC_COLUMNS = 6
@@ -254,9 +254,10 @@ def _reloads(report: Report) -> str:
     for r in report.reloads:
         detail = r.error if not r.ok else r.forward
         rows.append((f"<b>{esc(r.artifact)}</b><div class='small muted'>{esc(r.kind)} {esc(r.path)}</div>",
-                     esc(r.loader), esc(r.device), badge("ok") if r.ok else badge("failed"),
-                     f"{r.seconds:.1f} s", esc(human_bytes(r.peak_memory_bytes)), esc(detail or "")))
-    return _table(("Artifact", "Loader", "Device", "Result", "Time", "Peak memory", "Detail"), rows, numeric=(4, 5))
+                     esc(", ".join(r.devices) or r.device), badge("ok") if r.ok else badge("failed"),
+                     f"{r.seconds:.1f} s", esc(memory_cell(r)), esc(detail or "")))
+    return _table(("Artifact", "Loader", "Devices", "Result", "Time", "Peak memory (host / GPU)", "Detail"), rows,
+                  numeric=(4, 5))
 
 
 def _archive(report: Report) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..common import (BASE_UNAVAILABLE, LOAD, Outcome, Stop, check_parameters, forward_pass, safe_torch_load,
                       scan_folder, short, torch_dtype)
 from . import safetensors as safetensors_loader
-from .transformers import check_loading_info, dtype_keyword, model_class
+from .transformers import check_loading_info, check_on_gpu, device_map, dtype_keyword, model_class, spread
 
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 # The heads PEFT itself adds to modules_to_save for a task (PeftModelForSequenceClassification and the like).
@@ -149,8 +149,11 @@ def load_base(config: dict, job: dict, device, outcome: Outcome,
     if labels is not None:
         kwargs["num_labels"] = labels
     try:
+        placed = device_map(Path(config_file).parent, cls, job, device, outcome, kwargs)
         model, info = cls.from_pretrained(name, revision=revision, cache_dir=cache, local_files_only=True,
-                                          trust_remote_code=False, output_loading_info=True, **kwargs)
+                                          trust_remote_code=False, output_loading_info=True, **kwargs, **placed)
+    except Stop:
+        raise
     except OSError as exc:  # a snapshot without its weights: still not available offline
         raise Stop(BASE_UNAVAILABLE, f"base {name}@{revision} does not load from the hub cache: {short(exc)}") from exc
     except Exception as exc:
@@ -187,7 +190,9 @@ def attach(base, folder: Path, device, outcome: Outcome, *, trainable: bool = Fa
                         f"{', '.join(sorted(result.unexpected_keys)[:4])}")
     if problems:
         raise Stop(LOAD, "; ".join(problems))
-    model.to(device)
+    if not spread(base):
+        model.to(device)
+    check_on_gpu(model, device, "model")
     if not trainable:
         model.eval()
     check_parameters(model, outcome, "model")

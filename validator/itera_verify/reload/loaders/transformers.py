@@ -114,8 +114,60 @@ def check_loading_info(model, info: dict, label: str, provided: frozenset[str] =
     return covered
 
 
+def device_map(folder: Path, cls, job: dict, device, outcome: Outcome, extra: dict | None = None) -> dict:
+    """from_pretrained's placement: straight onto `device` (no copy in host memory first), or, on a GPU, the
+    device map over the job's GPUs when one GPU's free memory is too small (placement.py); refused (IV504)
+    when any part would be offloaded to the CPU or disk."""
+    if device.type != "cuda":
+        return {"device_map": {"": str(device)}}
+    import torch
+
+    from .. import placement
+
+    gpus = [int(g) for g in job.get("gpus") or [device.index or 0]]
+    free = {gpu: torch.cuda.mem_get_info(gpu)[0] for gpu in gpus}
+
+    def meta_model():
+        from accelerate import init_empty_weights
+        from transformers import AutoConfig
+
+        dtypes = {k: v for k, v in (extra or {}).items() if k in ("dtype", "torch_dtype")}
+        overrides = {k: v for k, v in (extra or {}).items() if k not in dtypes}  # num_labels of a task head
+        config = AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False, **overrides)
+        with init_empty_weights():
+            return cls.from_config(config, trust_remote_code=False, **dtypes)
+
+    try:
+        plan = placement.plan(placement.weight_bytes(folder), free, cap=placement.cap_from_environment(),
+                              meta_model=meta_model)
+    except placement.Offload as exc:
+        raise Stop(LOAD, str(exc)) from None
+    outcome.facts["devices"] = plan.devices
+    if plan.device_map is None:
+        return {"device_map": {"": f"cuda:{plan.gpus[0]}"}}
+    return {"device_map": plan.device_map, "max_memory": plan.max_memory}
+
+
+def check_on_gpu(model, device, label: str) -> None:
+    """After a GPU load, every tensor on a GPU: an offloaded part is not a GPU reload (IV504, never a pass)."""
+    if device.type != "cuda":
+        return
+    from ..placement import off_gpu_tensors
+
+    off = off_gpu_tensors(model)
+    if off:
+        raise Stop(LOAD, f"{label}: not reloaded on the GPU: {len(off)} tensor(s) or module(s) offloaded: "
+                         f"{', '.join(off[:4])}")
+
+
+def spread(model) -> bool:
+    """Placed over several GPUs by a device map: moving it to one device would undo the placement."""
+    return len({str(where) for where in (getattr(model, "hf_device_map", None) or {}).values()}) > 1
+
+
 def load_model(folder: Path, job: dict, device, outcome: Outcome, *, default_class: str = "AutoModel"):
-    """from_pretrained of a local model folder, checked; returns the model on `device`, in eval mode."""
+    """from_pretrained of a local model folder, checked; returns the model on `device` (or over the job's
+    GPUs), in eval mode."""
     config = read_config(folder, outcome)
     if config.get("auto_map"):
         outcome.facts["remote_code_refused"] = True  # from_pretrained fails below: trust_remote_code is False
@@ -125,14 +177,17 @@ def load_model(folder: Path, job: dict, device, outcome: Outcome, *, default_cla
     dtype = torch_dtype(job)
     kwargs = {dtype_keyword(): dtype} if dtype is not None else {}
     try:
+        placed = device_map(folder, cls, job, device, outcome, kwargs)
         model, info = cls.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False,
-                                          output_loading_info=True, **kwargs)
+                                          output_loading_info=True, **kwargs, **placed)
     except Stop:
         raise
     except Exception as exc:
         raise Stop(LOAD, f"from_pretrained failed: {short(exc)}") from exc
     check_loading_info(model, info, "weights")
-    model.to(device)
+    check_on_gpu(model, device, "weights")
+    if not spread(model):
+        model.to(device)  # a no-op when the device map put it there; kept for models that ignore the map
     model.eval()
     outcome.facts["class"] = type(model).__name__
     outcome.facts["parameters"] = sum(p.numel() for p in model.parameters())

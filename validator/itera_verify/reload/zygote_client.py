@@ -1,0 +1,197 @@
+"""The runner's side of the zygote (zygote.py): start it once per run, fork reload children through it, read
+what it reports. A ForkedChild stands for one such child where the runner would hold a Popen."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from .process import ChildProcesses
+
+ZYGOTE_START_SECONDS = 300.0  # importing the libraries; far longer means a broken environment: spawn instead
+
+
+def _log_tail(log: Path, lines: int = 3) -> str:
+    try:
+        kept = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return " | ".join(kept[-lines:])
+
+
+class ForkedChild:
+    """A reload child forked by the zygote: its pid, and its end as the zygote reports it."""
+
+    def __init__(self, client: ZygoteClient, job_id: int, pid: int):
+        self.client, self.job_id, self.pid, self.returncode = client, job_id, pid, None
+        self.stdin = None
+
+    def ended(self, grace: float = 0.0, wait: float = 0.0) -> dict | None:
+        """The zygote's report of this child's exit, waiting up to `grace` seconds (or `wait` on the socket
+        once); a dead zygote takes its children with it (PR_SET_PDEATHSIG): that is an end without a status."""
+        deadline = time.monotonic() + grace
+        while True:
+            end = self.client.message(self.job_id, "exit", wait=wait)
+            if end is not None:
+                return end
+            if self.client.dead:
+                return {"exit": None}
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.01)
+
+    def kill(self) -> None:
+        self.client.send({"op": "kill", "id": self.job_id})
+
+
+class ZygoteClient:
+    """The runner's end of the zygote: start it, fork children through it, read what it reports.
+
+    Any thread may call it; one lock guards the socket and the messages read so far."""
+
+    def __init__(self, children: ChildProcesses, env: dict, cwd: str, log, room: int, model_types=()):
+        ours, theirs = socket.socketpair()
+        self.sock, self.dead, self.next_id = ours, False, 0
+        self._lock, self._buffer, self._messages = threading.Lock(), b"", {}
+        try:
+            self.proc = children.spawn([sys.executable, "-m", "itera_verify.reload.zygote", str(theirs.fileno()),
+                                        "." * room, *model_types], pass_fds=(theirs.fileno(),), env=env, cwd=cwd,
+                                       stdout=log, stderr=subprocess.STDOUT)
+        finally:
+            theirs.close()
+        self.children = children
+        if self.proc is None:
+            self.dead = True
+
+    def _pump(self, wait: float) -> None:
+        if self.dead:
+            return
+        ready, _, _ = select.select([self.sock], [], [], wait)
+        if not ready:
+            return
+        try:
+            data = self.sock.recv(1 << 16)
+        except OSError:
+            data = b""
+        if not data:
+            self.dead = True
+            return
+        self._buffer += data
+        while b"\n" in self._buffer:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            message = json.loads(line)
+            kind = next(k for k in ("ready", "exit", "pid", "error") if k in message)
+            self._messages[(message.get("id"), kind)] = message
+
+    def message(self, job_id, kind: str, wait: float = 0.0) -> dict | None:
+        with self._lock:
+            self._pump(wait)
+            return self._messages.get((job_id, kind))
+
+    def send(self, message: dict) -> None:
+        with self._lock:
+            try:
+                self.sock.sendall(json.dumps(message).encode() + b"\n")
+            except OSError:
+                self.dead = True
+
+    def ready(self, timeout: float) -> dict | None:
+        """The zygote's report once its imports are done; None if it died or took longer than `timeout`."""
+        deadline = time.monotonic() + timeout
+        while not self.dead and time.monotonic() < deadline:
+            if self.children.stopping.is_set():
+                return None
+            found = self.message(None, "ready", wait=0.2)
+            if found is not None:
+                return found
+        return None
+
+    def fork(self, request: dict) -> ForkedChild | str:
+        """A child running `request` (see zygote.py), or why none could start."""
+        with self._lock:
+            self.next_id += 1
+            job_id = self.next_id
+        self.send(dict(request, op="fork", id=job_id))
+        while True:
+            started = self.message(job_id, "pid", wait=0.05)
+            if started is not None:
+                child = ForkedChild(self, job_id, started["pid"])
+                if not self.children.adopt(child.pid):
+                    child.kill()
+                return child
+            failed = self.message(job_id, "error")
+            if failed is not None:
+                return failed["error"]
+            if self.dead:
+                return "the zygote is gone"
+            if self.children.stopping.is_set():
+                return "interrupted"
+
+    def close(self) -> None:
+        """End the zygote: end of file on its socket ends it and any child it still has."""
+        with self._lock:
+            self.dead = True
+            with contextlib.suppress(OSError):
+                self.sock.close()
+        if self.proc is not None:
+            self.children.wait(self.proc, 5.0)
+
+
+class Zygote:
+    """The zygote of one run and its folder; `client` is None when children must be spawned (and `why` says so)."""
+
+    def __init__(self, children: ChildProcesses, env: dict, model_types=()):
+        self.work = Path(tempfile.mkdtemp(prefix="itera-zygote-"))
+        self.client, self.why, self.seconds = None, "", None
+        env = dict(env, TMPDIR=str(self.work))
+        # Room in its command line for a child's title: `-m itera_verify.reload.child JOB RESULT` (zygote.py).
+        room = 2 * len(tempfile.gettempdir()) + 256
+        with open(self.work / "zygote.log", "wb") as log_handle:
+            client = ZygoteClient(children, env, str(self.work), log_handle, room, model_types)
+        try:
+            ready = client.ready(ZYGOTE_START_SECONDS)
+        except BaseException:  # Ctrl-C while it imports: it goes, and its folder with it
+            client.close()
+            shutil.rmtree(self.work, ignore_errors=True)
+            raise
+        if ready is None:
+            self.why = "the zygote did not start" + (f": {_log_tail(self.work / 'zygote.log')}" if not
+                                                    children.stopping.is_set() else "")
+        elif ready.get("threads") != 1:
+            self.why = f"the zygote has {ready.get('threads')} threads after its imports: fork is not safe"
+        elif ready.get("cuda_initialised"):
+            self.why = "the zygote initialised CUDA: fork is not safe"
+        else:
+            self.client, self.seconds = client, ready.get("seconds")
+        if self.client is None:
+            client.close()
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def start_zygote(isolation: str, children: ChildProcesses, env: dict, needed: bool = True,
+                 model_types=()) -> Zygote | None:
+    """The run's zygote, or None where children are spawned (asked for, no fork, nothing to run)."""
+    if isolation == "spawn" or not needed or not hasattr(os, "fork") or sys.platform == "darwin":
+        return None  # macOS: fork after the Objective-C runtime started is not safe (and CUDA is absent)
+    zygote = Zygote(children, env, model_types)
+    if zygote.client is None:
+        zygote.close()
+        if isolation == "fork" and not children.stopping.is_set():
+            from ..model import UsageError
+
+            raise UsageError(f"--isolation fork: {zygote.why}")
+        return None
+    return zygote
