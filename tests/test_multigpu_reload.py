@@ -20,6 +20,7 @@ from fixtures.multigpu import ARTIFACTS
 from tests.helpers import codes, static_findings
 
 DDP, DS_TRAINER, FSDP = (ARTIFACTS[a][1] for a in ("ddp-checkpoint", "ds-trainer-checkpoint", "fsdp-checkpoint"))
+ZERO0, ZERO1 = ARTIFACTS["zero0-checkpoint"][1], ARTIFACTS["zero1-checkpoint"][1]
 ZERO2, ZERO3, DCP = (ARTIFACTS[a][1] for a in ("zero2-checkpoint", "zero3-checkpoint", "dcp-model"))
 ACCELERATE, LIGHTNING = ARTIFACTS["accelerate-state"][1], ARTIFACTS["lightning-checkpoint"][1]
 
@@ -62,8 +63,9 @@ def test_every_clean_layout_reloads_with_zero_findings(multigpu_dir, built_multi
     static = [f for f in static_findings(multigpu_dir) if f.severity is None or f.severity.value != "info"]
     assert not [f for f in static if f.code.startswith(("IV5", "IV2"))], [(f.code, f.message) for f in static]
     facts = {a: r.facts for a, r in results.items()}
-    assert facts["zero2-checkpoint"]["zero_stage"] == 2 and facts["zero3-checkpoint"]["zero_stage"] == 3
-    for artifact in ("zero2-checkpoint", "zero3-checkpoint", "ds-trainer-checkpoint"):
+    assert [facts[f"zero{stage}-checkpoint"]["zero_stage"] for stage in range(4)] == [0, 1, 2, 3]
+    assert facts["zero0-checkpoint"]["optimizer_step"] == 3  # 2 steps after the bf16 wrapper's start-up step
+    for artifact in ("zero1-checkpoint", "zero2-checkpoint", "zero3-checkpoint", "ds-trainer-checkpoint"):
         assert facts[artifact]["dp_world_size"] == 2 and facts[artifact]["optimizer_step"] == 2
         assert facts[artifact]["fp32_partition_numel"] == [facts[artifact]["parameters"]]
     assert facts["ddp-checkpoint"]["layout"] == "single-process"
@@ -117,10 +119,13 @@ def test_accelerate_state_missing_a_random_states_file_is_IV507(multigpu_dir, bu
 
 # --- missing optimizer state (IV507) -----------------------------------------------------------------
 
-@pytest.mark.parametrize("artifact, folder", [("zero2-checkpoint", ZERO2), ("zero3-checkpoint", ZERO3),
-                                              ("ds-trainer-checkpoint", DS_TRAINER)])
-def test_deepspeed_missing_optimizer_shard_is_IV507(multigpu_dir, built_multigpu, artifact, folder):
-    (multigpu_dir / folder / "global_step2/zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
+@pytest.mark.parametrize("artifact, shard", [
+    ("zero1-checkpoint", f"{ZERO1}/global_step2/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"),
+    ("zero2-checkpoint", f"{ZERO2}/global_step2/zero_pp_rank_1_mp_rank_00_optim_states.pt"),
+    ("zero3-checkpoint", f"{ZERO3}/global_step2/zero_pp_rank_1_mp_rank_00_optim_states.pt"),
+    ("ds-trainer-checkpoint", f"{DS_TRAINER}/global_step2/zero_pp_rank_1_mp_rank_00_optim_states.pt")])
+def test_deepspeed_missing_optimizer_shard_is_IV507(multigpu_dir, built_multigpu, artifact, shard):
+    (multigpu_dir / shard).unlink()
     assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], artifact) == ["IV507"]
 
 
@@ -218,6 +223,15 @@ def test_dcp_model_without_config_is_IV504(multigpu_dir, built_multigpu):
     edit_json(multigpu_dir, "reload.json", lambda r: r["artifacts"]["dcp-model"].pop("config"))
     results, findings = reload(multigpu_dir, built_multigpu["hf_cache"], "dcp-model")
     assert codes(findings) == {"IV504"} and "config" in results["dcp-model"].error
+
+
+def test_zero0_optimizer_state_of_another_point_of_training_is_IV508(multigpu_dir, built_multigpu, monkeypatch):
+    """Without ZeRO the optimizer state is saved in the model states, inside DeepSpeed's bf16 wrapper."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    rewrite(multigpu_dir / ZERO0 / "global_step2/mp_rank_00_model_states.pt",
+            lambda d: [s.__setitem__("step", s["step"] * 0 + 9) for s in d["optimizer"]["optimizer_state_dict"]
+                       ["state"].values()])
+    assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], "zero0-checkpoint") == ["IV508"]
 
 
 def test_zero2_nan_module_weights_are_IV504(multigpu_dir, built_multigpu):

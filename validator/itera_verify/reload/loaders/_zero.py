@@ -40,6 +40,8 @@ class ZeroFacts:
     flat_numel: list = field(default_factory=list)  # per rank, per group: numel of its fp32 partition
     alignment_paddings: list | None = None
     optimizer_steps: list[float] = field(default_factory=list)
+    engine_optimizer: object = None  # without ZeRO (stage 0) the optimizer state is in the model states
+    warmup_steps: int = 0  # DeepSpeed's fp16/bf16 wrappers step the optimizer once at start-up
 
 
 def step_folder(folder: Path, outcome: Outcome) -> Path | None:
@@ -85,13 +87,14 @@ def read_model_states(step_dir: Path, device, outcome: Outcome, facts: ZeroFacts
     facts.param_shapes = [dict(g) for g in shapes] if isinstance(shapes, list) else [dict(shapes or {})]
     outcome.facts.update(dp_world_size=facts.dp_world_size, global_steps=facts.global_steps,
                          parameters=sum(math.prod(s) for g in facts.param_shapes for s in g.values()))
+    facts.engine_optimizer = states.get("optimizer")
     check_module(states["module"], facts, outcome, first)
     check_lr_scheduler(states.get("lr_scheduler"), facts, outcome, first)
     zero3_ranks = {dp: path for (dp, _mp), path in files.items() if MODEL_STATES.fullmatch(path.name).group(1)}
     if zero3_ranks:  # ZeRO-3: one model states file per data-parallel rank
         _ranks.check_ranks(zero3_ranks, facts.dp_world_size, "model states", outcome, step_dir,
                            "the model states' dp_world_size")
-        for rank, path in sorted(zero3_ranks.items()):
+        for _, path in sorted(zero3_ranks.items()):
             if path != first:
                 other = safe_torch_load(path, outcome, device)
                 if isinstance(other, dict) and _int(other.get("global_steps")) != facts.global_steps:
@@ -168,6 +171,24 @@ def _aligned(numel: int, align: int) -> int:
     return align * math.ceil(numel / align)
 
 
+def check_engine_optimizer(facts: ZeroFacts, outcome: Outcome, step_dir: Path) -> None:
+    """Stage 0: the optimizer's own state dict (an fp16/bf16 wrapper keeps it under optimizer_state_dict, with its
+    fp32 master copies), saved once in the model states."""
+    import torch
+
+    state = facts.engine_optimizer
+    base = state.get("optimizer_state_dict", state) if isinstance(state.get("optimizer_state_dict"), dict) else state
+    masters = state.get("fp32_groups") or state.get("fp32_groups_flat") or []
+    for group in masters if isinstance(masters, list) else []:
+        for tensor in group if isinstance(group, list) else [group]:
+            if torch.is_tensor(tensor) and nonfinite_count(tensor):
+                raise Stop(LOAD, f"{outcome.rel(step_dir)}: non-finite values in the fp32 master weights", step_dir)
+    facts.stage = 0
+    if base is not state:  # FP16_Optimizer / FP16_UnfusedOptimizer.initialize_optimizer_states: one zero step
+        facts.warmup_steps = 1
+    facts.optimizer_steps += _resume.summarise_optimizer(base, outcome, step_dir).steps
+
+
 def check_partitions(facts: ZeroFacts, outcome: Outcome, step_dir: Path) -> None:
     """The fp32 partitions of all ranks together hold exactly the parameters param_shapes lists."""
     world, groups = len(facts.flat_numel), facts.param_shapes
@@ -206,7 +227,9 @@ def check_zero_checkpoint(folder: Path, job: dict, device, outcome: Outcome, exp
         match = OPTIMIZER_SHARD.fullmatch(path.name)
         if match and int(match.group(2)) == 0:
             shards[int(match.group(1))] = path
-    if not shards:
+    if not shards and isinstance(facts.engine_optimizer, dict):
+        _resume.attempt(outcome, check_engine_optimizer, facts, outcome, step_dir)
+    elif not shards:
         outcome.fail(MISSING, f"no zero_pp_rank_<r>_mp_rank_00_optim_states.pt in {outcome.rel(step_dir)}: the "
                               "optimizer cannot resume", step_dir)
     world = _ranks.settle_world_size({"the run's params record world_size": job.get("world_size"),
@@ -221,7 +244,7 @@ def check_zero_checkpoint(folder: Path, job: dict, device, outcome: Outcome, exp
     if facts.optimizer_steps and facts.global_steps is not None:
         step = int(max(facts.optimizer_steps))
         outcome.facts["optimizer_step"] = step
-        if step != facts.global_steps - facts.skipped_steps:
+        if step != facts.global_steps - facts.skipped_steps + facts.warmup_steps:
             outcome.fail(INCONSISTENT, f"{outcome.rel(step_dir)}: the optimizer has taken {step} step(s), the engine "
                                        f"{facts.global_steps} (global_steps, {facts.skipped_steps} skipped)", step_dir)
     if expected_step is not None and facts.global_steps is not None and facts.global_steps != expected_step:
