@@ -7,7 +7,7 @@ import tracemalloc
 
 import pytest
 
-from itera_verify.package import readers
+from itera_verify.package import linerecords, readers
 from itera_verify.package import discover
 
 
@@ -176,9 +176,9 @@ def test_generic_csv_and_jsonl(tmp_path):
 
 
 def test_a_file_with_many_bad_lines_keeps_a_bounded_error_list(tmp_path):
-    package = _package(tmp_path, {"m.jsonl": "nope\n" * (readers.MAX_KEPT_ERRORS + 50)})
+    package = _package(tmp_path, {"m.jsonl": "nope\n" * (linerecords.MAX_KEPT_ERRORS + 50)})
     scan = readers.scan_metrics(package, "m.jsonl")
-    assert len(scan.errors) == readers.MAX_KEPT_ERRORS and scan.error_count == readers.MAX_KEPT_ERRORS + 50
+    assert len(scan.errors) == linerecords.MAX_KEPT_ERRORS and scan.error_count == linerecords.MAX_KEPT_ERRORS + 50
 
 
 def test_absurd_numbers_are_line_errors_not_crashes(tmp_path):
@@ -201,14 +201,14 @@ _LINES = [b'{"id": "ex-1", "x": [1, 2.5, -3e2]}', b"[]", b'"text"', b"  {\"a\": 
           b"\xff\xfe", b"\xef\xbb\xbf[1]", b'{"a":', b"1}", b"[" * 20 + b"]" * 20, b'"caf\xc3\xa9"', b"tru"]
 
 
-_SIMDJSON = readers._validator
+_SIMDJSON = linerecords._validator
 
 
 def _both_paths(tmp_path, monkeypatch, content: bytes):
     """(records, blank_only, errors) through the fast path and through json.loads alone."""
     results = []
     for validator in (_SIMDJSON, lambda: None):
-        monkeypatch.setattr(readers, "_validator", validator)
+        monkeypatch.setattr(linerecords, "_validator", validator)
         scan = readers.scan_generic(_package(tmp_path, {"g.jsonl": content}), "g.jsonl")
         results.append((scan.records, scan.blank_only, scan.error_count, scan.errors))
     return results
@@ -217,7 +217,7 @@ def _both_paths(tmp_path, monkeypatch, content: bytes):
 def test_block_validation_agrees_with_json_loads_line_by_line(tmp_path, monkeypatch):
     from hypothesis import HealthCheck, given, settings, strategies as st
 
-    assert readers._validator() is not None, "pysimdjson is a dependency"
+    assert linerecords._validator() is not None, "pysimdjson is a dependency"
 
     @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(st.lists(st.sampled_from(_LINES), max_size=30), st.sampled_from([b"\n", b"\r\n"]), st.booleans())
@@ -230,8 +230,8 @@ def test_block_validation_agrees_with_json_loads_line_by_line(tmp_path, monkeypa
 
 
 def test_block_validation_across_block_boundaries_and_long_lines(tmp_path, monkeypatch):
-    monkeypatch.setattr(readers, "VALIDATE_BLOCK", 64)
-    monkeypatch.setattr(readers, "LONG_LINE", 256)
+    monkeypatch.setattr(linerecords, "VALIDATE_BLOCK", 64)
+    monkeypatch.setattr(linerecords, "LONG_LINE", 256)
     good = b'{"id": "ex-0001", "tokens": ["a", "b", "c"]}'
     content = b"\n".join([good] * 40 + [b"{bad"] + [good] * 5 + [b'"' + b"x" * 600 + b'"', b"[1,"] + [good] * 3)
     fast, slow = _both_paths(tmp_path, monkeypatch, content)
@@ -242,8 +242,8 @@ def test_block_validation_across_block_boundaries_and_long_lines(tmp_path, monke
 def test_a_clean_large_jsonl_is_validated_without_line_by_line_parsing(tmp_path, monkeypatch):
     """The clean case never reaches json.loads: the speed of a large generic JSONL comes from here."""
     calls = []
-    monkeypatch.setattr(readers, "_parse_json_line", lambda raw: calls.append(raw) or (None, None))
-    monkeypatch.setattr(readers.json, "loads", lambda *a, **k: calls.append(a) or [])
+    monkeypatch.setattr(linerecords, "_parse_json_line", lambda raw: calls.append(raw) or (None, None))
+    monkeypatch.setattr(linerecords.json, "loads", lambda *a, **k: calls.append(a) or [])
     content = b"".join(b'{"id": "ex-%05d", "logits": [0.1, -2.5]}\n' % i for i in range(50_000))
     scan = readers.scan_generic(_package(tmp_path, {"g.jsonl": content}), "g.jsonl")
     assert (scan.records, scan.error_count, calls) == (50_000, 0, [])

@@ -3,45 +3,23 @@
 They return facts (records, line errors, series, id coverage) and never findings: the structure rules turn
 the facts into IV103/IV104, the identity and stop rules into IV303/IV404/IV405. Each file is read once per
 package (memoised on the package object). Predictions are never held in memory: one pass, with state bounded
-by the number of eval ids, so a 2-million-line file costs what its id list costs.
+by the number of eval ids, so a 2-million-line file costs what its id list costs. The lines themselves (JSONL
+parsed or validated, CSV rows, line errors) come from linerecords.py.
 """
 from __future__ import annotations
 
-import csv
-import itertools
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
-from ..model import UsageError
-from .files import open_binary
-from .lineblocks import line_blocks
+from .linerecords import LineErrors, csv_rows, non_blank_lines, parsed_lines, validated_lines
 
-MAX_KEPT_ERRORS = 1000  # a garbage file must not cost one object per line; `error_count` keeps the total
 SAMPLE = 5  # how many ids a message shows
 
 
-@dataclass(frozen=True)
-class LineError:
-    line: int
-    column: int | None
-    message: str
-
-
 @dataclass
-class _Errors:
-    errors: list[LineError] = field(default_factory=list)
-    error_count: int = 0
-
-    def add_error(self, line: int, column: int | None, message: str) -> None:
-        self.error_count += 1
-        if len(self.errors) < MAX_KEPT_ERRORS:
-            self.errors.append(LineError(line, column, message))
-
-
-@dataclass
-class MetricsScan(_Errors):
+class MetricsScan(LineErrors):
     """What a metrics file says: per metric name, (step, value, line) in file order."""
 
     path: str = ""
@@ -63,7 +41,7 @@ class MetricsScan(_Errors):
 
 
 @dataclass
-class GenericScan(_Errors):
+class GenericScan(LineErrors):
     """A JSONL or CSV file that is not a metrics or predictions file: does it parse, does it hold a record."""
 
     path: str = ""
@@ -73,7 +51,7 @@ class GenericScan(_Errors):
 
 
 @dataclass
-class EvalIds(_Errors):
+class EvalIds(LineErrors):
     """The frozen eval ids in file order (blank lines ignored), with the ids listed more than once."""
 
     path: str = ""
@@ -87,7 +65,7 @@ class EvalIds(_Errors):
 
 
 @dataclass
-class PredictionsScan(_Errors):
+class PredictionsScan(LineErrors):
     """How a predictions file covers the frozen eval ids. Samples are (id, line) of the first few."""
 
     path: str = ""
@@ -134,22 +112,6 @@ def _once(package, key: tuple, read):
     return cache[key]
 
 
-BOM = b"\xef\xbb\xbf"
-
-
-def _lines(package, rel: str) -> Iterator[tuple[int, bytes]]:
-    """Non-blank lines; the first one without a UTF-8 byte-order mark (editors on Windows add one)."""
-    return _non_blank(package.iter_lines(rel))
-
-
-def _non_blank(numbered: Iterator[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
-    for number, raw in numbered:
-        if number == 1 and raw.startswith(BOM):
-            raw = raw[3:]
-        if raw.strip():
-            yield number, raw
-
-
 def _suffix(rel: str) -> str:
     name = rel.rsplit("/", 1)[-1]
     return name.rsplit(".", 1)[-1].lower() if "." in name else ""
@@ -167,61 +129,6 @@ def _is_number(value: Any) -> bool:
     except OverflowError:
         return False
     return True
-
-
-def _parse_json_line(raw: bytes) -> tuple[Any, tuple[int | None, str] | None]:
-    """(value, None) or (None, (column, message)). Python's json reads NaN/Infinity/-Infinity as floats."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return None, (exc.start + 1, f"not UTF-8 text (byte {exc.start + 1})")
-    try:
-        return json.loads(text), None
-    except json.JSONDecodeError as exc:
-        return None, (exc.colno, f"invalid JSON: {exc.msg}")
-    except ValueError as exc:  # e.g. an integer of more than 4300 digits
-        return None, (None, f"invalid JSON: {exc}"[:200])
-    except RecursionError:
-        return None, (None, "invalid JSON: nesting too deep")
-
-
-BATCH_LINES = 4096
-BATCH_BYTES = 128 << 10  # memory stays bounded by the batch, whatever the file or line size
-
-
-def _parsed_lines(package, rel: str) -> Iterator[tuple[int, Any, tuple[int | None, str] | None]]:
-    """(line number, value, None) or (line number, None, (column, message)) for every non-blank JSONL line."""
-    return _parse_numbered(_lines(package, rel))
-
-
-def _parse_numbered(lines: Iterator[tuple[int, bytes]]) -> Iterator[tuple[int, Any, tuple[int | None, str] | None]]:
-    """One json.loads over "[line,line,...]" per batch costs a fraction of one call per line; a batch that fails,
-    or whose element count differs from its line count (a line holding two values, or one value spread over
-    two lines), is parsed again line by line, so every error keeps its own line and column."""
-    batch: list[tuple[int, bytes]] = []
-    batch_bytes = 0
-    for number, raw in lines:
-        batch.append((number, raw))
-        batch_bytes += len(raw)
-        if len(batch) == BATCH_LINES or batch_bytes >= BATCH_BYTES:
-            yield from _parse_batch(batch)
-            batch, batch_bytes = [], 0
-    if batch:
-        yield from _parse_batch(batch)
-
-
-def _parse_batch(batch: list[tuple[int, bytes]]) -> Iterator[tuple[int, Any, tuple[int | None, str] | None]]:
-    try:
-        values = json.loads(b"[" + b",".join(raw for _, raw in batch) + b"]")
-    except (ValueError, RecursionError):
-        values = None
-    if isinstance(values, list) and len(values) == len(batch):
-        for (number, _), value in zip(batch, values):
-            yield number, value, None
-        return
-    for number, raw in batch:
-        value, error = _parse_json_line(raw)
-        yield number, value, error
 
 
 # ---------------------------------------------------------------------------------------------- metrics
@@ -247,7 +154,7 @@ def _add_point(scan: MetricsScan, step: int, name: str, value: float, line: int)
 
 def _metrics_jsonl(package, rel: str, scan: MetricsScan) -> None:
     seen_line = False
-    for number, record, error in _parsed_lines(package, rel):
+    for number, record, error in parsed_lines(package, rel):
         seen_line = True
         if error:
             scan.add_error(number, *error)
@@ -285,23 +192,8 @@ def _shown(value: Any) -> str:
 CSV_HEADER = ("step", "name", "value")
 
 
-def _csv_rows(package, rel: str, scan: _Errors) -> Iterator[tuple[int, list[str]]]:
-    for number, raw in _lines(package, rel):
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            scan.add_error(number, exc.start + 1, f"not UTF-8 text (byte {exc.start + 1})")
-            continue
-        try:
-            row = next(csv.reader([text]))
-        except csv.Error as exc:
-            scan.add_error(number, None, f"invalid CSV: {exc}")
-            continue
-        yield number, [cell.strip() for cell in row]
-
-
 def _metrics_csv(package, rel: str, scan: MetricsScan) -> None:
-    rows = _csv_rows(package, rel, scan)
+    rows = csv_rows(package, rel, scan)
     first = next(rows, None)
     if first is None:
         scan.blank_only = scan.error_count == 0
@@ -348,7 +240,7 @@ def _scan_generic(package, rel: str) -> GenericScan:
     scan = GenericScan(path=rel)
     if _suffix(rel) == "csv":
         width = None
-        for number, row in _csv_rows(package, rel, scan):
+        for number, row in csv_rows(package, rel, scan):
             if width is None:
                 width = len(row)
             elif len(row) != width:
@@ -359,75 +251,13 @@ def _scan_generic(package, rel: str) -> GenericScan:
         scan.header_only = width is not None and scan.records == 0 and scan.error_count == 0
         return scan
     seen_line = False
-    for number, records, error in _validated_lines(package, rel):
+    for number, records, error in validated_lines(package, rel):
         seen_line = True
         if error:
             scan.add_error(number, *error)
         scan.records += records
     scan.blank_only = not seen_line
     return scan
-
-
-# ---------------------------------------------------------------------------------------------- validation only
-
-VALIDATE_BLOCK = 4 << 20
-LONG_LINE = 64 << 20  # past this without a newline, the block path gives way to the line-by-line one
-
-
-def _validator():
-    """simdjson validates without building Python objects, about 15x faster than json.loads on a large JSONL.
-    Optional: without it, every line goes through json.loads as before."""
-    try:
-        import simdjson
-    except ImportError:  # pragma: no cover - a platform without a pysimdjson wheel
-        return None
-    return simdjson.Parser()
-
-
-def _validated_lines(package, rel: str) -> Iterator[tuple[int, int, tuple[int | None, str] | None]]:
-    """(first line, records, None) for a run of valid lines, (line, 0, (column, message)) for an invalid one:
-    _parsed_lines without the values, for files whose values nobody needs (any other JSONL).
-
-    Whole blocks of complete lines are validated at once as one array ("[l1,l2,...]"). simdjson is strict
-    (RFC 8259): what it accepts, json.loads accepts too. A block it refuses (a blank line, NaN, a big integer, a
-    real error) is parsed line by line by json.loads, which alone decides and places every error; so the
-    outcome is exactly that of the line-by-line path, only faster on the common, clean case."""
-    parser = _validator()
-    if parser is None:
-        yield from _counted(_parsed_lines(package, rel))
-        return
-    consumed = 0  # lines before the current block
-    try:
-        with open_binary(package.abspath(rel)) as fh:
-            for complete, whole in line_blocks(fh, VALIDATE_BLOCK, LONG_LINE):
-                if not whole:  # a line of LONG_LINE bytes or more: the line-by-line path takes the rest
-                    rest = _non_blank(itertools.islice(package.iter_lines(rel), consumed, None))
-                    yield from _counted(_parse_numbered(rest))
-                    return
-                count = complete.count(b"\n") + (not complete.endswith(b"\n"))
-                if _block_is_valid(parser, complete, count, first=consumed == 0):
-                    yield consumed + 1, count, None
-                else:
-                    numbered = enumerate((line.rstrip(b"\r") for line in complete.split(b"\n")[:count]),
-                                         consumed + 1)
-                    yield from _counted(_parse_numbered(_non_blank(numbered)))
-                consumed += count
-    except OSError as exc:
-        raise UsageError(f"{rel}: cannot read ({exc.strerror})") from exc
-
-
-def _counted(parsed) -> Iterator[tuple[int, int, tuple[int | None, str] | None]]:
-    return ((number, 0 if error else 1, error) for number, _, error in parsed)
-
-
-def _block_is_valid(parser, complete: bytes, count: int, *, first: bool) -> bool:
-    body = complete[:-1] if complete.endswith(b"\n") else complete
-    if first and body.startswith(BOM):
-        body = body[3:]
-    try:
-        return len(parser.parse(b"[" + body.replace(b"\n", b",") + b"]")) == count
-    except Exception:  # noqa: BLE001 - any refusal, whatever its kind, sends the block to json.loads
-        return False
 
 
 # ---------------------------------------------------------------------------------------------- eval ids
@@ -440,7 +270,7 @@ def read_eval_ids(package, rel: str) -> EvalIds | None:
 def _read_eval_ids(package, rel: str) -> EvalIds:
     result = EvalIds(path=rel)
     seen: set[str] = set()
-    for number, raw in _lines(package, rel):
+    for number, raw in non_blank_lines(package, rel):
         try:
             eval_id = raw.decode("utf-8").strip()
         except UnicodeDecodeError as exc:
@@ -476,7 +306,7 @@ def _scan_predictions(package, rel: str, eval_ids: EvalIds | None) -> Prediction
     scan.eval_id_count = len(predicted)
     judge = eval_ids is not None
     seen_line = False
-    for number, record, error in _parsed_lines(package, rel):
+    for number, record, error in parsed_lines(package, rel):
         seen_line = True
         if error:
             scan.add_error(number, *error)
