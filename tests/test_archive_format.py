@@ -15,7 +15,7 @@ from itera_verify.archive import (ArchiveReader, ArchiveWriter, Corrupt, NotZstd
                                   format_sums, parse_sums, tar_header)
 from itera_verify.archive.profile import OutsideProfile, octal
 from itera_verify.archive.reader import parse_pax
-from itera_verify.archive.writer import REGULAR, SYMLINK
+from itera_verify.archive.tarheader import REGULAR, SYMLINK
 from itera_verify.archive.zstdframes import FrameError, FrameScanner
 
 MTIME = 1_700_000_000
@@ -192,7 +192,7 @@ def test_a_bad_header_checksum_is_Corrupt():
 @pytest.mark.parametrize("signed", [False, True])
 def test_header_checksums_summed_as_unsigned_or_as_signed_bytes_are_both_read(signed):
     """Old tars summed the header as signed bytes; that sum differs once a byte is above 127 (a Latin-1 name)."""
-    from itera_verify.archive.writer import _ustar_header
+    from itera_verify.archive.tarheader import _ustar_header
 
     header = bytearray(_ustar_header(b"top/caf\xe9.txt", REGULAR, 3, 0o644, MTIME, b""))
     header[148:156] = b" " * 8
@@ -340,7 +340,7 @@ def test_parallel_reading_stops_a_bomb_too(tmp_path, small_frames):
 def test_writeback_is_requested_for_every_written_range_in_order(tmp_path, small_frames, monkeypatch):
     """The final fsync finds little left: each range is handed to the kernel as it is written, contiguous from
     where the file object stood (here after a 100-byte prefix) to the end of the archive."""
-    from itera_verify.archive import writer, writeback
+    from itera_verify.archive import output, writeback
 
     requested = []
 
@@ -348,7 +348,7 @@ def test_writeback_is_requested_for_every_written_range_in_order(tmp_path, small
         requested.append((offset, length))
         return writeback.start_writeback(fd, offset, length)
 
-    monkeypatch.setattr(writer, "start_writeback", recording)
+    monkeypatch.setattr(output, "start_writeback", recording)
     path = tmp_path / "a.bin"
     with open(path, "wb") as out:
         out.write(b"p" * 100)

@@ -168,7 +168,7 @@ def test_the_leading_nul_size_is_a_real_difference_gnu_tar_would_read(tmp_path):
 def test_names_the_writer_makes_through_pax_read_as_gnu_tar_reads_them(tmp_path):
     """The writer's own PAX forms (long, non-ASCII, non-UTF-8 names, long link targets, a 100-byte truncation
     ending in /) are accepted and read exactly as GNU tar reads them."""
-    from itera_verify.archive.writer import DIRECTORY, REGULAR, SYMLINK, tar_header
+    from itera_verify.archive.tarheader import DIRECTORY, REGULAR, SYMLINK, tar_header
 
     tricky = "top/" + "x" * 95 + "/y" * 4  # its 100-byte ustar truncation ends in "/": only the PAX path counts
     members = [tar_header("top/", DIRECTORY), tar_header("top/" + "d" * 120 + "/", DIRECTORY)]
@@ -201,7 +201,7 @@ def test_fuzzed_archives_the_audit_accepts_are_what_gnu_tar_extracts(data):
 def test_everything_the_writer_writes_is_inside_the_profile(names, mtime, big):
     """The seal reads its own archive back through the same reader: the profile must hold every name, link
     target, time and size the writer can emit (non-UTF-8 names included)."""
-    from itera_verify.archive.writer import DIRECTORY, REGULAR, SYMLINK, tar_header
+    from itera_verify.archive.tarheader import DIRECTORY, REGULAR, SYMLINK, tar_header
 
     tar = tar_header("top/", DIRECTORY, mode=0o755, mtime=mtime)
     for index, rel in enumerate(names):

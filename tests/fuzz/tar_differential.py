@@ -81,7 +81,7 @@ WRITER_NAMES = st.one_of(
 def _writer_members(draw) -> bytes:
     """Members as the seal's writer writes them (ustar, or tarfile's PAX encoding): always in profile. Names
     are distinct; a hard link names a file written before it."""
-    from itera_verify.archive.writer import DIRECTORY, HARDLINK, REGULAR, SYMLINK, tar_header
+    from itera_verify.archive.tarheader import DIRECTORY, HARDLINK, REGULAR, SYMLINK, tar_header
 
     out, files = [], []
     for rel in draw(st.lists(WRITER_NAMES, unique=True, max_size=6)):

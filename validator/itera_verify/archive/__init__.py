@@ -5,9 +5,11 @@ This layer knows the format and checksums only; nothing about campaigns, rules o
 from __future__ import annotations
 
 from .errors import ArchiveError, Corrupt, NotZstd, TooLarge, Truncated
+from .feeder import FileFeeder
 from .reader import ArchiveReader, Member
 from .sums import SumsError, format_line, format_sums, parse_sums
-from .writer import ArchiveWriter, FileFeeder, SizeChanged, tar_header, worker_count
+from .tarheader import tar_header
+from .writer import ArchiveWriter, SizeChanged, worker_count
 
 __all__ = [
     "ArchiveError", "ArchiveReader", "ArchiveWriter", "Corrupt", "FileFeeder", "Member", "NotZstd", "SizeChanged",
