@@ -1,0 +1,87 @@
+"""What a seal puts into the archive, in order, and what refuses a seal before anything is written.
+
+Members are sorted by name (byte order); the package folder itself comes first. A link that stays inside the
+package is stored as a link (an absolute or roundabout target rewritten relative); a link that leaves the
+package or is broken, a fifo, socket or device, and a `SEAL/` the package already holds refuse the seal
+(SealRefused). The workflow's extra members are SEAL/<name>, never SEAL/SHA256SUMS: that one is the seal's own.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..package import Package
+
+SEAL_DIR = "SEAL"
+SUMS = "SEAL/SHA256SUMS"
+
+
+class SealRefused(Exception):
+    """Nothing was sealed because of the package's content. `problems`: (kind, package path, detail) facts;
+    the workflow hands them to rules/archive.py, which makes the findings (IV703, IV704, IV706)."""
+
+    def __init__(self, message: str, problems: list[tuple[str, str, str]]):
+        super().__init__(message)
+        self.problems = problems
+
+
+@dataclass
+class MemberEntry:
+    rel: str  # package-relative ("" for the package folder itself)
+    kind: str  # directory | file | symlink
+    mode: int = 0o644
+    mtime: int = 0
+    size: int = 0
+    target: str = ""
+    sha256: str = ""  # set when the file has been read
+
+
+def archive_order(rel: str) -> bytes:
+    return rel.encode("utf-8", "surrogateescape")
+
+
+def _link_target(package: Package, rel: str) -> str:
+    """The target to store: as written when it stays inside lexically, else rewritten relative."""
+    link = package.links[rel]
+    parent = posixpath.dirname(rel)
+    if not posixpath.isabs(link.target):
+        joined = posixpath.normpath(posixpath.join(parent, link.target))
+        if joined != ".." and not joined.startswith("../"):
+            return link.target
+    inside = os.path.relpath(link.resolved, os.path.realpath(package.root)).replace(os.sep, "/")
+    return posixpath.relpath(inside, parent or ".")
+
+
+def plan_members(package: Package) -> list[MemberEntry]:
+    """Every package member in archive order. Raises SealRefused for what cannot be sealed safely."""
+    refused = []
+    if any(p == SEAL_DIR or p.startswith(SEAL_DIR + "/") for p in
+           (*package.files, *package.dirs, *package.links, *package.specials)):
+        refused.append(("seal-folder", SEAL_DIR, ""))
+    refused += [("special", rel, kind) for rel, kind in package.specials.items()]
+    for rel, link in package.links.items():
+        if link.broken or not link.inside:
+            refused.append(("broken-link" if link.broken else "leaving-link", rel, link.target))
+    if refused:
+        raise SealRefused("the package holds entries that cannot be sealed", refused)
+    entries = [MemberEntry("", "directory", 0o755, _mtime(package.root))]
+    entries += [MemberEntry(rel, "directory", 0o755, _mtime(package.abspath(rel))) for rel in package.dirs]
+    entries += [MemberEntry(rel, "file", 0o644, f.mtime_ns // 1_000_000_000, f.size)
+                for rel, f in package.files.items()]
+    entries += [MemberEntry(rel, "symlink", 0o777, _mtime(package.abspath(rel)), target=_link_target(package, rel))
+                for rel in package.links]
+    return sorted(entries, key=lambda e: archive_order(e.rel))
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return int(os.lstat(path).st_mtime)
+    except OSError:
+        return 0
+
+
+def check_extra_members(members: dict[str, bytes]) -> None:
+    if any(not name.startswith(SEAL_DIR + "/") or name == SUMS for name in members):
+        raise ValueError("extra members must be SEAL/<name> and not SEAL/SHA256SUMS")
