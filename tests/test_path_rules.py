@@ -61,9 +61,9 @@ def test_tmp_path_in_a_text_file_has_its_line(package_dir):
 @pytest.mark.parametrize("block", [64, 200, 4096])
 def test_tmp_paths_in_a_text_file_read_in_many_blocks_have_their_lines_and_columns(package_dir, monkeypatch, block):
     """Lines are counted only when a block holds a match: the numbers must still be those of the whole file."""
-    from itera_verify.rules import paths
+    from itera_verify.rules import _paths_search
 
-    monkeypatch.setattr(paths, "BLOCK", block)
+    monkeypatch.setattr(_paths_search, "BLOCK", block)
     rel = load_json(package_dir, "manifest.json")["decision"]["error_analysis"]
     lines = (package_dir / rel).read_text().splitlines() + [f"filler line {i}" for i in range(150)]
     for number in (3, 40, 41, 97):
@@ -206,10 +206,10 @@ def _text_file_findings(folder, content: bytes, rel: str = "train.log"):
 
 
 def test_tmp_paths_on_a_line_longer_than_the_bound_have_their_lines_and_columns(package_dir, monkeypatch):
-    from itera_verify.rules import paths
+    from itera_verify.rules import _paths_search
 
-    monkeypatch.setattr(paths, "BLOCK", 64 << 10)
-    monkeypatch.setattr(paths, "LONG_LINE", 256 << 10)
+    monkeypatch.setattr(_paths_search, "BLOCK", 64 << 10)
+    monkeypatch.setattr(_paths_search, "LONG_LINE", 256 << 10)
     lines = [b"first line",
              b"x" * 3_000_000 + b" /tmp/run-a/out " + b"y" * 500_000 + b" /var/tmp/second-on-the-line",
              b"z" * 100 + b" /dev/shm/cache",
@@ -225,19 +225,19 @@ def test_tmp_paths_on_a_line_longer_than_the_bound_have_their_lines_and_columns(
 def test_a_match_across_a_window_boundary_of_a_long_line_is_found_once(tmp_path, monkeypatch):
     """Every start around the first two window ends and their overlaps: the same findings as a whole-line search
     (look-behind and look-ahead across the boundary included), one per line."""
-    from itera_verify.rules import paths
+    from itera_verify.rules import _paths_search
 
     monkeypatch.delenv("TMPDIR", raising=False)
     block, bound = 4096, 16384  # the line opens the file: windows end at every multiple of `bound`
-    monkeypatch.setattr(paths, "BLOCK", block)
+    monkeypatch.setattr(_paths_search, "BLOCK", block)
     needles = {b" /tmp/run-1": True, b"x/tmp/run-1": False, b" /tmpx/run-1": False,
                b" \\AppData\\Local\\Temp\\x": True}  # the longest match there is: 22 bytes
     for start in [*range(bound - 90, bound + 5), *range(2 * bound - 90, 2 * bound + 5)]:
         for needle, matches in needles.items():
             content = b"=" * start + needle + b"=" * (bound + 100) + b"\nafter /var/tmp/z\n"
-            monkeypatch.setattr(paths, "LONG_LINE", bound)
+            monkeypatch.setattr(_paths_search, "LONG_LINE", bound)
             windowed = _text_file_findings(tmp_path / "windowed", content)
-            monkeypatch.setattr(paths, "LONG_LINE", 1 << 40)
+            monkeypatch.setattr(_paths_search, "LONG_LINE", 1 << 40)
             assert windowed == _text_file_findings(tmp_path / "whole", content), (start, needle)
             expected = [(1, start + 2)] * matches + [(2, 7)]
             assert [(line, column) for line, column, _ in windowed] == expected, (start, needle)
@@ -249,10 +249,10 @@ def test_a_file_without_a_newline_is_searched_in_bounded_memory(tmp_path, monkey
     import tracemalloc
 
     from itera_verify.package import discover
-    from itera_verify.rules import paths
+    from itera_verify.rules import _paths_search, paths
 
-    monkeypatch.setattr(paths, "BLOCK", 1 << 20)
-    monkeypatch.setattr(paths, "LONG_LINE", 1 << 20)
+    monkeypatch.setattr(_paths_search, "BLOCK", 1 << 20)
+    monkeypatch.setattr(_paths_search, "LONG_LINE", 1 << 20)
     head = (b'{"id": "ex/1", "p": 0.5} ' * (2 << 20))[:32 << 20]
     (tmp_path / "one-line.jsonl").write_bytes(head + b" /tmp/at-the-end")
     package = discover(tmp_path)
@@ -263,15 +263,15 @@ def test_a_file_without_a_newline_is_searched_in_bounded_memory(tmp_path, monkey
     finally:
         tracemalloc.stop()
     assert [(f.code, f.line, f.column) for f in found] == [("IV201", 1, len(head) + 2)]
-    assert peak < 4 * (paths.BLOCK + paths.LONG_LINE), f"peak {peak} bytes for a {len(head)}-byte line"
+    assert peak < 4 * (_paths_search.BLOCK + _paths_search.LONG_LINE), f"peak {peak} bytes for a {len(head)}-byte line"
 
 
 def test_a_long_line_that_ends_the_file_on_a_window_end_is_searched_to_its_end(tmp_path, monkeypatch):
     """No newline, and the file ends just where a window does: the line's last bytes are still searched."""
-    from itera_verify.rules import paths
+    from itera_verify.rules import _paths_search
 
-    monkeypatch.setattr(paths, "BLOCK", 4096)
-    monkeypatch.setattr(paths, "LONG_LINE", 16384)
+    monkeypatch.setattr(_paths_search, "BLOCK", 4096)
+    monkeypatch.setattr(_paths_search, "LONG_LINE", 16384)
     content = (b"=" * (2 * 16384 - 12) + b" /tmp/x/y").ljust(2 * 16384, b"=")
     assert [(line, column) for line, column, _ in _text_file_findings(tmp_path, content)] == [(1, 2 * 16384 - 10)]
 
