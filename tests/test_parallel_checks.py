@@ -249,10 +249,10 @@ def test_detached_checks_run_every_family_in_a_child_and_find_what_one_process_f
     for module in families():
         original = module.check
 
-        def recording(package, _original=original, _name=module.__name__):
+        def recording(package, _original=original, _name=module.__name__, **options):  # phase= (rules/reload.py)
             if os.getpid() == parent:
                 ran_here.append(_name)
-            return _original(package)
+            return _original(package, **options)
 
         monkeypatch.setattr(module, "check", recording)
     serial_package = discover(defective)

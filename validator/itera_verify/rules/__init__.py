@@ -1,7 +1,9 @@
 """The rule registry: every module in this package declares `RULES` and a `check(package)` generator.
 
 Adding a family is adding a module; nothing else lists codes. A module with `PHASE = "reload"` runs after the
-reloads, over the facts they reported (`package.reloads`).
+reloads, over the facts they reported (`package.reloads`). A family whose codes are proved partly without loading
+and partly by the reloads declares both, `PHASE = ("static", "reload")`, and is called `check(package, phase=...)`
+in each phase (rules/reload.py: a missing optimizer.pt is seen statically, a misfitting one only by the reload).
 """
 from __future__ import annotations
 
@@ -40,6 +42,11 @@ def all_rules() -> dict[str, Rule]:
                 raise RuntimeError(f"rule {rule.code} declared twice")
             rules[rule.code] = replace(rule, family=family)
     return dict(sorted(rules.items()))
+
+
+def phases_of(module: ModuleType) -> tuple[str, ...]:
+    phase = getattr(module, "PHASE", "static")
+    return (phase,) if isinstance(phase, str) else tuple(phase)
 
 
 def _matches(code: str, patterns: Iterable[str]) -> bool:
@@ -103,8 +110,9 @@ class StartedChecks:
                  detached: bool = False):
         self.package, self.selection = package, selection
         # A family with no enabled code is not run at all (--select IV201 runs the path rules alone).
-        self.modules = [m for m in families() if getattr(m, "PHASE", "static") == phase
+        self.modules = [m for m in families() if phase in phases_of(m)
                         and any(selection.enabled(rule.code) for rule in m.RULES)]
+        self.phase = phase
         forking = can_fork() and (processes > 1 or detached)
         shares = _balanced(self.modules, processes) if forking else [[(m, None) for m in self.modules]]
         self.parts = {module.__name__: part[1] for share in shares for module, part in share if part is not None}
@@ -114,7 +122,7 @@ class StartedChecks:
         try:
             for share in self.children:
                 try:
-                    self._forked.append((Forked(partial(_run_share, package, selection, share)), share))
+                    self._forked.append((Forked(partial(_run_share, package, selection, share, phase)), share))
                 except OSError:  # no fork now (a process or memory limit): this share runs here
                     self.here += share
         except BaseException:
@@ -123,12 +131,12 @@ class StartedChecks:
 
     def result(self) -> list[Finding]:
         by_unit: dict[tuple[str, int], list[Finding]] = {}
-        by_unit.update(_run_share(self.package, self.selection, self.here)[0])
+        by_unit.update(_run_share(self.package, self.selection, self.here, self.phase)[0])
         for child, share in self._forked:
             try:
                 findings, learned = child.result()
             except ChildLost:
-                findings, learned = _run_share(self.package, self.selection, share)
+                findings, learned = _run_share(self.package, self.selection, share, self.phase)
             by_unit.update(findings)
             _adopt(self.package, learned)
         return [finding for module in self.modules for index in range(self.parts.get(module.__name__, 1))
@@ -144,11 +152,14 @@ class StartedChecks:
 Unit = tuple[ModuleType, "tuple[int, int] | None"]
 
 
-def _run_share(package: Package, selection: Selection, units: list[Unit]) -> tuple[dict, dict]:
+def _run_share(package: Package, selection: Selection, units: list[Unit], phase: str = "static") -> tuple[dict, dict]:
     by_unit: dict[tuple[str, int], list[Finding]] = {}
     for module, part in units:
         findings = by_unit[module.__name__, part[0] if part else 0] = []
-        for finding in (module.check(package) if part is None else module.check(package, part=part)):
+        # A family of several phases is told which one this is.
+        options = ({"part": part} if part is not None else {}) | (
+            {"phase": phase} if len(phases_of(module)) > 1 else {})
+        for finding in module.check(package, **options):
             if not selection.enabled(finding.code):
                 continue
             finding.severity = selection.severity(finding.code)

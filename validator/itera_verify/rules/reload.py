@@ -1,12 +1,18 @@
-"""IV504, IV505, IV507–IV509: what the reloads proved, turned into findings. Runs after the reload phase."""
+"""IV504, IV505, IV507–IV509: what the reloads proved, turned into findings, and the resume facts that need no load.
+
+Two phases. Static: what a resume checkpoint lacks or contradicts that its files show (rules/_resume_files.py),
+so `--no-reload` sees it. After the reloads: what they proved; a missing component the static phase reported
+already is not reported a second time.
+"""
 from __future__ import annotations
 
 from typing import Iterator
 
 from ..model import Finding, ReloadResult, Rule, Severity
 from ..package import MANIFEST, Package, pointer_of
+from ._resume_files import resume_facts
 
-PHASE = "reload"
+PHASE = ("static", "reload")
 
 RULES = [
     Rule("IV504", Severity.ERROR, "artifact failed to reload",
@@ -38,8 +44,11 @@ RULES = [
              "must be there (rng_state_<rank>.pth, random_states_<rank>.pkl, one DeepSpeed optimizer shard per "
              "data-parallel rank), and DeepSpeed's `latest` must name a global_step folder that exists "
              "(DeepSpeed only warns and resumes nothing). A Lightning checkpoint saved with "
-             "save_weights_only=True has no optimizer or scheduler state and cannot resume."),
-         bad="checkpoint-400/ with model.safetensors, optimizer.pt, trainer_state.json   # no scheduler.pt, no rng_state.pth",
+             "save_weights_only=True has no optimizer or scheduler state and cannot resume. A file missing from "
+             "a Trainer checkpoint-N/ (or a shard its index names) is reported without loading anything, so "
+             "--no-reload sees it; the reload then proves that what is there loads."),
+         bad=("checkpoint-400/ with model.safetensors, optimizer.pt, trainer_state.json"
+              "   # no scheduler.pt, no rng_state.pth"),
          good="checkpoint-400/ with model.safetensors, optimizer.pt, scheduler.pt, rng_state.pth, trainer_state.json"),
     Rule("IV508", Severity.ERROR, "resume checkpoint is inconsistent",
          explain=(
@@ -50,7 +59,9 @@ RULES = [
              "mismatch means files from different runs or different moments were mixed. Multi-process "
              "outputs must also agree on the world size: the run's params `world_size`, DeepSpeed's "
              "dp_world_size and the per-rank files; DeepSpeed's fp32 partitions must hold exactly the model's "
-             "parameters, and a sharded (DCP) state must fit the model of reload.json's `config`."),
+             "parameters, and a sharded (DCP) state must fit the model of reload.json's `config`. The Trainer "
+             "names checkpoint-N/ after its global_step: a trainer_state.json with another step belongs to "
+             "another checkpoint (seen without loading)."),
          bad='trainer_state.json "global_step": 400, optimizer.pt state step 200',
          good='trainer_state.json "global_step": 400, optimizer.pt state step 400'),
     Rule("IV509", Severity.ERROR, "accepted run has no artifact that reloaded",
@@ -83,11 +94,15 @@ def _message(result: ReloadResult, problem: dict) -> str:
 
 
 def failure_findings(package: Package, runs_by_artifact: dict[str, str | None]) -> Iterator[Finding]:
+    seen_statically = {(fact.artifact, fact.code, fact.reload_file) for fact in resume_facts(package)
+                       if fact.reload_file}
     for result in package.reloads or []:
         if result.ok or result.failure in NOT_REPORTED_HERE:
             continue
         for problem in _problems(result):
             code = CODE_FOR_FAILURE.get(problem.get("failure") or "", "IV504")
+            if (result.artifact, code, problem.get("file")) in seen_statically:
+                continue  # the static phase reported this missing file already
             yield Finding(code, problem.get("file") or result.path or None, message=_message(result, problem),
                           run=runs_by_artifact.get(result.artifact), artifact=result.artifact)
 
@@ -108,7 +123,15 @@ def accepted_findings(package: Package, runs_by_artifact: dict[str, str | None])
                       message=f"accepted run {run!r} has nothing that reloads: {why}")
 
 
-def check(package: Package) -> Iterator[Finding]:
+def static_findings(package: Package) -> Iterator[Finding]:
+    for fact in resume_facts(package):
+        yield Finding(fact.code, fact.path, message=fact.message, run=fact.run, artifact=fact.artifact)
+
+
+def check(package: Package, phase: str = "reload") -> Iterator[Finding]:
+    if phase == "static":
+        yield from static_findings(package)
+        return
     if package.reloads is None:
         return  # --no-reload: nothing was proved, nothing to judge
     runs_by_artifact = {a.get("id"): a.get("run") if isinstance(a.get("run"), str) else None

@@ -1,0 +1,151 @@
+"""Static resume completeness (issue 19): what a Trainer checkpoint-N/ lacks or contradicts is IV507/IV508 without
+any reload (--no-reload, the CI gate), and the reload does not report the same missing file a second time."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+from tests.helpers import run_cli, static_findings
+
+CHECKPOINT = "checkpoints/control/checkpoint-4"
+
+
+def resume_findings(package_dir: Path) -> list:
+    return [f for f in static_findings(package_dir) if f.code in ("IV507", "IV508")]
+
+
+def set_params(package_dir: Path, run: str, **changes) -> None:
+    """Change a run's params and keep config_sha256 true (only the planted defect remains)."""
+    params_file = package_dir / f"params/{run}.json"
+    params = json.loads(params_file.read_text()) | changes
+    params_file.write_text(json.dumps(params, indent=2))
+    manifest = json.loads((package_dir / "manifest.json").read_text())
+    for entry in manifest["runs"]:
+        if entry["id"] == run:
+            entry["config_sha256"] = hashlib.sha256(params_file.read_bytes()).hexdigest()
+    (package_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+
+
+def test_clean_packages_have_no_static_resume_finding(package_dir, classifier_dir, multigpu_dir, tmp_path):
+    # multigpu: DDP rank files, the Trainer under DeepSpeed (latest + global_step2/, no optimizer.pt) and FSDP.
+    assert resume_findings(package_dir) == []
+    assert resume_findings(classifier_dir) == []
+    assert resume_findings(multigpu_dir) == []
+    assert run_cli("init", tmp_path / "new").returncode == 0
+    assert resume_findings(tmp_path / "new") == []
+
+
+def test_checkpoint_without_optimizer_is_IV507_without_reload(package_dir):
+    (package_dir / CHECKPOINT / "optimizer.pt").unlink()
+    [finding] = resume_findings(package_dir)
+    assert (finding.code, finding.path, finding.artifact) == ("IV507", f"{CHECKPOINT}/optimizer.pt", "control-resume")
+    assert finding.run == "control"
+
+
+def test_checkpoint_without_optimizer_fails_the_no_reload_command_line(package_dir):
+    (package_dir / CHECKPOINT / "optimizer.pt").unlink()
+    result = run_cli(package_dir, "--no-reload", "--no-seal", "--format", "json")
+    assert result.returncode == 1, result.stderr
+    found = [(f["code"], f.get("path")) for f in json.loads(result.stdout)["findings"]]
+    assert ("IV507", f"{CHECKPOINT}/optimizer.pt") in found
+
+
+def test_checkpoint_without_scheduler_is_IV507(package_dir):
+    (package_dir / CHECKPOINT / "scheduler.pt").unlink()
+    assert [(f.code, f.path) for f in resume_findings(package_dir)] == [("IV507", f"{CHECKPOINT}/scheduler.pt")]
+
+
+def test_checkpoint_without_rng_state_is_IV507(package_dir):
+    (package_dir / CHECKPOINT / "rng_state.pth").unlink()
+    assert [(f.code, f.path) for f in resume_findings(package_dir)] == [("IV507", f"{CHECKPOINT}/rng_state.pth")]
+
+
+def test_checkpoint_without_weights_is_IV507(package_dir):
+    (package_dir / CHECKPOINT / "model.safetensors").unlink()
+    assert [(f.code, f.path) for f in resume_findings(package_dir)] == [("IV507", CHECKPOINT)]
+
+
+def test_checkpoint_without_trainer_state_is_IV507(package_dir):
+    (package_dir / CHECKPOINT / "trainer_state.json").unlink()
+    assert [(f.code, f.path) for f in resume_findings(package_dir)] == [("IV507", f"{CHECKPOINT}/trainer_state.json")]
+
+
+def test_trainer_state_without_global_step_is_IV507(package_dir):
+    state_file = package_dir / CHECKPOINT / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    del state["global_step"]
+    state_file.write_text(json.dumps(state))
+    [finding] = resume_findings(package_dir)
+    assert finding.code == "IV507" and "global_step" in finding.message
+
+
+def test_global_step_disagreeing_with_the_folder_name_is_IV508(package_dir):
+    # A checkpoint-4 folder whose trainer_state.json comes from another moment of training.
+    state_file = package_dir / CHECKPOINT / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    state["global_step"] = 2
+    state_file.write_text(json.dumps(state))
+    [finding] = resume_findings(package_dir)
+    assert (finding.code, finding.path) == ("IV508", f"{CHECKPOINT}/trainer_state.json")
+    assert "global_step 2" in finding.message and "checkpoint-4" in finding.message
+
+
+def test_fp16_run_without_scaler_is_IV507(package_dir):
+    set_params(package_dir, "control", fp16=True)
+    assert [(f.code, f.path) for f in resume_findings(package_dir)] == [("IV507", f"{CHECKPOINT}/scaler.pt")]
+
+
+def test_fp16_run_with_scaler_is_clean(package_dir):
+    import torch
+
+    set_params(package_dir, "control", fp16=True)
+    torch.save(torch.amp.GradScaler("cpu").state_dict(), package_dir / CHECKPOINT / "scaler.pt")
+    assert resume_findings(package_dir) == []
+
+
+def test_index_naming_a_missing_shard_is_IV507(package_dir):
+    folder = package_dir / CHECKPOINT
+    (folder / "model.safetensors").rename(folder / "model-00001-of-00002.safetensors")
+    from safetensors import safe_open
+
+    with safe_open(folder / "model-00001-of-00002.safetensors", "pt") as weights:
+        names = list(weights.keys())
+    weight_map = {name: "model-00001-of-00002.safetensors" for name in names[1:]}
+    weight_map[names[0]] = "model-00002-of-00002.safetensors"  # the shard an interrupted upload lost
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    [finding] = resume_findings(package_dir)
+    assert (finding.code, finding.path) == ("IV507", f"{CHECKPOINT}/model.safetensors.index.json")
+    assert "model-00002-of-00002.safetensors" in finding.message
+
+
+def test_deepspeed_like_layout_is_left_to_the_reload(package_dir):
+    # Under DeepSpeed the Trainer writes no optimizer.pt or scheduler.pt: they live in global_step4/, named by
+    # `latest`. That layout is the reload's to judge, never a static IV507.
+    folder = package_dir / CHECKPOINT
+    (folder / "global_step4").mkdir()
+    shutil.move(folder / "optimizer.pt", folder / "global_step4" / "mp_rank_00_model_states.pt")
+    (folder / "scheduler.pt").unlink()
+    (folder / "latest").write_text("global_step4")
+    assert resume_findings(package_dir) == []
+
+
+def test_fsdp_like_layout_is_left_to_the_reload(package_dir):
+    folder = package_dir / CHECKPOINT
+    (folder / "pytorch_model_fsdp_0").mkdir()
+    shutil.move(folder / "model.safetensors", folder / "pytorch_model_fsdp_0" / "__0_0.distcp")
+    (folder / "optimizer.pt").unlink()
+    assert resume_findings(package_dir) == []
+
+
+def test_reload_does_not_report_the_missing_optimizer_a_second_time(package_dir, hf_cache):
+    from itera_verify.flows.verify import verify
+    from itera_verify.rules import Selection
+
+    (package_dir / CHECKPOINT / "optimizer.pt").unlink()
+    (package_dir / CHECKPOINT / "scheduler.pt").write_bytes(b"not a pickle")  # a fact only the reload sees
+    report = verify(package_dir, device="cpu", seal=False, hf_cache=hf_cache, selection=Selection())
+    resume = [(f.code, f.path) for f in report.findings if f.artifact == "control-resume"]
+    assert resume.count(("IV507", f"{CHECKPOINT}/optimizer.pt")) == 1, resume
+    assert any(code == "IV504" and path == f"{CHECKPOINT}/scheduler.pt" for code, path in resume), resume
