@@ -13,8 +13,11 @@ RULES = [
          explain=(
              "An adapter is only half a model: the reviewer must load exactly the base it was trained on. A branch "
              "or tag such as `main` moves; only a 40-hex commit pins the base. Give the commit both in the "
-             "manifest's artifact `base.revision` and in adapter_config.json's `revision` (PEFT saves it when "
-             "the base was loaded with `revision=`)."),
+             "manifest's artifact `base.revision` and in adapter_config.json's `revision`. PEFT writes that "
+             "field only when it is told the commit: `get_peft_model(model, config, revision=SHA)` (or "
+             "`LoraConfig(..., revision=SHA)`); loading the base with `from_pretrained(..., revision=SHA)` "
+             "does not put it there (the loaded commit is in `model.config._commit_hash` where transformers "
+             "records it). For an adapter already saved, write the commit into adapter_config.json."),
          bad='"base": {"name": "org/base-model", "revision": "main"}',
          good='"base": {"name": "org/base-model", "revision": "3f1c2a9e0b7d4c6f8a1e2d3c4b5a69788796a5b4"}'),
     Rule("IV502", Severity.ERROR, "adapter base is a local path",
@@ -122,7 +125,9 @@ def _base_findings(package: Package, index: int, artifact: dict) -> Iterator[Fin
     if adapter_revision is None or not PINNED.fullmatch(adapter_revision):
         shown = "no `revision`" if adapter_revision is None else f"revision {adapter_revision!r} is not a 40-hex commit"
         yield Finding("IV501", rel, pointer="/revision",
-                      message=f"{shown}: PEFT will load whatever the base's default branch holds", **where)
+                      message=f"{shown}: PEFT will load whatever the base's default branch holds; pass the "
+                              "base's commit to get_peft_model(model, config, revision=SHA) (loading the base "
+                              "with revision= does not record it) or write it into adapter_config.json", **where)
     if adapter_name and _is_local_path(adapter_name):
         yield Finding("IV502", rel, pointer="/base_model_name_or_path", message=_not_a_hub_id(adapter_name),
                       **where)
