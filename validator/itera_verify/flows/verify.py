@@ -70,6 +70,7 @@ def build_report(package: Package, findings: list[Finding], reloads: list, selec
     report.plan = summary.plan_summary(package)
     report.runs = summary.runs_summary(package, findings)
     report.curves = summary.metric_curves(package)
+    report.named_metrics = summary.named_metrics(package)
     return report
 
 

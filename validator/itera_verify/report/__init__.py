@@ -20,6 +20,7 @@ class Report:
     plan: dict[str, Any] | None = None
     runs: list[dict[str, Any]] = field(default_factory=list)  # per-run summary for people (role, status, metrics)
     curves: dict[str, Any] = field(default_factory=dict)  # run -> metric -> [[step, value], ...] (downsampled)
+    named_metrics: list[str] = field(default_factory=list)  # the question's and the stop rules' metrics, shown first
     archive: dict[str, Any] | None = None
     audit: dict[str, Any] | None = None  # audit-only facts (members, comparison with the recorded report)
     strict: bool = False

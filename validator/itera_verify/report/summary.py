@@ -168,6 +168,34 @@ def runs_summary(package, findings: list[Finding]) -> list[dict[str, Any]]:
     return out
 
 
+METRIC_PREFIXES = ("eval_", "train_", "val_", "valid_", "test_")
+
+
+def _alnum(text: str) -> str:
+    return "".join(c for c in text.lower() if c.isalnum())
+
+
+def named_metrics(package) -> list[str]:
+    """The metrics a reader looks for first: those the question names ("macro-F1" names eval_macro_f1), then those
+    the stop rules name, each once, among the metrics the runs log."""
+    logged: list[str] = []
+    for _index, run, _run_id in indexed_runs(package):
+        scan = metrics_of(package, run)
+        logged += [name for name in (scan.series if scan is not None else ()) if name not in logged]
+    question = package.manifest.get("question")
+    words = _alnum(question) if isinstance(question, str) else ""
+    named = []
+    for name in logged:
+        bare = next((name[len(p):] for p in METRIC_PREFIXES if name.startswith(p)), name)
+        if words and len(_alnum(bare)) >= 2 and _alnum(bare) in words:
+            named.append(name)
+    for rule in listed(section(package.manifest, "stop_rules"), "rules"):
+        metric = rule.get("metric") if isinstance(rule, dict) else None
+        if isinstance(metric, str) and metric in logged and metric not in named:
+            named.append(metric)
+    return named
+
+
 def _last_values(package, run: dict) -> dict[str, dict[str, Any]]:
     scan = metrics_of(package, run)
     if scan is None:
