@@ -283,3 +283,56 @@ def test_world_size_in_the_report_json_is_recorded(multigpu_dir, built_multigpu)
     results, _ = reload(multigpu_dir, built_multigpu["hf_cache"], "zero3-checkpoint")
     facts = json.loads(json.dumps(results["zero3-checkpoint"].facts))
     assert facts["ranks"] == {"model states": [0, 1], "optimizer shard": [0, 1]}
+
+
+# --- a DCP folder as dcp.save writes it in one process -----------------------------------------------
+
+def add_artifact(package_dir: Path, artifact: str, loader: str, path: str, **entry) -> None:
+    edit_json(package_dir, "manifest.json", lambda m: m["artifacts"].append(
+        {"id": artifact, "run": "control", "kind": "resume-checkpoint", "path": path}))
+    edit_json(package_dir, "reload.json", lambda r: r["artifacts"].update({artifact: {"loader": loader, **entry}}))
+
+
+def save_model_and_optimizer(folder: Path, fqn_keys: bool, optimizer_hidden: int = 32) -> None:
+    """dcp.save of a tiny GPT-2 and its AdamW after one step: {"model", "optimizer"} as optimizer.state_dict()
+    gives it (parameters by index), or {"model", "optim"} from get_state_dict (parameters by name). With another
+    optimizer_hidden, the optimizer is that of a wider model."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from fixtures.artifacts import TINY_GPT2
+
+    def trained(hidden: int):
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(GPT2Config(**dict(TINY_GPT2, n_embd=hidden)))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        ids = torch.arange(16).unsqueeze(0)
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        return model, optimizer
+
+    model, optimizer = trained(32)
+    if optimizer_hidden != 32:
+        optimizer = trained(optimizer_hidden)[1]
+    if fqn_keys:
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        dcp.save({"model": model_state, "optim": optimizer_state}, checkpoint_id=str(folder))
+    else:
+        dcp.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, checkpoint_id=str(folder))
+
+
+@pytest.mark.parametrize("fqn_keys", [False, True])
+def test_dcp_save_of_model_and_optimizer_in_one_process_reloads_clean(multigpu_dir, built_multigpu, fqn_keys):
+    save_model_and_optimizer(multigpu_dir / "checkpoints/dcp/step-1", fqn_keys)
+    add_artifact(multigpu_dir, "dcp-step-1", "dcp", "checkpoints/dcp/step-1", config="artifacts/control-model")
+    results, findings = reload(multigpu_dir, built_multigpu["hf_cache"], "dcp-step-1")
+    assert findings == [] and results["dcp-step-1"].forward.startswith("finite output")
+    assert results["dcp-step-1"].facts["optimizer_covers"] == "28 of 28 trainable parameters"
+
+
+def test_dcp_optimizer_of_another_model_is_IV508(multigpu_dir, built_multigpu):
+    save_model_and_optimizer(multigpu_dir / "checkpoints/dcp/step-1", fqn_keys=False, optimizer_hidden=64)
+    add_artifact(multigpu_dir, "dcp-step-1", "dcp", "checkpoints/dcp/step-1", config="artifacts/control-model")
+    results, findings = reload(multigpu_dir, built_multigpu["hf_cache"], "dcp-step-1")
+    assert codes(findings) == {"IV508"} and "shaped for another model" in results["dcp-step-1"].error

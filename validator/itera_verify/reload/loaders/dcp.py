@@ -8,6 +8,8 @@ package), loads into it and gives a finite forward pass. A folder holding only a
 from __future__ import annotations
 
 import json
+import re
+from collections import Counter
 from pathlib import Path
 
 from ..common import (
@@ -22,6 +24,11 @@ from ..common import (
 from . import _dcp, _resume
 
 SHAPED = set(_resume.SHAPED_STATE)
+# dcp.save flattens nested state dicts: {"model": ..., "optimizer": ...} is stored as `model.<name>` and
+# `optimizer.state.<parameter>.<entry>` (the parameter an fqn from get_state_dict, or an index from
+# optimizer.state_dict()). Any top-level name holding `optim` with `state.` under it is an optimizer.
+OPTIMIZER_STATE = re.compile(r"(?P<section>[^.]*optim[^.]*)\.state\.(?P<name>.+)\.(?P<entry>[^.]+)")
+OPTIMIZER_SECTION = re.compile(r"[^.]*optim[^.]*\.")
 
 
 def build_model(job: dict, config_folder: Path | None, outcome: Outcome, device):
@@ -49,10 +56,16 @@ def build_model(job: dict, config_folder: Path | None, outcome: Outcome, device)
 
 
 def model_tensors(state: _dcp.DcpState) -> dict:
-    """The model's tensors: accelerate saves {"model": state_dict}, flattened to `model.<name>`."""
-    if state.tensors and all(key.startswith("model.") for key in state.tensors):
-        return {key.removeprefix("model."): tensor for key, tensor in state.tensors.items()}
-    return dict(state.tensors)
+    """The model's tensors: `model.<name>` (accelerate and most recipes save {"model": state_dict}), else every
+    tensor outside an optimizer section (a bare model state dict saved as it is)."""
+    prefixed = {k.removeprefix("model."): t for k, t in state.tensors.items() if k.startswith("model.")}
+    if prefixed:
+        return prefixed
+    return {k: t for k, t in state.tensors.items() if not OPTIMIZER_SECTION.match(k)}
+
+
+def has_optimizer(state: _dcp.DcpState) -> bool:
+    return any(OPTIMIZER_STATE.fullmatch(key) for key in {**state.tensors, **state.values})
 
 
 def load_into_model(model, tensors: dict, outcome: Outcome, folder: Path, device) -> None:
@@ -85,35 +98,44 @@ def _shares_storage(model, name: str, tensors: dict) -> bool:
 
 def check_optimizer_state(state: _dcp.DcpState, model, global_step: int | None, outcome: Outcome,
                           against: str) -> None:
-    """`optimizer.state.<param>.<key>` entries: each belongs to a trainable parameter and has its shape; the step
-    equals `global_step`."""
+    """`<optimizer>.state.<parameter>.<entry>` entries: a parameter named by its fqn is one of the model's
+    trainable parameters and each shaped entry has its shape; parameters named by index are matched by shape
+    (as for optimizer.pt); the step equals `global_step`."""
     import torch
 
-    params = {name: p for name, p in model.named_parameters()} if model is not None else None
-    steps, states, wrong, foreign = [], set(), [], []
-    for key, tensor in {**state.tensors, **state.values}.items():
-        if not key.startswith("optimizer.state."):
+    params = {name: p for name, p in model.named_parameters() if p.requires_grad} if model is not None else None
+    steps, shaped, wrong, foreign = [], {}, [], []
+    for key, value in {**state.tensors, **state.values}.items():
+        match = OPTIMIZER_STATE.fullmatch(key)
+        if not match:
             continue
-        name, _, entry = key.removeprefix("optimizer.state.").rpartition(".")
-        states.add(name)
-        if params is not None and name not in params:
-            foreign.append(name)
-        elif entry in SHAPED and params is not None and torch.is_tensor(tensor) \
-                and tuple(tensor.shape) != tuple(params[name].shape):
-            wrong.append(f"{key} {list(tensor.shape)} (parameter: {list(params[name].shape)})")
-        elif entry == "step":
-            steps.append(float(tensor.item() if torch.is_tensor(tensor) else tensor))
-    outcome.facts["optimizer_parameters"] = len(states)
+        name, entry = f"{match['section']}/{match['name']}", match["entry"]
+        shaped.setdefault(name, None)
+        if entry == "step":
+            steps.append(float(value.item() if torch.is_tensor(value) else value))
+        elif entry in SHAPED and torch.is_tensor(value) and shaped[name] is None:
+            shaped[name] = tuple(value.shape)
+            parameter = match["name"]
+            if params is not None and not parameter.isdigit():
+                if parameter not in params:
+                    foreign.append(parameter)
+                elif shaped[name] != tuple(params[parameter].shape):
+                    wrong.append(f"{key} {list(value.shape)} (parameter: {list(params[parameter].shape)})")
+    outcome.facts["optimizer_parameters"] = len(shaped)
     folder = state.folder
-    if not states:
-        raise Stop(LOAD, f"{outcome.rel(folder)} holds no optimizer state (no optimizer.state.* entries)", folder)
+    if not shaped:
+        raise Stop(LOAD, f"{outcome.rel(folder)} holds no optimizer state (no <optimizer>.state.* entries)", folder)
     if foreign or wrong:
         shown = f"state for parameters the model lacks: {', '.join(sorted(set(foreign))[:4])}" if foreign \
             else f"state shaped unlike its parameter: {', '.join(wrong[:3])}"
         raise Stop(INCONSISTENT, f"{outcome.rel(folder)} holds {shown}", folder)
     if state.nonfinite:
         raise Stop(LOAD, f"{outcome.rel(folder)}: non-finite values in {', '.join(state.nonfinite[:4])}", folder)
-    summary = _resume.OptimizerSummary(steps=steps)
+    summary = _resume.OptimizerSummary(param_ids=list(shaped), steps=steps,
+                                       state_shapes=Counter(shape for shape in shaped.values() if shape))
+    if params is not None:
+        _resume.check_fits(summary, Counter(tuple(p.shape) for p in params.values()), outcome, folder,
+                           "trainable parameters")
     _resume.check_step(summary, global_step, outcome, folder, against, bool(outcome.job.get("fp16")))
 
 
@@ -135,14 +157,15 @@ def reload(job: dict, device, outcome: Outcome) -> None:
         raise Stop(LOAD, f"{outcome.rel(folder)} is not a torch.distributed.checkpoint folder")
     state = _dcp.read_dcp(folder, outcome, job.get("world_size"))
     config = Path(job["config"]) if job.get("config") else None
-    is_optimizer = any(key.startswith("optimizer.") for key in {**state.tensors, **state.values})
     model = build_model(job, config, outcome, device)
-    if is_optimizer:
+    holds_model = bool(model_tensors(state))
+    if holds_model:
+        check_model_state(state, model, outcome, device)
+        check_parameters(model, outcome, "model")
+    if has_optimizer(state):
         check_optimizer_state(state, model, None, outcome, "")
+    if not holds_model:
         outcome.forward = "not run: an optimizer state alone"
         return
-    check_model_state(state, model, outcome, device)
-    check_parameters(model, outcome, "model")
     model.eval()
     outcome.forward = forward_pass(model, device)
-
