@@ -65,7 +65,8 @@ def test_every_clean_layout_reloads_with_zero_findings(multigpu_dir, built_multi
     facts = {a: r.facts for a, r in results.items()}
     assert [facts[f"zero{stage}-checkpoint"]["zero_stage"] for stage in range(4)] == [0, 1, 2, 3]
     assert facts["zero0-checkpoint"]["optimizer_step"] == 3  # 2 steps after the bf16 wrapper's start-up step
-    for artifact in ("zero1-checkpoint", "zero2-checkpoint", "zero3-checkpoint", "ds-trainer-checkpoint"):
+    for artifact in ("zero1-checkpoint", "zero2-checkpoint", "zero3-checkpoint", "ds-trainer-checkpoint",
+                     "ds3-trainer-checkpoint"):
         assert facts[artifact]["dp_world_size"] == 2 and facts[artifact]["optimizer_step"] == 2
         assert facts[artifact]["fp32_partition_numel"] == [facts[artifact]["parameters"]]
     assert facts["ddp-checkpoint"]["layout"] == "single-process"
@@ -73,6 +74,7 @@ def test_every_clean_layout_reloads_with_zero_findings(multigpu_dir, built_multi
     for artifact in ("ddp-checkpoint", "ds-trainer-checkpoint", "fsdp-checkpoint"):
         assert facts[artifact]["ranks"]["RNG state (rng_state_<rank>.pth)"] == [0, 1]
     assert results["fsdp-checkpoint"].forward.startswith("finite output")
+    assert facts["ds3-trainer-checkpoint"]["zero_stage"] == 3 and "partitions" in results["ds3-trainer-checkpoint"].forward
     assert results["dcp-model"].forward.startswith("finite output")
     assert facts["accelerate-state"]["scheduler_last_epoch"] == 4 and facts["accelerate-state"]["optimizer_step"] == 2
     assert facts["lightning-checkpoint"]["optimizer_step"] == facts["lightning-checkpoint"]["global_step"] == 3
@@ -104,6 +106,12 @@ def test_ddp_checkpoint_missing_last_rank_with_recorded_world_size_is_IV507(mult
     record_world_size(multigpu_dir, 2)
     (multigpu_dir / DDP / "rng_state_1.pth").unlink()
     assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], "ddp-checkpoint") == ["IV507"]
+
+
+def test_deepspeed_zero3_trainer_checkpoint_missing_a_rank_model_states_is_IV507(multigpu_dir, built_multigpu):
+    folder = ARTIFACTS["ds3-trainer-checkpoint"][1]
+    (multigpu_dir / folder / "global_step2/zero_pp_rank_1_mp_rank_00_model_states.pt").unlink()
+    assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], "ds3-trainer-checkpoint") == ["IV507"]
 
 
 def test_deepspeed_trainer_checkpoint_missing_a_rank_rng_file_is_IV507(multigpu_dir, built_multigpu):

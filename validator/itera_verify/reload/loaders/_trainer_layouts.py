@@ -80,7 +80,9 @@ def check_fsdp(folder: Path, job: dict, device, outcome: Outcome, global_step: i
     return first
 
 
-def forward(model, device, outcome: Outcome) -> None:
-    if model is not None and outcome.ok:
+def forward(model, device, outcome: Outcome, layout: str = SINGLE) -> None:
+    if model is None and layout == DEEPSPEED and outcome.ok:
+        outcome.forward = "not run: the weights are DeepSpeed's partitions (global_step folder), checked there"
+    elif model is not None and outcome.ok:
         model.eval()
         outcome.forward = _resume.attempt(outcome, forward_pass, model, device)

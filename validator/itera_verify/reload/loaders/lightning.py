@@ -54,7 +54,7 @@ def reload(job: dict, device, outcome: Outcome) -> None:
     optimizers = data.get("optimizer_states")
     if "optimizer_states" in data and (not isinstance(optimizers, list) or not optimizers):
         outcome.fail(MISSING, f"{outcome.rel(file)}: `optimizer_states` is empty", file)
-    for index, state in enumerate(optimizers if isinstance(optimizers, list) else []):
+    for state in optimizers if isinstance(optimizers, list) else []:
         summary = _resume.attempt(outcome, _resume.summarise_optimizer, state, outcome, file)
         if summary is None:
             continue

@@ -128,4 +128,4 @@ def reload(job: dict, device, outcome: Outcome) -> None:
     args = folder / "training_args.bin"
     if args.is_file():  # scanned, never loaded, not needed to resume (SPEC §6)
         outcome.facts["training_args"] = "scanned only" if not scan_file(args).unsafe else "unsafe (IV506)"
-    _trainer_layouts.forward(model, device, outcome)
+    _trainer_layouts.forward(model, device, outcome, layout)
