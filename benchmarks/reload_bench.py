@@ -17,6 +17,7 @@ benchmarks/results/reload-<date>.txt with the machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -170,6 +171,9 @@ def main() -> int:
     parser.add_argument("--sections", default="phase,midsize,artifacts",
                         help="phase (whole reload phase vs one plain process), midsize (a 0.5 B model vs a bare "
                              "from_pretrained), artifacts (each artifact vs a bare load)")
+    parser.add_argument("--keep", type=Path, help="work in this folder and keep what was built (the mid-size "
+                                                   "package: scripts/gpu-check.sh reloads it again, capped)")
+    parser.add_argument("--no-save", action="store_true", help="print only; no benchmarks/results file")
     parser.add_argument("--bare", help=argparse.SUPPRESS)  # internal: one bare load in this fresh process
     parser.add_argument("--plain", help=argparse.SUPPRESS)  # internal: reload_scale's plain process
     args = parser.parse_args()
@@ -185,7 +189,10 @@ def main() -> int:
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    with tempfile.TemporaryDirectory(prefix="itera-bench-") as work:
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    with (contextlib.nullcontext(str(args.keep)) if args.keep else
+          tempfile.TemporaryDirectory(prefix="itera-bench-")) as work:
         package, hf_cache = args.package, args.hf_cache
         if package is None:
             from fixtures.build import build_package
@@ -207,6 +214,8 @@ def main() -> int:
         lines.append(f"load average after the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         text = "\n".join(lines) + "\n"
     print(text, end="")
+    if args.no_save:
+        return 0
     results = ROOT / "benchmarks" / "results"
     results.mkdir(parents=True, exist_ok=True)
     (results / f"reload-{datetime.date.today():%Y-%m-%d}.txt").write_text(text, encoding="utf-8")

@@ -112,6 +112,7 @@ def phase_section(package: Path, hf_cache: Path, device: str, repeat: int) -> li
 def midsize_package(package: Path, work: Path) -> tuple[Path, int]:
     """A copy of the example package whose control-model is the mid-size model (reload.json: bf16)."""
     target = work / "midsize-package"
+    shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(package, target, symlinks=True)
     folder = target / "artifacts" / "control-model"
     shutil.rmtree(folder)

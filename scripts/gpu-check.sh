@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
-# GPU check: build the fixture package, reload every artifact on CUDA, print the device and per-artifact timings.
+# GPU check (issue 17): on CUDA, one prepared script, offline, under 10 minutes on one GPU:
+#   1. the example package's reloads (zygote + forked children, one child per GPU): devices, timings, host and
+#      device peak memory, beside --isolation spawn for the start-up it saves;
+#   2. a mid-size model (about 0.47 B parameters, bf16, sharded safetensors, random weights) reloaded by the tool
+#      against a bare from_pretrained of the same folder (benchmarks/reload_bench.py --sections midsize);
+#   3. "larger than one GPU", forced: ITERA_RELOAD_GPU_MEMORY caps each GPU's free memory below the model, so it
+#      is spread over every GPU or, where they are too few or too small, refused: must end in IV504 naming the
+#      offload (never a silent pass);
+#   4. the multi-GPU training outputs the fixtures build (fixtures/multigpu.py), reloaded on the GPU;
+#   5. the pytest GPU tests.
 #
 #   bash scripts/gpu-check.sh            (or: make gpu-check)
 #
-# Runs offline in well under 5 minutes on one GPU. On a real GPU the whole output (device, driver, timings) is
-# kept as benchmarks/results/gpu-check-<date>.txt. Set GPU_CHECK_TESTS=0 to skip the pytest GPU tests.
+# On a real GPU the whole output is kept as benchmarks/results/gpu-check-<date>.txt. GPU_CHECK_TESTS=0 skips the
+# pytest GPU tests, GPU_CHECK_MIDSIZE=0 the mid-size model, GPU_CHECK_MULTIGPU=0 the multi-GPU fixtures.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -36,31 +45,94 @@ run() {
         || { tail -n 20 "$WORK/build.log"; return 2; }
     tail -n 1 "$WORK/build.log"
 
-    echo "== reloading every artifact on cuda"
     local status=0
-    "$PY" -m itera_verify "$WORK/package" --device cuda --no-seal --hf-cache "$WORK/hf-cache" \
-        --format json >"$WORK/report.json" || status=$?
-    [ -s "$WORK/report.json" ] || { echo "no report (exit $status)"; return 2; }
-    "$PY" - "$WORK/report.json" <<'EOF'
+    echo "== 1. the example package on cuda: zygote and forked children (default), then --isolation spawn"
+    for isolation in auto spawn; do
+        local t0=$SECONDS
+        "$PY" -m itera_verify "$WORK/package" --device cuda --no-seal --hf-cache "$WORK/hf-cache" \
+            --isolation "$isolation" --format json >"$WORK/report-$isolation.json" 2>"$WORK/err-$isolation.log" \
+            || status=$?
+        [ -s "$WORK/report-$isolation.json" ] || { tail -n 5 "$WORK/err-$isolation.log"; echo "no report"; return 2; }
+        echo "-- isolation $isolation: the whole verify in $((SECONDS - t0)) s;" \
+             "$(grep -o 'reloading artifacts: done.*' "$WORK/err-$isolation.log" | tail -n 1)"
+        "$PY" - "$WORK/report-$isolation.json" <<'PYEOF' || status=1
 import json, sys
 report = json.load(open(sys.argv[1]))
-print(f"{'artifact':<20}{'loader':<24}{'device':<9}{'ok':<5}{'total s':>9}{'load s':>9}{'start-up s':>12}"
-      f"{'waited s':>10}{'peak MiB':>10}")
+print(f"{'artifact':<20}{'loader':<22}{'devices':<16}{'ok':<5}{'total s':>8}{'load s':>8}{'start-up s':>11}"
+      f"{'host MiB':>10}{'GPU MiB':>9}  isolation")
 for r in report.get("reloads", []):
     facts = r.get("facts", {})
-    peak = r.get("peak_memory_bytes") or 0
-    print(f"{r['artifact']:<20}{r['loader']:<24}{r['device']:<9}{'yes' if r['ok'] else 'NO':<5}{r['seconds']:>9.2f}"
-          f"{facts.get('load_seconds', float('nan')):>9.2f}{facts.get('startup_seconds', float('nan')):>12.2f}"
-          f"{facts.get('gate_wait_seconds', 0):>10.2f}{peak / 2**20:>10.1f}")
+    print(f"{r['artifact']:<20}{r['loader']:<22}{','.join(r.get('devices') or [r['device']]):<16}"
+          f"{'yes' if r['ok'] else 'NO':<5}{r['seconds']:>8.2f}{facts.get('load_seconds', float('nan')):>8.2f}"
+          f"{facts.get('startup_seconds', float('nan')):>11.2f}{(r.get('host_peak_memory_bytes') or 0) / 2**20:>10.0f}"
+          f"{(r.get('device_peak_memory_bytes') or 0) / 2**20:>9.1f}  {facts.get('isolation')}")
     if not r["ok"]:
         print(f"    {r.get('failure')}: {r.get('error')}")
-print("(waited: imported and ready while the previous artifact held the GPU; not part of its total)")
+zygote = {r.get("facts", {}).get("zygote_import_seconds") for r in report.get("reloads", [])} - {None}
+if zygote:
+    print(f"zygote imports (once for every child): {min(zygote):.2f} s")
+refused = {r.get("facts", {}).get("fork_refused") for r in report.get("reloads", [])} - {None}
+if refused:
+    print(f"not forked: {'; '.join(sorted(refused))}")
 names = {r.get("facts", {}).get("device_name") for r in report.get("reloads", [])} - {None}
 print(f"device name reported by the reload children: {', '.join(sorted(names)) or '?'}")
 print(f"verdict: {report.get('verdict')}; findings: {[f['code'] for f in report.get('findings', [])]}")
-EOF
+sys.exit(0 if report.get("verdict") == "pass" else 1)
+PYEOF
+    done
+
+    if [ "${GPU_CHECK_MIDSIZE:-1}" != 0 ]; then
+        echo "== 2. mid-size model on cuda: the tool against a bare from_pretrained, same run"
+        "$PY" benchmarks/reload_bench.py --package "$WORK/package" --hf-cache "$WORK/hf-cache" --device cuda \
+            --repeat 1 --sections midsize --keep "$WORK/midsize" --no-save >"$WORK/midsize.txt" \
+            2>"$WORK/midsize.log" || { tail -n 20 "$WORK/midsize.log"; status=1; }
+        sed -n '/== mid-size/,$p' "$WORK/midsize.txt"
+
+        echo "== 3. larger than one GPU, forced: each GPU capped at 256 MiB of free memory for the mid-size model"
+        if [ -d "$WORK/midsize/midsize-package" ]; then
+            ITERA_RELOAD_GPU_MEMORY=256MiB "$PY" -m itera_verify "$WORK/midsize/midsize-package" --device cuda \
+                --no-seal --hf-cache "$WORK/hf-cache" --format json >"$WORK/capped.json" 2>"$WORK/capped.log" || true
+            "$PY" - "$WORK/capped.json" <<'PYEOF' || status=1
+import json, sys
+report = json.load(open(sys.argv[1]))
+(result,) = [r for r in report["reloads"] if r["artifact"] == "control-model"]
+codes = [f["code"] for f in report["findings"] if f.get("artifact") == "control-model"]
+print(f"control-model: ok={result['ok']} devices={result.get('devices')} findings={codes}")
+print(f"  {result.get('error')}")
+refused = not result["ok"] and "IV504" in codes and "offload" in (result.get("error") or "")
+print("capped reload: " + ("refused as IV504, the offload named (expected)" if refused else
+                           "NOT refused as an offload: a silent pass or another failure"))
+sys.exit(0 if refused else 1)
+PYEOF
+        else
+            echo "no mid-size package (section 2 failed)"; status=1
+        fi
+    fi
+
+    if [ "${GPU_CHECK_MULTIGPU:-1}" != 0 ]; then
+        echo "== 4. multi-GPU training outputs (fixtures/multigpu.py) reloaded on cuda"
+        if "$PY" -m fixtures.multigpu "$WORK/package" "$WORK/multigpu" >"$WORK/multigpu-build.log" 2>&1; then
+            local built="$WORK/multigpu"
+            [ -f "$built/manifest.json" ] || built="$WORK/multigpu/package"
+            "$PY" -m itera_verify "$built" --device cuda --no-seal --hf-cache "$WORK/hf-cache" \
+                --format json >"$WORK/multigpu.json" 2>"$WORK/multigpu.log" || true
+            "$PY" - "$WORK/multigpu.json" <<'PYEOF' || status=1
+import json, sys
+report = json.load(open(sys.argv[1]))
+bad = 0
+for r in report.get("reloads", []):
+    bad += not r["ok"]
+    print(f"{r['artifact']:<24}{r['loader']:<24}{','.join(r.get('devices') or [r['device']]):<14}"
+          f"{'yes' if r['ok'] else 'NO':<5}{r['seconds']:>7.2f} s" + ("" if r["ok"] else f"  {r.get('error')}"))
+print(f"verdict: {report.get('verdict')}; findings: {sorted({f['code'] for f in report.get('findings', [])})}")
+sys.exit(1 if bad else 0)
+PYEOF
+        else
+            tail -n 15 "$WORK/multigpu-build.log"; status=1
+        fi
+    fi
     if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
-        echo "== pytest GPU tests"
+        echo "== 5. pytest GPU tests"
         "$PY" -m pytest tests/test_gpu.py -q -p no:cacheprovider -m gpu || status=1
     fi
     echo "== done in $((SECONDS - started)) s (exit $status)"

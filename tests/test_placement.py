@@ -136,3 +136,41 @@ def test_reports_show_each_artifacts_devices_and_host_beside_gpu_peak_memory():
     assert "cuda:0, cuda:1" in text and "700.0 MiB / 3.0 GiB" in text and "peak memory (host / GPU)" in text
     html = renderer("html")(report, {})
     assert "cuda:0, cuda:1" in html and "700.0 MiB / 3.0 GiB" in html and "Peak memory (host / GPU)" in html
+
+
+# --- on a real GPU (skipped without CUDA; scripts/gpu-check.sh runs them) ------------------------------------
+
+needs_cuda = pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def cuda_reload(package_dir, hf_cache, *only):
+    from itera_verify.package import discover
+    from itera_verify.reload import run_reloads
+    from itera_verify.rules import reload as reload_rules
+    from itera_verify.runtime.progress import NULL_PROGRESS
+
+    package = discover(package_dir)
+    package.hf_cache = Path(hf_cache)
+    package.reloads = run_reloads(package, device="cuda", timeout=300, jobs=1, progress=NULL_PROGRESS,
+                                  only=set(only) or None)
+    return {r.artifact: r for r in package.reloads}, list(reload_rules.check(package))
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_the_gpu_weights_go_straight_to_the_device_and_both_peaks_are_recorded(package_dir, hf_cache):
+    results, _ = cuda_reload(package_dir, hf_cache, "control-model", "lora-r16-adapter")
+    for result in results.values():
+        assert result.ok, result.error
+        assert result.devices and all(d.startswith("cuda:") for d in result.devices)
+        assert result.device_peak_memory_bytes > 0 and result.host_peak_memory_bytes > 0
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_the_gpu_a_cap_below_the_model_is_IV504_naming_the_offload(package_dir, hf_cache, monkeypatch):
+    monkeypatch.setenv(placement.CAP_VARIABLE, "64KiB")  # far below the tiny model's weights
+    results, findings = cuda_reload(package_dir, hf_cache, "control-model")
+    result = results["control-model"]
+    assert not result.ok and "not reloaded on the GPU" in result.error and "offload" in result.error
+    assert [f.code for f in findings if f.artifact == "control-model"] == ["IV504"]

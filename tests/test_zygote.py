@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or not Path("/proc/self/stat").exists(),
                                 reason="the zygote forks (Linux)")
 TIMING = {"startup_seconds", "gate_wait_seconds", "load_seconds", "peak_rss_bytes", "started_at", "ended_at",
-          "wall_seconds", "isolation", "zygote_import_seconds", "host_rss_before_load_bytes"}
+          "wall_seconds", "isolation", "zygote_import_seconds", "host_rss_before_load_bytes", "fork_refused"}
 
 
 def reload(package_dir, hf_cache, *only, **options):
@@ -131,6 +131,7 @@ def test_a_zygote_with_a_second_thread_is_never_forked_from(package_dir, hf_cach
     with_hook(monkeypatch, tmp_path, THREAD_IN_THE_ZYGOTE)
     results, findings = reload(package_dir, hf_cache, "lora-r16-resume")
     assert results["lora-r16-resume"].ok and results["lora-r16-resume"].facts["isolation"] == "spawn"
+    assert "2 threads" in results["lora-r16-resume"].facts["fork_refused"]
     assert findings == []
     with pytest.raises(UsageError, match="--isolation fork: .*2 threads.*fork is not safe"):
         reload(package_dir, hf_cache, "lora-r16-resume", isolation="fork")

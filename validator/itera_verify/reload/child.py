@@ -1,8 +1,9 @@
-"""The reload child: `python -m itera_verify.reload.child JOB.json RESULT.json`.
+"""The reload child: `python -m itera_verify.reload.child JOB.json RESULT.json`, or `forked(argv)` in a process
+the zygote forked (zygote.py: the libraries already imported, the same job and result files).
 
 One fresh process per artifact, so a crash, a leak or a hang costs one artifact and nothing else. It reads the
 job, cuts itself off the network, runs one loader and writes what it proved as JSON. It never prints findings.
-A gated child (GPU reloads, which run one at a time) imports its libraries, then waits for one byte on its
+A gated child (spawned GPU reloads, one at a time) imports its libraries, then waits for one byte on its
 standard input before it touches the device: the parent starts the next child while the current one loads,
 so library start-up overlaps the previous reload instead of adding to it.
 """

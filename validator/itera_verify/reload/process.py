@@ -40,6 +40,7 @@ class ChildProcesses:
         self._lock = threading.Lock()
         self._live: set[int] = set()
         self.stopping = threading.Event()
+        self.fork_refused = ""  # why the zygote could not be used, when it could not
 
     def adopt(self, pid: int) -> bool:
         """Count a child the zygote forked as live (stop_all sweeps its group); False once the run is stopping."""

@@ -246,6 +246,8 @@ class _Child:
             else:
                 _merge(result, json.loads(self.result_file.read_text(encoding="utf-8")))
                 result.facts["isolation"] = self.isolation
+                if self.isolation == "spawn" and self.children.fork_refused:
+                    result.facts["fork_refused"] = self.children.fork_refused
                 if self.isolation == "fork":
                     result.facts["zygote_import_seconds"] = self.zygote_seconds  # paid once per run, not per child
                 result.facts["wall_seconds"] = round(result.seconds, 3)  # from its start to its end, waiting included
@@ -277,14 +279,17 @@ def run_child(job: dict, timeout: float, children: ChildProcesses, zygote: Zygot
         pool.give(gpus)
 
 
-def _one_at_a_time(jobs: list[dict], timeout: float, children: ChildProcesses):
-    """(index, result) in order, one reload at a time, the next child importing while the current one runs."""
+def _one_at_a_time(jobs: list[dict], timeout: float, children: ChildProcesses, began=None):
+    """(index, result) in order, one reload at a time, the next child importing while the current one runs;
+    began(job) when a job's reload begins."""
     waiting: _Child | None = None
     try:
         for position, job in enumerate(jobs):
             current = waiting or _Child(job, children, gated=True)
             waiting = None
             current.let_through()
+            if began is not None:
+                began(job)
             if position + 1 < len(jobs):
                 waiting = _Child(jobs[position + 1], children, gated=True)
             yield position, current.finish(timeout)
@@ -352,19 +357,25 @@ def run_reloads(package: Package, *, device: str, timeout: float, jobs: int, pro
                                   bool(pending), model_types(pending.values()))
             if zygote is None and prefetch and parallel == 1 and len(gpus) <= 1:
                 indexes = list(pending)
-                for position, result in _one_at_a_time([pending[i] for i in indexes], timeout, children):
+                for position, result in _one_at_a_time([pending[i] for i in indexes], timeout, children,
+                                                       began=lambda job: progress.began("reload", job["artifact"])):
                     results[indexes[position]] = result
+                    progress.ended("reload", result.artifact, result.ok)
                     progress.advance("reload")
             else:
-                futures = {workers.submit(run_child, job, timeout, children, zygote, pool): i
-                           for i, job in pending.items()}
+                def reload_one(job: dict) -> ReloadResult:  # named when its reload begins, not when it is queued
+                    progress.began("reload", job["artifact"])
+                    return run_child(job, timeout, children, zygote, pool)
+
+                futures = {workers.submit(reload_one, job): i for i, job in pending.items()}
                 running = set(futures)
                 while running:
                     # Bounded waits: a SIGTERM or Ctrl-C the kernel hands to a worker thread runs its Python
                     # handler only when this thread wakes, and a stopped child may never complete its future.
                     done, running = wait(running, timeout=SIGNAL_POLL_SECONDS, return_when=FIRST_COMPLETED)
                     for future in done:
-                        results[futures[future]] = future.result()
+                        results[futures[future]] = result = future.result()
+                        progress.ended("reload", result.artifact, result.ok)
                         progress.advance("reload")
         except BaseException:
             children.stop_all()  # Ctrl-C or SIGTERM: end every child now, not after its timeout

@@ -73,8 +73,19 @@ def preload(model_types: list[str]) -> dict:
             pass  # a loader's optional library: its child reports the failure
     import torch
 
-    return {"ready": True, "threads": thread_count(), "cuda_initialised": bool(torch.cuda.is_initialized()),
+    return {"ready": True, "threads": thread_count(),
+            "cuda_initialised": bool(torch.cuda.is_initialized()) or cuda_driver_loaded(),
             "seconds": round(time.monotonic() - started, 3)}
+
+
+def cuda_driver_loaded() -> bool:
+    """The CUDA driver library mapped into this process: something initialised it (cuInit), and a forked child
+    could not use the GPU. torch's own flag misses a library that called the driver directly."""
+    try:
+        with open("/proc/self/maps", "rb") as handle:
+            return b"/libcuda.so" in handle.read()
+    except OSError:
+        return False
 
 
 def set_title(words: list[str]) -> None:

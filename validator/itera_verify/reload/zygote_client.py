@@ -193,5 +193,6 @@ def start_zygote(isolation: str, children: ChildProcesses, env: dict, needed: bo
             from ..model import UsageError
 
             raise UsageError(f"--isolation fork: {zygote.why}")
+        children.fork_refused = zygote.why  # each spawned result says why it was not forked
         return None
     return zygote
