@@ -174,3 +174,51 @@ def test_on_the_gpu_a_cap_below_the_model_is_IV504_naming_the_offload(package_di
     result = results["control-model"]
     assert not result.ok and "not reloaded on the GPU" in result.error and "offload" in result.error
     assert [f.code for f in findings if f.artifact == "control-model"] == ["IV504"]
+
+
+# --- sharing the GPUs: one child per GPU, all of them for a model too large for one -------------------------
+
+def test_the_gpu_pool_gives_each_child_its_own_gpu_and_a_large_model_all_of_them():
+    import threading
+    import time
+
+    from itera_verify.reload.gpus import GpuPool
+
+    stopping = threading.Event()
+    pool = GpuPool([0, 1], stopping)
+    first, second = pool.take(False), pool.take(False)
+    assert sorted(first + second) == [0, 1]  # two children side by side, one GPU each
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(pool.take(True)))
+    waiter.start()
+    time.sleep(0.3)
+    assert got == []  # the large model waits while any GPU is busy
+    pool.give(first)
+    time.sleep(0.3)
+    assert got == []
+    pool.give(second)
+    waiter.join(5)
+    assert got == [[0, 1]]
+    late = []
+    stopper = threading.Thread(target=lambda: late.append(pool.take(False)))
+    stopper.start()
+    stopping.set()  # Ctrl-C: nobody waits for a GPU any longer
+    stopper.join(5)
+    assert late == [[]]
+
+
+def test_which_artifacts_need_every_gpu_and_the_gpus_in_cuda_order(monkeypatch):
+    from itera_verify.reload.gpus import _visible_order, needs_every_gpu
+
+    free = {0: 40 << 30, 1: 40 << 30}
+    assert needs_every_gpu({"weight_bytes": 60 << 30}, free, None)
+    assert not needs_every_gpu({"weight_bytes": 20 << 30}, free, None)
+    assert needs_every_gpu({"weight_bytes": 20 << 30}, free, 10 << 30)  # the cap makes it too large for one
+    assert not needs_every_gpu({"weight_bytes": 60 << 30}, {0: 40 << 30}, None)  # one GPU: nothing to spread over
+    rows = [("0", "GPU-aaa", 1), ("1", "GPU-bbb", 2), ("2", "GPU-ccc", 3)]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert _visible_order(rows) == [1, 2, 3]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    assert _visible_order(rows) == [3, 1]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bb,7,0")  # a UUID prefix; CUDA stops at the invalid 7
+    assert _visible_order(rows) == [2]
