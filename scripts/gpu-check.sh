@@ -131,6 +131,37 @@ PYEOF
             tail -n 15 "$WORK/multigpu-build.log"; status=1
         fi
     fi
+    if [ "${GPU_CHECK_MULTIGPU:-1}" != 0 ]; then
+        # accelerate enables FSDP only on GPUs (under MULTI_CPU its fsdp_plugin is dropped and the Trainer trains
+        # plain DDP), so the Trainer's own sharded FSDP checkpoint can only be made here.
+        local gpus
+        gpus="$("$PY" -c 'import torch; print(min(2, torch.cuda.device_count()))')"
+        echo "== 4b. a real FSDP2 Trainer run (SHARDED_STATE_DICT) on $gpus GPU(s), its checkpoint-2/ reloaded"
+        mkdir -p "$WORK/fsdp-trainer"
+        if (cd "$WORK/fsdp-trainer" && PYTHONPATH="$ROOT:$PYTHONPATH" "$PY" -m torch.distributed.run --standalone \
+                --nproc_per_node "$gpus" -m fixtures.multigpu_ranks trainer-fsdp .) >"$WORK/fsdp-trainer.log" 2>&1; then
+            "$PY" - "$WORK/fsdp-trainer" <<'PYEOF' || status=1
+import sys
+from pathlib import Path
+
+import torch
+from itera_verify.reload.common import Outcome
+from itera_verify.reload.loaders import loader_module
+
+work = Path(sys.argv[1])
+checkpoint = work / "run/checkpoint-2"
+print("files:", sorted(p.name for p in checkpoint.iterdir()))
+job = {"loader": "hf-trainer-checkpoint", "path": str(checkpoint), "package_root": str(work),
+       "config": str(work / "model-config")}
+outcome = Outcome(job)
+loader_module("hf-trainer-checkpoint").reload(job, torch.device("cuda"), outcome)
+print(f"layout {outcome.facts.get('layout')}, forward {outcome.forward}, problems {outcome.problems}")
+sys.exit(0 if outcome.ok and outcome.facts.get("layout") == "fsdp" else 1)
+PYEOF
+        else
+            tail -n 15 "$WORK/fsdp-trainer.log"; status=1
+        fi
+    fi
     if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
         echo "== 5. pytest GPU tests"
         "$PY" -m pytest tests/test_gpu.py -q -p no:cacheprovider -m gpu || status=1
