@@ -114,7 +114,8 @@ SEAL_HOOK = textwrap.dedent("""
     # Runs the real command line. The seal begins beside the checks: "deny" makes one file unreadable when it
     # begins; the other actions change one file once every check has run, before the seal is finished.
     import contextlib, os, sys
-    from itera_verify import cli, verify_flow
+    from itera_verify import cli
+    from itera_verify.flows import verify as verify_flow
     from itera_verify.runtime.progress import Progress
     target, action = sys.argv[1], sys.argv[2]
     class Hook(Progress):
