@@ -101,8 +101,10 @@ def test_plain_progress_lines_for_a_log():
     assert [line.split(" (")[0] for line in lines[1:4]] == ["hashing files: 25%", "hashing files: 50%",
                                                               "hashing files: 75%"]
     assert re.fullmatch(r"hashing files: done, 8\.0 MiB in \d+\.\d s", lines[4])
-    assert lines[5:9] == ["reloading artifacts: started (2 artifacts)", "control-model: ok [red]not markup[/]",
-                          "reloading artifacts: 1/2 artifacts", "reloading artifacts: 2/2 artifacts"]
+    assert lines[5:7] == ["reloading artifacts: started (2 artifacts)", "control-model: ok [red]not markup[/]"]
+    # each count with the time so far and, until the last, the time left (issue 19)
+    assert re.fullmatch(r"reloading artifacts: 1/2 artifacts, \d+\.\d s, (under 1 s|about \d+ s) left", lines[7])
+    assert re.fullmatch(r"reloading artifacts: 2/2 artifacts, \d+\.\d s", lines[8])
     assert not ANSI.search(stream.getvalue())
 
 

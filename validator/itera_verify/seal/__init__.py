@@ -202,7 +202,8 @@ class Sealing:
             self._writer.abandon()
         if self._output is not None:
             self._output.close()
-        self.progress.finish("seal")
+        # After a publish, finish() ended the task already; otherwise nothing was sealed: never say "done".
+        self.progress.abandon("seal", "stopped, nothing sealed")
 
 
 def seal_package(package: Package, campaign_id: str, members: dict[str, bytes], destination: Path, *,
@@ -224,8 +225,12 @@ def seal_package(package: Package, campaign_id: str, members: dict[str, bytes], 
 def _read_back(partial: Path, expected: list[tuple], frames, progress: Progress) -> tuple[str, int]:
     progress.start("seal-verify", "verifying the archive", total=sum(e[2] for e in expected), unit="B")
     try:
-        return read_back(partial, expected, frames, on_bytes=lambda n: progress.advance("seal-verify", n))
+        verified = read_back(partial, expected, frames, on_bytes=lambda n: progress.advance("seal-verify", n))
     except ArchiveError as exc:
+        progress.abandon("seal-verify", "FAILED, nothing sealed")
         raise UsageError(f"read-back verification of the archive failed: {exc}; nothing was sealed") from exc
-    finally:
-        progress.finish("seal-verify")
+    except BaseException:
+        progress.abandon("seal-verify", "stopped, nothing sealed")
+        raise
+    progress.finish("seal-verify")
+    return verified
