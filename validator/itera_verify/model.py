@@ -66,7 +66,8 @@ class ReloadResult:
     seconds: float = 0.0
     peak_memory_bytes: int | None = None
     error: str | None = None
-    failure: str | None = None  # "load" | "base-unavailable" | "missing-component" | "inconsistent" | "crash" | "timeout"
+    # "load" | "base-unavailable" | "missing-component" | "inconsistent" | "crash" | "timeout"
+    failure: str | None = None
     forward: str | None = None  # what the forward pass proved, or why none ran
     facts: dict[str, Any] = field(default_factory=dict)
     devices: list[str] = field(default_factory=list)  # where the weights went: one device, or several GPUs

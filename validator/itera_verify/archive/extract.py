@@ -27,7 +27,7 @@ from .reader import ArchiveReader, Member
 
 SEAL_PREFIX = "SEAL/"
 KEPT = {"SEAL/SHA256SUMS": 64 << 20, "SEAL/verification.json": 64 << 20}
-SEAL_WRITTEN = {*KEPT, "SEAL/report.html"}  # every SEAL/ member the seal writes (verify_flow.py hands them over)
+SEAL_WRITTEN = {*KEPT, "SEAL/report.html"}  # every SEAL/ member the seal writes (flows/verify.py hands them over)
 
 
 @dataclass

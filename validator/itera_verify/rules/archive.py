@@ -1,7 +1,7 @@
 """IV701–IV706: the sealed archive, every finding of them made here. IV706 is the one static check (a package
 holding `SEAL/` is refused before any work); the rest turn facts into findings, as rules/reload.py does for the
-reloads: what the seal refused (SealRefused.problems, seal.py) and what the audit found (AuditFacts, filled by
-audit_flow.py from the extraction, archive/extract.py)."""
+reloads: what the seal refused (SealRefused.problems, seal/plan.py and seal/changes.py) and what the audit found
+(AuditFacts, filled by flows/audit.py from the extraction, archive/extract.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -80,7 +80,8 @@ def check(package: Package) -> Iterator[Finding]:
 
 # ---- the seal's refusals ------------------------------------------------------------------------------------
 def seal_findings(problems: list[tuple[str, str, str]]) -> list[Finding]:
-    """(kind, package path, detail) from seal.py: what cannot be sealed, or what changed while it was."""
+    """(kind, package path, detail) from the seal (seal/plan.py, seal/changes.py): what cannot be sealed, or what
+    changed while it was."""
     findings = []
     for kind, rel, detail in problems:
         if kind == "seal-folder":
