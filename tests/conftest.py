@@ -91,10 +91,9 @@ def built_multigpu(built, tmp_path_factory) -> dict:
     shared.mkdir(exist_ok=True)
     with FileLock(str(shared) + ".lock"):
         info_file = shared / "info.json"
-        from fixtures.multigpu import ARTIFACTS, build_multigpu_package
+        from fixtures.multigpu import build_multigpu_package, fixture_version
 
-        layouts = {artifact: entry[1] for artifact, entry in ARTIFACTS.items()}
-        if not info_file.exists() or json.loads(info_file.read_text()).get("artifacts") != layouts:
+        if not info_file.exists() or json.loads(info_file.read_text()).get("version") != fixture_version():
             info = build_multigpu_package(Path(built["package"]), shared)
             info_file.write_text(json.dumps(info, default=str))
     info = json.loads(info_file.read_text())

@@ -68,7 +68,9 @@ def test_every_clean_layout_reloads_with_zero_findings(multigpu_dir, built_multi
     for artifact in ("zero1-checkpoint", "zero2-checkpoint", "zero3-checkpoint", "ds-trainer-checkpoint",
                      "ds3-trainer-checkpoint"):
         assert facts[artifact]["dp_world_size"] == 2 and facts[artifact]["optimizer_step"] == 2
-        assert facts[artifact]["fp32_partition_numel"] == [facts[artifact]["parameters"]]
+        assert sum(facts[artifact]["fp32_partition_numel"]) == facts[artifact]["parameters"]
+    # the Trainer's own optimizer under ZeRO-3: a decay and a no-decay group, each partitioned on its own
+    assert len(facts["ds3-trainer-checkpoint"]["fp32_partition_numel"]) == 2
     assert facts["ddp-checkpoint"]["layout"] == "single-process"
     assert facts["ds-trainer-checkpoint"]["layout"] == "deepspeed" and facts["fsdp-checkpoint"]["layout"] == "fsdp"
     for artifact in ("ddp-checkpoint", "ds-trainer-checkpoint", "fsdp-checkpoint"):
