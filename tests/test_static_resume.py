@@ -10,6 +10,7 @@ from pathlib import Path
 from tests.helpers import run_cli, static_findings
 
 CHECKPOINT = "checkpoints/control/checkpoint-4"
+RESUME = "checkpoints/lora-r16/resume.pt"
 
 
 def resume_findings(package_dir: Path) -> list:
@@ -149,3 +150,72 @@ def test_reload_does_not_report_the_missing_optimizer_a_second_time(package_dir,
     resume = [(f.code, f.path) for f in report.findings if f.artifact == "control-resume"]
     assert resume.count(("IV507", f"{CHECKPOINT}/optimizer.pt")) == 1, resume
     assert any(code == "IV504" and path == f"{CHECKPOINT}/scheduler.pt" for code, path in resume), resume
+
+
+# --- torch-resume: the keys of its dict, read from the pickle's opcodes (never unpickled) -------------------
+
+def load_resume(path: Path) -> dict:
+    import torch
+    from itera_verify.reload.common import numpy_rng_globals
+
+    with torch.serialization.safe_globals(numpy_rng_globals()):
+        return torch.load(path, weights_only=True)
+
+
+def rewrite_resume(package_dir: Path, change, **save_options) -> None:
+    import torch
+
+    data = load_resume(package_dir / RESUME)
+    change(data)
+    torch.save(data, package_dir / RESUME, **save_options)
+
+
+def test_torch_resume_without_rng_is_IV507_without_reload(package_dir):
+    rewrite_resume(package_dir, lambda data: data.pop("rng"))
+    [finding] = resume_findings(package_dir)
+    assert (finding.code, finding.path, finding.artifact) == ("IV507", RESUME, "lora-r16-resume")
+    assert "has no `rng`" in finding.message
+
+
+def test_torch_resume_without_optimizer_and_data_state_is_two_IV507(package_dir):
+    rewrite_resume(package_dir, lambda data: [data.pop("optimizer"), data.pop("data_state")])
+    assert sorted(f.message.split("`")[1] for f in resume_findings(package_dir)) == ["data_state", "optimizer"]
+
+
+def test_fp16_torch_resume_without_scaler_is_IV507(package_dir):
+    set_params(package_dir, "lora-r16", fp16=True)
+    [finding] = resume_findings(package_dir)
+    assert "has no `scaler`" in finding.message
+
+
+def test_legacy_torch_resume_format_is_left_to_the_reload(package_dir):
+    # Not a zip: its keys cannot be read without unpickling, so the static phase says nothing.
+    rewrite_resume(package_dir, lambda data: data.pop("rng"), _use_new_zipfile_serialization=False)
+    assert resume_findings(package_dir) == []
+
+
+def test_torch_resume_as_an_ordered_dict_is_read(package_dir):
+    from collections import OrderedDict
+
+    import torch
+
+    data = load_resume(package_dir / RESUME)
+    del data["scheduler"]
+    torch.save(OrderedDict(data), package_dir / RESUME)
+    [finding] = resume_findings(package_dir)
+    assert "has no `scheduler`" in finding.message
+
+
+def test_reload_does_not_repeat_a_missing_key_but_reports_what_only_it_sees(package_dir, hf_cache):
+    from itera_verify.flows.verify import verify
+    from itera_verify.rules import Selection
+
+    def plant(data):
+        del data["rng"]  # seen statically
+        data["data_state"] = None  # present, but empty: only the reload sees it
+
+    rewrite_resume(package_dir, plant)
+    report = verify(package_dir, device="cpu", seal=False, hf_cache=hf_cache, selection=Selection())
+    messages = [f.message for f in report.findings if f.artifact == "lora-r16-resume" and f.code == "IV507"]
+    assert sum("has no `rng`" in m for m in messages) == 1, messages
+    assert sum("`data_state` is empty" in m for m in messages) == 1, messages

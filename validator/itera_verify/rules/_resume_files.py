@@ -2,7 +2,8 @@
 
 The static half of the resume proofs, so that `--no-reload` (pre-commit, CI) sees a Trainer `checkpoint-N/` with
 no optimizer.pt: the files a resume needs, trainer_state.json's global_step against the folder's N, the shards an
-index names. Facts only; rules/reload.py turns them into findings and drops the reload's report of the same fact.
+index names; a torch-resume file's missing components, from the keys its pickle's opcodes build. Facts only;
+rules/reload.py turns them into findings and drops the reload's report of the same fact.
 Multi-process layouts (DeepSpeed `latest` / `global_step<N>/`, FSDP `pytorch_model_fsdp_<i>/`) are the reload's:
 what they need is decided by the layout, which the loaders recognise (reload/loaders/_trainer_layouts.py).
 """
@@ -13,8 +14,13 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from ..package import Package
+from ._pickle_keys import top_level_keys
 
 TRAINER_LOADER = "hf-trainer-checkpoint"
+TORCH_RESUME_LOADER = "torch-resume"
+# What the torch-resume loader requires (reload/loaders/torch_resume.py), in its words.
+RESUME_KEYS = {"model": "the weights", "optimizer": "the optimizer state", "scheduler": "the LR scheduler state",
+               "rng": "the RNG states", "step": "the step reached", "data_state": "the position in the data"}
 CHECKPOINT_FOLDER = re.compile(r"checkpoint-(\d+)")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json", "adapter_model.safetensors", "adapter_model.bin")
@@ -30,8 +36,16 @@ class ResumeFact:
     message: str
     artifact: str
     run: str | None
-    # The file the reload names when it reports this same fact (None: the reload does not): the dedupe key.
+    # The file the reload names when it reports this same fact (None: the reload does not), and a part of its
+    # message where one file holds several components (a torch-resume file): the dedupe key.
     reload_file: str | None = None
+    reload_detail: str | None = None
+
+    def same_as(self, artifact: str, code: str, problem: dict) -> bool:
+        """The reload's `problem` (of `artifact`, reported as `code`) is this fact again."""
+        return (self.reload_file is not None and (artifact, code, problem.get("file")) == (
+            self.artifact, self.code, self.reload_file)
+            and (self.reload_detail is None or self.reload_detail in (problem.get("message") or "")))
 
 
 def _text(value) -> str | None:
@@ -126,6 +140,20 @@ def _progress(package: Package, folder: str, files: set[str], fact: dict) -> Ite
                                              "checkpoints were mixed", **fact)
 
 
+def torch_resume_facts(package: Package, rel: str, artifact: str, run: str | None) -> Iterator[ResumeFact]:
+    """The components a torch-resume file lacks, from the keys of its dict (read, never unpickled)."""
+    keys = top_level_keys(package.os_path(rel))
+    if keys is None:
+        return  # not a zip-format dict the opcodes show: the reload loads it and decides
+    wanted = dict(RESUME_KEYS)
+    if fp16_run(package, run):
+        wanted["scaler"] = "the gradient-scaler state (the run used fp16)"
+    for key, meaning in wanted.items():
+        if key not in keys:
+            yield ResumeFact("IV507", rel, f"{rel} has no `{key}` ({meaning}): the run cannot resume exactly",
+                             artifact=artifact, run=run, reload_file=rel, reload_detail=f"has no `{key}`")
+
+
 def resume_facts(package: Package) -> list[ResumeFact]:
     """Every static resume fact of the package, in manifest order."""
     entries = package.reload_spec.get("artifacts")
@@ -141,4 +169,6 @@ def resume_facts(package: Package) -> list[ResumeFact]:
         run = _text(artifact.get("run"))
         if entry.get("loader") == TRAINER_LOADER and rel in package.dirs:
             facts.extend(trainer_checkpoint_facts(package, rel, artifact_id, run))
+        elif entry.get("loader") == TORCH_RESUME_LOADER and package.is_file(rel):
+            facts.extend(torch_resume_facts(package, rel, artifact_id, run))
     return facts

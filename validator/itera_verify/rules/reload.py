@@ -94,15 +94,14 @@ def _message(result: ReloadResult, problem: dict) -> str:
 
 
 def failure_findings(package: Package, runs_by_artifact: dict[str, str | None]) -> Iterator[Finding]:
-    seen_statically = {(fact.artifact, fact.code, fact.reload_file) for fact in resume_facts(package)
-                       if fact.reload_file}
+    seen_statically = resume_facts(package)
     for result in package.reloads or []:
         if result.ok or result.failure in NOT_REPORTED_HERE:
             continue
         for problem in _problems(result):
             code = CODE_FOR_FAILURE.get(problem.get("failure") or "", "IV504")
-            if (result.artifact, code, problem.get("file")) in seen_statically:
-                continue  # the static phase reported this missing file already
+            if any(fact.same_as(result.artifact, code, problem) for fact in seen_statically):
+                continue  # the static phase reported this missing component already
             yield Finding(code, problem.get("file") or result.path or None, message=_message(result, problem),
                           run=runs_by_artifact.get(result.artifact), artifact=result.artifact)
 
