@@ -346,3 +346,20 @@ def test_dcp_optimizer_of_another_model_is_IV508(multigpu_dir, built_multigpu):
     add_artifact(multigpu_dir, "dcp-step-1", "dcp", "checkpoints/dcp/step-1", config="artifacts/control-model")
     results, findings = reload(multigpu_dir, built_multigpu["hf_cache"], "dcp-step-1")
     assert codes(findings) == {"IV508"} and "shaped for another model" in results["dcp-step-1"].error
+
+
+# --- through the command line ------------------------------------------------------------------------
+
+def test_the_package_with_every_layout_is_verified_and_sealed_by_the_command_line(built_multigpu, tmp_path):
+    """The whole example package plus every multi-GPU layout, reloaded on the CPU and sealed: exit 0, no finding,
+    every artifact reloaded (the package is read in place: nothing is written inside it)."""
+    from tests.helpers import run_cli
+
+    archive = tmp_path / "campaign.tar.zst"
+    result = run_cli(built_multigpu["package"], "--device", "cpu", "--hf-cache", built_multigpu["hf_cache"],
+                     "--format", "json", "-o", archive)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["verdict"] == "pass" and report["findings"] == []
+    assert {r["artifact"] for r in report["reloads"] if r["ok"]} >= set(ARTIFACTS)
+    assert archive.is_file() and archive.stat().st_size > 0
