@@ -129,3 +129,33 @@ def test_command_line_reports_IV512_without_reloading(package_dir, built):
     assert result.returncode == 1, result.stderr
     report = json.loads(result.stdout)
     assert "IV512" in codes(type("F", (), {"code": f["code"]}) for f in report["findings"])
+
+
+def untrained_adapter(built, dest: Path) -> None:
+    """What get_peft_model makes before any training step: every lora_B zero."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(built["base_model"], revision=built["base_revision"],
+                                                cache_dir=built["hf_cache"], local_files_only=True)
+    model = get_peft_model(base, LoraConfig(r=16, target_modules=["c_attn"], task_type="CAUSAL_LM"),
+                           revision=built["base_revision"])
+    model.save_pretrained(dest)
+
+
+def test_adapter_saved_before_training_is_IV512(package_dir, built, tmp_path):
+    untrained_adapter(built, tmp_path / "adapter")
+    shutil.copyfile(tmp_path / "adapter/adapter_model.safetensors",
+                    package_dir / "artifacts/lora-r16/adapter_model.safetensors")
+    [finding] = iv512(package_dir, built["hf_cache"])
+    assert (finding.path, finding.artifact) == ("artifacts/lora-r16/adapter_model.safetensors", "lora-r16-adapter")
+    assert "LoRA B matrix" in finding.message and "nothing was trained" in finding.message
+
+
+def test_adapter_with_one_trained_B_matrix_is_not_IV512(package_dir, built, tmp_path):
+    untrained_adapter(built, tmp_path / "adapter")
+    tensors = load_file(tmp_path / "adapter/adapter_model.safetensors")
+    name = next(n for n in sorted(tensors) if "lora_B" in n)
+    tensors[name][0, 0] = 1e-4
+    save_file(tensors, package_dir / "artifacts/lora-r16/adapter_model.safetensors", metadata={"format": "pt"})
+    assert iv512(package_dir, built["hf_cache"]) == []

@@ -92,6 +92,19 @@ def read_weights(paths: list[str]) -> dict[str, Tensor] | None:
     return merged
 
 
+def all_zero(tensor: Tensor) -> bool:
+    """Every payload byte is 0 (+0.0 in any float format, 0 in any integer one)."""
+    with open_binary(tensor.file) as fh:
+        fh.seek(tensor.start)
+        left = tensor.size
+        while left > 0:
+            chunk = fh.read(min(READ_CHUNK, left))
+            if not chunk or chunk.count(0) != len(chunk):
+                return False
+            left -= len(chunk)
+    return True
+
+
 class Digests:
     """sha256 of each tensor's payload, computed at most once per (file, byte range) in one check."""
 

@@ -14,7 +14,7 @@ from typing import Iterator
 from ..model import Finding, Rule, Severity
 from ..package import Package
 from ..runtime.hfcache import resolve_hf_cache
-from ._tensors import Digests, WeightSet, read_weights
+from ._tensors import Digests, WeightSet, all_zero, read_weights
 
 RULES = [
     Rule("IV512", Severity.ERROR, "delivered model equals the base or another run's",
@@ -27,13 +27,18 @@ RULES = [
              "to another run's artifact (its model, or the weights of its checkpoint) is the same model "
              "delivered twice under two runs: at most one of them trained it. Only weight sets with the same "
              "tensor names, dtypes and shapes are compared, from the safetensors headers, and the comparison "
-             "stops at the first tensor that differs. Deliver the weights the run saved at its end "
-             "(trainer.save_model(...) or model.save_pretrained(...)), not a copy of the base snapshot."),
+             "stops at the first tensor that differs. A LoRA adapter whose every B matrix is still zero (PEFT's "
+             "initialisation) and that holds nothing else changes nothing: base plus adapter is the base. "
+             "Deliver the weights the run saved at its end (trainer.save_model(...) or "
+             "model.save_pretrained(...)), not a copy of the base snapshot or an adapter saved before training."),
          bad="artifacts/control-model/model.safetensors copied from models--org--base/snapshots/3f1c…a5b4/",
          good="artifacts/control-model/ written by trainer.save_model('artifacts/control-model') after training"),
 ]
 
 MODEL_KINDS = ("transformers-model", "safetensors")
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+LORA_B = re.compile(r".*\.lora_(?:B|embedding_B)(?:\.[^.]+)?\.weight|.*\.lora_embedding_B(?:\.[^.]+)?")
+LORA_TENSOR = re.compile(r".*\.(?:lora_(?:A|B|embedding_A|embedding_B)|lora_magnitude_vector)(?:\.[^.]+)*")
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 PINNED = re.compile(r"[0-9a-f]{40}")
@@ -132,7 +137,26 @@ def _artifact_weight_sets(package: Package) -> list[tuple[bool, WeightSet]]:
     return found
 
 
+def _untrained_adapters(package: Package) -> Iterator[Finding]:
+    """A LoRA adapter with nothing but LoRA tensors, every B matrix zero: base + B·A is the base."""
+    for artifact in package.artifacts():
+        rel = package.normalise_ref(artifact["path"]) if _text(artifact.get("path")) else None
+        if artifact.get("kind") != "peft-adapter" or not rel or not package.is_file(f"{rel}/{ADAPTER_WEIGHTS}"):
+            continue
+        tensors = read_weights([os.path.realpath(package.os_path(f"{rel}/{ADAPTER_WEIGHTS}"))])
+        if not tensors or not all(LORA_TENSOR.fullmatch(name) for name in tensors):
+            continue  # a trained head (modules_to_save) or another method: not this rule's to judge
+        b_matrices = [tensor for name, tensor in tensors.items() if LORA_B.fullmatch(name)]
+        if b_matrices and all(all_zero(tensor) for tensor in b_matrices):
+            yield Finding("IV512", f"{rel}/{ADAPTER_WEIGHTS}", run=_text(artifact.get("run")),
+                          artifact=_text(artifact.get("id")),
+                          message=f"every LoRA B matrix of {_text(artifact.get('id')) or rel} is zero (as PEFT "
+                                  f"initialises it): the adapter changes nothing, its model is the base; nothing "
+                                  "was trained (save the adapter after training)")
+
+
 def check(package: Package) -> Iterator[Finding]:
+    yield from _untrained_adapters(package)
     artifacts = _artifact_weight_sets(package)
     if not any(delivered for delivered, _ in artifacts):
         return
