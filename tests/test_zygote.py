@@ -59,6 +59,7 @@ def zygote(monkeypatch, tmp_path):
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     children = ChildProcesses()
     started = Zygote(children, zygote_env(1, None))
+    started.wait_ready()
     assert started.client is not None, started.why
     yield children, started
     started.close()
@@ -194,3 +195,38 @@ def test_the_command_line_takes_isolation_spawn_and_fork(package_dir, hf_cache):
         assert {r["facts"]["isolation"] for r in reloads} == {isolation}
     result = run_cli(package_dir, "--no-seal", "--isolation", "clone")
     assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+# --- started before the static checks --------------------------------------------------------------------
+
+def test_a_zygote_started_before_the_checks_is_the_one_the_reloads_fork_from(package_dir, hf_cache, monkeypatch):
+    from itera_verify.reload import prestart, zygote_client
+
+    started = []
+    real_init = zygote_client.Zygote.__init__
+
+    def counted(self, *args, **kwargs):
+        started.append(self)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(zygote_client.Zygote, "__init__", counted)
+    package = discover(package_dir)
+    package.hf_cache = Path(hf_cache)
+    early = prestart(package, device="cpu", jobs=1)
+    assert early is not None and len(started) == 1
+    results = run_reloads(package, device="cpu", timeout=300, jobs=1, progress=NULL_PROGRESS, prestarted=early)
+    assert len(started) == 1 and {r.facts["isolation"] for r in results} == {"fork"}
+    assert all(r.ok for r in results)
+    early.close()  # as the flow does, after run_reloads closed it already: safe to repeat
+    assert early.zygote.client.proc.returncode is not None and not early.zygote.work.exists()
+
+
+def test_a_zygote_never_used_is_killed_at_once_while_it_still_imports(package_dir):
+    from itera_verify.reload import prestart
+
+    early = prestart(discover(package_dir), device="cpu", jobs=1)
+    proc = early.zygote._starting.proc
+    closed = time.monotonic()
+    early.close()  # Ctrl-C during the static checks
+    assert time.monotonic() - closed < 2 and proc.returncode is not None
+    assert not early.zygote.work.exists()

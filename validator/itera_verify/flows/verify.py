@@ -41,7 +41,8 @@ def check_processes(package: Package) -> int:
 
 def check_package(package: Package, selection: Selection, *, reload: bool, device: str, timeout: float,
                   jobs: int, progress: Progress, processes: int = 1,
-                  started: StartedChecks | None = None, isolation: str = "auto") -> tuple[list[Finding], list]:
+                  started: StartedChecks | None = None, isolation: str = "auto",
+                  prestarted=None) -> tuple[list[Finding], list]:
     """Static checks (in `processes` processes, or those `started` already), then (optionally) the reloads and
     the rules over their facts."""
     findings = started.result() if started is not None else run_checks(package, selection, "static",
@@ -51,7 +52,7 @@ def check_package(package: Package, selection: Selection, *, reload: bool, devic
         from ..reload import run_reloads
 
         reloads = run_reloads(package, device=device, timeout=timeout, jobs=jobs, progress=progress,
-                              isolation=isolation)
+                              isolation=isolation, prestarted=prestarted)
         package.reloads = reloads
         findings += run_checks(package, selection, "reload")
     return findings, reloads
@@ -95,17 +96,23 @@ def verify(path, *, device: str = "auto", reload: bool = True, seal: bool = True
 
     seal_options = dict(output=output, overwrite=overwrite, level=level, threads=threads, progress=progress)
     with termination_unwinds():  # SIGTERM unwinds like Ctrl-C: a seal begun beside the checks is removed
-        static_checks, sealing = None, None
+        static_checks, sealing, prestarted = None, None, None
         try:
             if seal:
                 # Beside a seal the checks run in one child process, forked before the seal's threads start:
                 # both cores are busy already, and the seal's threads then have this interpreter to themselves.
                 static_checks = StartedChecks(package, selection, "static", detached=True)
+            if reload:  # the reload zygote imports its libraries while the static checks run (reload/runner.py)
+                from ..reload import prestart
+
+                prestarted = prestart(package, device=resolved_device, jobs=jobs, isolation=isolation)
+            if seal:
                 sealing = start_sealing(package, **seal_options)
             findings, reloads = check_package(package, selection, reload=reload, device=resolved_device or "cpu",
                                               timeout=timeout, jobs=jobs, progress=progress,
                                               processes=1 if static_checks is not None else check_processes(package),
-                                              started=static_checks, isolation=isolation)
+                                              started=static_checks, isolation=isolation,
+                                              prestarted=prestarted)
             report = build_report(package, findings, reloads, selection, mode="verify", reloaded=reload,
                                   device=resolved_device)
             if not seal:
@@ -116,6 +123,8 @@ def verify(path, *, device: str = "auto", reload: bool = True, seal: bool = True
             else:
                 seal_report(package, report, selection, sealing=sealing, **seal_options)
         finally:
+            if prestarted is not None:
+                prestarted.close()
             if static_checks is not None:
                 static_checks.cancel()
             if sealing is not None:

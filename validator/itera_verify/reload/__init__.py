@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..model import UsageError
-from .runner import run_reloads
+from .runner import prestart, run_reloads
 
 DEVICES = ("auto", "cuda", "cpu")
 
@@ -24,4 +24,4 @@ def resolve_device(requested: str) -> str:
     raise UsageError(f"--device cuda: no CUDA GPU available: {why}; use --device cpu or auto")
 
 
-__all__ = ["resolve_device", "run_reloads"]
+__all__ = ["prestart", "resolve_device", "run_reloads"]

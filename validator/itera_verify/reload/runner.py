@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..runtime.forked import SIGNAL_POLL_SECONDS
@@ -29,7 +30,7 @@ from .gpus import GpuPool, free_memory, needs_every_gpu, visible_gpus
 from .loaders import LOADERS
 from .placement import cap_from_environment, weight_bytes
 from .process import ChildProcesses, Exit, sigterm_interrupts
-from .zygote_client import ForkedChild, Zygote, start_zygote
+from .zygote_client import ForkedChild, Zygote, can_fork, start_zygote
 
 VALIDATOR_DIR = str(Path(__file__).resolve().parents[2])  # the folder holding the itera_verify package
 LOG_TAIL_LINES = 3
@@ -157,7 +158,11 @@ def _died(code: int | None, log: Path) -> str:
         why = " (the system may have run out of memory)" if -code == signal.SIGKILL else ""
         return f"the reload process was killed by {name}{why}"
     tail = _log_tail(log)
-    return f"the reload process exited with code {code} without a result" + (f": {tail}" if tail else "")
+    # The C runtimes abort with these when a memory limit (RLIMIT_AS, a cgroup) refuses a thread stack or a map.
+    starved = any(words in tail for words in ("Thread creation failed", "Resource temporarily unavailable",
+                                              "Cannot allocate memory", "std::bad_alloc"))
+    hint = " (the process could not get memory: out of memory, or over a memory limit)" if starved else ""
+    return f"the reload process exited with code {code} without a result{hint}" + (f": {tail}" if tail else "")
 
 
 def model_types(jobs) -> list[str]:
@@ -318,9 +323,44 @@ def _merge(result: ReloadResult, reported: dict) -> None:
     result.facts = facts
 
 
+@dataclass
+class Prestarted:
+    """A zygote started before the static checks, so that its imports overlap them (flows/verify.py)."""
+
+    children: ChildProcesses
+    zygote: Zygote
+    isolation: str
+
+    def close(self) -> None:
+        self.zygote.close()
+
+
+def _parallel(device: str, jobs: int, gpus: list[int]) -> tuple[int, int]:
+    """(children side by side, threads each): --jobs on the CPU, one per GPU."""
+    parallel = max(1, jobs) if device == "cpu" else max(1, len(gpus))
+    return parallel, max(1, (os.cpu_count() or 1) // parallel) if parallel > 1 else 0
+
+
+def prestart(package: Package, *, device: str, jobs: int, isolation: str = "auto") -> Prestarted | None:
+    """Start the run's zygote now; run_reloads(prestarted=...) uses it, close() ends it if it never is."""
+    if not can_fork(isolation) or not package.artifacts():
+        return None
+    root = os.path.realpath(package.root)
+    folders = []
+    for artifact in package.artifacts():
+        rel = package.normalise_ref(artifact["path"]) if isinstance(artifact.get("path"), str) else None
+        real = os.path.realpath(package.abspath(rel)) if rel is not None else ""
+        if real.startswith(root + os.sep) and os.path.isdir(real):
+            folders.append({"path": real})
+    _, threads = _parallel(device, jobs, visible_gpus() if device == "cuda" else [])
+    children = ChildProcesses()
+    hf_cache = os.path.abspath(package.hf_cache) if package.hf_cache else None
+    return Prestarted(children, Zygote(children, zygote_env(threads, hf_cache), model_types(folders)), isolation)
+
+
 def run_reloads(package: Package, *, device: str, timeout: float, jobs: int, progress,
                 only: set[str] | None = None, prefetch: bool | None = None,
-                isolation: str = "auto") -> list[ReloadResult]:
+                isolation: str = "auto", prestarted: Prestarted | None = None) -> list[ReloadResult]:
     """Every manifest artifact (or those named in `only`), each in its own child; results in manifest order.
     isolation: "auto" forks the children from one zygote where fork is safe, "fork" insists on it (a usage
     error otherwise), "spawn" starts a new interpreter per child. prefetch (spawned children, default: on a
@@ -328,8 +368,7 @@ def run_reloads(package: Package, *, device: str, timeout: float, jobs: int, pro
     importing torch and transformers takes 10-20 s, that is most of a small reload. prefetch=True alone asks
     for spawned children."""
     gpus = visible_gpus() if device == "cuda" else []
-    parallel = max(1, jobs) if device == "cpu" else max(1, len(gpus))  # one reload per GPU at a time
-    threads = max(1, (os.cpu_count() or 1) // parallel) if parallel > 1 else 0
+    parallel, threads = _parallel(device, jobs, gpus)  # one reload per GPU at a time
     chosen = [a for a in package.artifacts() if only is None or a.get("id") in only]
     plans = [plan(package, artifact, device, threads) for artifact in chosen]
     results: list[ReloadResult | None] = [p if isinstance(p, ReloadResult) else None for p in plans]
@@ -339,7 +378,7 @@ def run_reloads(package: Package, *, device: str, timeout: float, jobs: int, pro
     pending = {i: p for i, p in enumerate(plans) if isinstance(p, dict)}
     if gpus:  # largest first: the long reloads start at once, the small ones fill the gaps (results: manifest order)
         pending = dict(sorted(pending.items(), key=lambda item: -int(item[1].get("weight_bytes") or 0)))
-    children = ChildProcesses()
+    children = prestarted.children if prestarted is not None else ChildProcesses()
     pool = GpuPool(gpus, children.stopping) if gpus else None
     if gpus:
         free, cap = free_memory(len(gpus)), cap_from_environment()
@@ -354,7 +393,8 @@ def run_reloads(package: Package, *, device: str, timeout: float, jobs: int, pro
         try:
             first = next(iter(pending.values()), {})
             zygote = start_zygote(isolation, children, zygote_env(first.get("threads") or 0, first.get("hf_cache")),
-                                  bool(pending), model_types(pending.values()))
+                                  bool(pending), model_types(pending.values()),
+                                  started=prestarted.zygote if prestarted is not None else None)
             if zygote is None and prefetch and parallel == 1 and len(gpus) <= 1:
                 indexes = list(pending)
                 for position, result in _one_at_a_time([pending[i] for i in indexes], timeout, children,

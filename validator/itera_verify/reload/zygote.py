@@ -251,7 +251,11 @@ def main(argv: list[str]) -> int:
         zygote.serve()
     finally:
         zygote.stop()
-    return 0
+        sys.stdout.flush()
+        sys.stderr.flush()
+    # No interpreter shutdown: tearing down torch and transformers takes a second or more, and the run waits
+    # for this process to end; it holds nothing to save.
+    os._exit(0)
 
 
 if __name__ == "__main__":

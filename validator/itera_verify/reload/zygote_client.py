@@ -136,14 +136,15 @@ class ZygoteClient:
             if self.children.stopping.is_set():
                 return "interrupted"
 
-    def close(self) -> None:
-        """End the zygote: end of file on its socket ends it and any child it still has."""
+    def close(self, grace: float = 5.0) -> None:
+        """End the zygote: end of file on its socket ends it and any child it still has (one still importing
+        reads nothing: grace 0 kills it at once)."""
         with self._lock:
             self.dead = True
             with contextlib.suppress(OSError):
                 self.sock.close()
-        if self.proc is not None:
-            self.children.wait(self.proc, 5.0)
+        if self.proc is not None and self.proc.returncode is None:
+            self.children.wait(self.proc, grace)
 
 
 class Zygote:
@@ -156,11 +157,19 @@ class Zygote:
         # Room in its command line for a child's title: `-m itera_verify.reload.child JOB RESULT` (zygote.py).
         room = 2 * len(tempfile.gettempdir()) + 256
         with open(self.work / "zygote.log", "wb") as log_handle:
-            client = ZygoteClient(children, env, str(self.work), log_handle, room, model_types)
+            self._starting = ZygoteClient(children, env, str(self.work), log_handle, room, model_types)
+        self.children = children
+
+    def wait_ready(self) -> None:
+        """Wait for its imports; then `client` is set, or `why` says why it cannot be forked from."""
+        client, self._starting = self._starting, None
+        if client is None:
+            return
+        children = self.children
         try:
             ready = client.ready(ZYGOTE_START_SECONDS)
         except BaseException:  # Ctrl-C while it imports: it goes, and its folder with it
-            client.close()
+            client.close(grace=0)
             shutil.rmtree(self.work, ignore_errors=True)
             raise
         if ready is None:
@@ -176,17 +185,30 @@ class Zygote:
             client.close()
 
     def close(self) -> None:
+        """Safe to repeat; a zygote still importing is killed, not waited for."""
+        if self._starting is not None:
+            self._starting.close(grace=0)
+            self._starting = None
         if self.client is not None:
             self.client.close()
         shutil.rmtree(self.work, ignore_errors=True)
 
 
+def can_fork(isolation: str) -> bool:
+    # macOS: fork after the Objective-C runtime started is not safe (and CUDA is absent there).
+    return isolation != "spawn" and hasattr(os, "fork") and sys.platform != "darwin"
+
+
 def start_zygote(isolation: str, children: ChildProcesses, env: dict, needed: bool = True,
-                 model_types=()) -> Zygote | None:
-    """The run's zygote, or None where children are spawned (asked for, no fork, nothing to run)."""
-    if isolation == "spawn" or not needed or not hasattr(os, "fork") or sys.platform == "darwin":
-        return None  # macOS: fork after the Objective-C runtime started is not safe (and CUDA is absent)
-    zygote = Zygote(children, env, model_types)
+                 model_types=(), started: Zygote | None = None) -> Zygote | None:
+    """The run's zygote (`started`: one started earlier, still importing), ready; None where children are
+    spawned (asked for, no fork, nothing to run, or the zygote is not safe to fork from)."""
+    if not can_fork(isolation) or not needed:
+        if started is not None:
+            started.close()
+        return None
+    zygote = started or Zygote(children, env, model_types)
+    zygote.wait_ready()
     if zygote.client is None:
         zygote.close()
         if isolation == "fork" and not children.stopping.is_set():
