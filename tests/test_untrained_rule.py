@@ -117,6 +117,11 @@ def test_clean_classifier_campaign_has_no_IV512(classifier_dir, built_classifier
     assert iv512(classifier_dir, built_classifier["hf_cache"]) == []
 
 
+def test_clean_multigpu_package_has_no_IV512(multigpu_dir, built_multigpu):
+    # Several checkpoints of the control (DDP, DeepSpeed, accelerate) hold its weights: one run, no finding.
+    assert iv512(multigpu_dir, built_multigpu["hf_cache"]) == []
+
+
 def test_init_template_has_no_IV512(tmp_path, built):
     result = run_cli("init", tmp_path / "new")
     assert result.returncode == 0, result.stderr
