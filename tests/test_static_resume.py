@@ -132,6 +132,13 @@ def test_deepspeed_like_layout_is_left_to_the_reload(package_dir):
     assert resume_findings(package_dir) == []
 
 
+def test_fsdp_full_state_optimizer_bin_serves_as_the_optimizer(package_dir):
+    # FSDP with FULL_STATE_DICT: accelerate writes optimizer.bin (and pytorch_model_fsdp.bin), no optimizer.pt.
+    folder = package_dir / CHECKPOINT
+    (folder / "optimizer.pt").rename(folder / "optimizer.bin")
+    assert resume_findings(package_dir) == []
+
+
 def test_fsdp_like_layout_is_left_to_the_reload(package_dir):
     folder = package_dir / CHECKPOINT
     (folder / "pytorch_model_fsdp_0").mkdir()

@@ -293,14 +293,23 @@ def _reloads(console: Console, report: Report, verbose: bool) -> None:
     if not report.reloads:
         console.print(Text("Reloads: no artifact to reload.", style="yellow"))
         return
-    table = _table("Reloads", "artifact", "loader", "devices", "ok", "seconds", "peak memory (host / GPU)",
-                   "detail")
+    # One line per artifact, never wrapped; what went wrong (or, with -v, what the forward pass proved) follows
+    # the table in full, one line per artifact, where a long message stays readable.
+    table = Table(title="Reloads", title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
+                  show_edge=False)
+    for column in ("artifact", "loader", "devices", "ok", "seconds", "peak memory (host / GPU)"):
+        table.add_column(column, no_wrap=True, overflow="ellipsis")
+    details = []
     for reload in report.reloads:
         ok = Text("ok", style="green") if reload.ok else Text("FAILED", style="bold red")
         detail = clean(reload.error if not reload.ok else (reload.forward if verbose else ""))
+        if detail:
+            details.append(Text(f"  {clean(reload.artifact)}: {detail}", style="" if reload.ok else "red"))
         table.add_row(clean(reload.artifact), clean(reload.loader), clean(", ".join(reload.devices) or reload.device),
-                      ok, f"{reload.seconds:.1f}", memory_cell(reload), detail)
+                      ok, f"{reload.seconds:.1f}", memory_cell(reload))
     console.print(table)
+    for line in details:
+        console.print(line, soft_wrap=True)
 
 
 def memory_cell(reload) -> str:

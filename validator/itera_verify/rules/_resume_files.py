@@ -89,12 +89,14 @@ def trainer_checkpoint_facts(package: Package, folder: str, artifact: str, run: 
                                          f"adapter_model.safetensors) in {folder}: {cannot}", **fact,
                          reload_file=f"{folder}/model")
     yield from _index_shards(package, folder, files, fact)
-    wanted = [("optimizer.pt", "optimizer.pt (the Trainer restarts the optimizer from scratch without it)"),
-              ("scheduler.pt", "scheduler.pt (the Trainer restarts the LR schedule without it)")]
+    # (file, what else serves, meaning): FSDP with a full state dict saves the optimizer as optimizer.bin.
+    wanted = [("optimizer.pt", "optimizer.bin", "optimizer.pt (optimizer.bin under FSDP; the Trainer restarts the "
+                                                "optimizer from scratch without it)"),
+              ("scheduler.pt", None, "scheduler.pt (the Trainer restarts the LR schedule without it)")]
     if fp16_run(package, run):
-        wanted.append(("scaler.pt", "scaler.pt (the run used fp16 mixed precision)"))
-    for name, meaning in wanted:
-        if name not in files:
+        wanted.append(("scaler.pt", None, "scaler.pt (the run used fp16 mixed precision)"))
+    for name, alternative, meaning in wanted:
+        if name not in files and alternative not in files:
             yield ResumeFact("IV507", f"{folder}/{name}", f"no {meaning} in {folder}: {cannot}", **fact,
                              reload_file=f"{folder}/{name}")
     if not any(RNG_FILE.fullmatch(name) for name in files):
