@@ -19,23 +19,23 @@ def test_clean_package_has_no_identity_finding(package_dir):
 
 
 def test_two_runs_share_an_id_is_IV301(package_dir):
-    edit_manifest(package_dir, lambda m: m["runs"][2].update(id="lora-r16"))
+    edit_manifest(package_dir, lambda m: m["runs"][0].update(id="lora-r16"))  # the pilot, lora-r64
     found = only(static_findings(package_dir), "IV301")
     assert len(found) == 1
     assert found[0].pointer == "/runs/2/id" and found[0].run == "lora-r16"
-    assert "runs 1 and 2" in found[0].message
+    assert "runs 0 and 2" in found[0].message
 
 
 def test_no_control_run_is_IV302(package_dir):
-    edit_manifest(package_dir, lambda m: m["runs"][0].update(role="variant"))
+    edit_manifest(package_dir, lambda m: m["runs"][1].update(role="variant"))
     found = only(static_findings(package_dir), "IV302")
     assert len(found) == 1 and "no control run" in found[0].message
 
 
 def test_two_control_runs_is_IV302(package_dir):
-    edit_manifest(package_dir, lambda m: m["runs"][1].update(role="control"))
+    edit_manifest(package_dir, lambda m: m["runs"][2].update(role="control"))
     found = only(static_findings(package_dir), "IV302")
-    assert len(found) == 1 and found[0].pointer == "/runs/1/role"
+    assert len(found) == 1 and found[0].pointer == "/runs/2/role"
     assert "2 control runs (control, lora-r16)" in found[0].message
 
 
@@ -81,12 +81,12 @@ def test_params_changed_after_the_run_is_IV304(package_dir):
     edit_json(package_dir, "params/control.json", lambda p: p.update(learning_rate=1e-3))
     found = only(static_findings(package_dir), "IV304")
     assert len(found) == 1
-    assert found[0].pointer == "/runs/0/config_sha256" and found[0].run == "control"
+    assert found[0].pointer == "/runs/1/config_sha256" and found[0].run == "control"
     assert "new run id" in found[0].message
 
 
 def test_config_sha256_not_recorded_is_IV304(package_dir):
-    edit_manifest(package_dir, lambda m: m["runs"][1].pop("config_sha256"))
+    edit_manifest(package_dir, lambda m: m["runs"][2].pop("config_sha256"))
     (finding,) = only(static_findings(package_dir), "IV304")
     assert finding.run == "lora-r16" and "no SHA-256" in finding.message
 
@@ -137,9 +137,9 @@ def test_eval_ids_edited_after_freezing_is_IV306(package_dir):
 
 
 def test_control_in_the_useful_category_is_IV307(package_dir):
-    edit_manifest(package_dir, lambda m: m["runs"][0].update(category="useful"))
+    edit_manifest(package_dir, lambda m: m["runs"][1].update(category="useful"))
     (finding,) = only(static_findings(package_dir), "IV307")
-    assert finding.pointer == "/runs/0/category" and finding.severity.value == "warning"
+    assert finding.pointer == "/runs/1/category" and finding.severity.value == "warning"
 
 
 def test_refreshed_hashes_after_a_params_edit_are_clean(package_dir):
@@ -147,7 +147,7 @@ def test_refreshed_hashes_after_a_params_edit_are_clean(package_dir):
     edit_json(package_dir, "params/control.json", lambda p: p.update(learning_rate=1e-3))
     refresh_hashes(package_dir)
     assert "IV304" not in codes(static_findings(package_dir))
-    assert load_json(package_dir, "manifest.json")["runs"][0]["config_sha256"] != ""
+    assert load_json(package_dir, "manifest.json")["runs"][1]["config_sha256"] != ""
 
 
 def test_variant_predictions_copied_from_the_control_is_IV308(package_dir):
@@ -159,7 +159,7 @@ def test_variant_predictions_copied_from_the_control_is_IV308(package_dir):
 
 
 def test_two_runs_naming_one_predictions_file_is_IV308(package_dir):
-    edit_manifest(package_dir, lambda m: m["runs"][1].update(predictions="predictions/control.jsonl"))
+    edit_manifest(package_dir, lambda m: m["runs"][2].update(predictions="predictions/control.jsonl"))
     (finding,) = only(static_findings(package_dir), "IV308")
     assert finding.run == "lora-r16" and "names the same predictions file as run control" in finding.message
 

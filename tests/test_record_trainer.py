@@ -208,7 +208,7 @@ def test_the_adapter_is_pinned_to_the_commit_the_base_was_loaded_from(recorded, 
 def test_a_nan_loss_stops_the_run_at_its_step_with_the_real_loss_logged(recorded):
     stops = json.loads((recorded["package"] / "stops.json").read_text())["stops"]
     (stop,) = [s for s in stops if s["run"] == "nan"]
-    assert stop["rule"] == "nonfinite-loss" and stop["step"] == 1 and "loss became nan" in stop["reason"]
+    assert stop["rule"] == "nonfinite-loss" and stop["step"] == 1 and "loss became NaN" in stop["reason"]
     assert recorded["nan_steps"] == 1  # training stopped there, not after 5 steps
     lines = [json.loads(line) for line in (recorded["package"] / "metrics/nan.jsonl").read_text().splitlines()]
     losses = [r["value"] for r in lines if r["name"] == "loss"]
@@ -265,4 +265,4 @@ def test_a_callback_added_after_init_still_sees_the_real_nan_loss(tmp_path):
         trainer.remove_callback(ProgressCallback)
         trainer.train()
     (stop,) = json.loads((tmp_path / "pkg/stops.json").read_text())["stops"]
-    assert stop["step"] == 1 and stop["reason"].startswith("loss became nan")
+    assert stop["step"] == 1 and stop["reason"].startswith("loss became NaN")

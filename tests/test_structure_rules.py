@@ -36,37 +36,37 @@ def test_missing_manifest_is_IV101(package_dir):
 
 
 def test_completed_run_without_predictions_is_IV101(package_dir):
-    edit_manifest(package_dir, lambda m: m["runs"][0].__setitem__("predictions", None))
+    edit_manifest(package_dir, lambda m: m["runs"][1].__setitem__("predictions", None))
     found = only(static_findings(package_dir), "IV101")
-    assert [f.pointer for f in found] == ["/runs/0/predictions"]
+    assert [f.pointer for f in found] == ["/runs/1/predictions"]
     assert found[0].run == "control"
 
 
 def test_deleted_params_file_is_IV106_with_its_pointer_not_IV101(package_dir):
-    params = load_json(package_dir, "manifest.json")["runs"][1]["params"]
+    params = load_json(package_dir, "manifest.json")["runs"][2]["params"]
     (package_dir / params).unlink()
     found = static_findings(package_dir)
-    assert [f.pointer for f in only(found, "IV106")] == ["/runs/1/params"] and not only(found, "IV101")
+    assert [f.pointer for f in only(found, "IV106")] == ["/runs/2/params"] and not only(found, "IV101")
     assert "does not exist" in only(found, "IV106")[0].message
 
 
 def test_params_naming_a_folder_is_IV101_not_IV106(package_dir):
-    edit_manifest(package_dir, lambda m: m["runs"][1].__setitem__("params", "analysis"))
+    edit_manifest(package_dir, lambda m: m["runs"][2].__setitem__("params", "analysis"))
     found = static_findings(package_dir)
-    assert [f.pointer for f in only(found, "IV101")] == ["/runs/1/params"] and not only(found, "IV106")
+    assert [f.pointer for f in only(found, "IV101")] == ["/runs/2/params"] and not only(found, "IV106")
     assert "is a folder" in only(found, "IV101")[0].message
 
 
 def test_run_naming_no_params_file_at_all_is_IV101(package_dir):
-    edit_manifest(package_dir, lambda m: m["runs"][1].pop("params"))
-    assert [f.pointer for f in only(static_findings(package_dir), "IV101")] == ["/runs/1/params"]
+    edit_manifest(package_dir, lambda m: m["runs"][2].pop("params"))
+    assert [f.pointer for f in only(static_findings(package_dir), "IV101")] == ["/runs/2/params"]
 
 
 def test_a_reference_under_a_near_name_suggests_the_file_that_is_there(package_dir):
-    params = load_json(package_dir, "manifest.json")["runs"][1]["params"]  # params/lora-r16.json
-    edit_manifest(package_dir, lambda m: m["runs"][1].__setitem__("params", params.replace("-", "_")))
+    params = load_json(package_dir, "manifest.json")["runs"][2]["params"]  # params/lora-r16.json
+    edit_manifest(package_dir, lambda m: m["runs"][2].__setitem__("params", params.replace("-", "_")))
     (finding,) = only(static_findings(package_dir), "IV106")
-    assert finding.pointer == "/runs/1/params" and f"did you mean {params}?" in finding.message
+    assert finding.pointer == "/runs/2/params" and f"did you mean {params}?" in finding.message
 
 
 def test_a_folder_reference_under_a_near_name_suggests_the_folder(package_dir):
@@ -78,11 +78,11 @@ def test_a_folder_reference_under_a_near_name_suggests_the_folder(package_dir):
 
 def test_no_suggestion_for_a_far_name_or_a_file_another_run_names(package_dir):
     manifest = load_json(package_dir, "manifest.json")
-    taken = manifest["runs"][2]["params"]  # params/lora-r64.json, named by its own run
-    edit_manifest(package_dir, lambda m: (m["runs"][0].__setitem__("params", taken.replace(".json", "x.json")),
-                                          m["runs"][0].__setitem__("metrics", "metrics/zzzz.jsonl")))
+    taken = manifest["runs"][0]["params"]  # params/lora-r64.json, named by its own run
+    edit_manifest(package_dir, lambda m: (m["runs"][1].__setitem__("params", taken.replace(".json", "x.json")),
+                                          m["runs"][1].__setitem__("metrics", "metrics/zzzz.jsonl")))
     found = only(static_findings(package_dir), "IV106")
-    assert sorted(f.pointer for f in found) == ["/runs/0/metrics", "/runs/0/params"]
+    assert sorted(f.pointer for f in found) == ["/runs/1/metrics", "/runs/1/params"]
     assert not any("did you mean" in f.message for f in found), [f.message for f in found]
 
 
@@ -100,7 +100,7 @@ def test_zero_byte_file_is_IV102(package_dir):
 
 
 def test_truncated_predictions_to_zero_bytes_is_IV102_not_IV103(package_dir):
-    rel = load_json(package_dir, "manifest.json")["runs"][0]["predictions"]
+    rel = load_json(package_dir, "manifest.json")["runs"][1]["predictions"]
     (package_dir / rel).write_bytes(b"")
     found = static_findings(package_dir)
     assert rel in [f.path for f in only(found, "IV102")]
@@ -109,7 +109,7 @@ def test_truncated_predictions_to_zero_bytes_is_IV102_not_IV103(package_dir):
 
 @pytest.mark.parametrize("empty", [{}, [], None])
 def test_params_document_empty_in_substance_is_IV103(package_dir, empty):
-    rel = load_json(package_dir, "manifest.json")["runs"][0]["params"]
+    rel = load_json(package_dir, "manifest.json")["runs"][1]["params"]
     write_json(package_dir, rel, empty)
     refresh_hashes(package_dir)
     found = static_findings(package_dir)
@@ -124,14 +124,14 @@ def test_whitespace_only_eval_ids_is_IV103(package_dir):
 
 
 def test_jsonl_metrics_with_no_record_is_IV103(package_dir):
-    rel = load_json(package_dir, "manifest.json")["runs"][1]["metrics"]
+    rel = load_json(package_dir, "manifest.json")["runs"][2]["metrics"]
     write_text(package_dir, rel, "\n\n")
     assert rel in [f.path for f in only(static_findings(package_dir), "IV103")]
 
 
 def test_csv_metrics_with_header_only_is_IV103(package_dir):
     write_text(package_dir, "metrics/control.csv", "step,name,value\n")
-    edit_manifest(package_dir, lambda m: m["runs"][0].__setitem__("metrics", "metrics/control.csv"))
+    edit_manifest(package_dir, lambda m: m["runs"][1].__setitem__("metrics", "metrics/control.csv"))
     found = only(static_findings(package_dir), "IV103")
     assert [f.path for f in found] == ["metrics/control.csv"]
     assert "header" in found[0].message
@@ -153,7 +153,7 @@ def test_manifest_with_trailing_comma_is_IV104_with_line_and_column(package_dir)
 
 
 def test_broken_metrics_line_is_IV104_at_that_line(package_dir):
-    rel = load_json(package_dir, "manifest.json")["runs"][0]["metrics"]
+    rel = load_json(package_dir, "manifest.json")["runs"][1]["metrics"]
     lines = (package_dir / rel).read_text().splitlines()
     lines[2] = '{"step": 3, "name": "train_loss", "value": }'
     (package_dir / rel).write_text("\n".join(lines) + "\n")
@@ -168,9 +168,9 @@ def test_invalid_yaml_is_IV104(package_dir):
 
 
 def test_unknown_role_is_IV105_with_pointer_and_line(package_dir):
-    edit_manifest(package_dir, lambda m: m["runs"][1].__setitem__("role", "baseline"))
+    edit_manifest(package_dir, lambda m: m["runs"][2].__setitem__("role", "baseline"))
     found = only(static_findings(package_dir), "IV105")
-    assert [f.pointer for f in found] == ["/runs/1/role"]
+    assert [f.pointer for f in found] == ["/runs/2/role"]
     text = (package_dir / "manifest.json").read_text().splitlines()
     assert '"baseline"' in text[found[0].line - 1]
 
@@ -195,12 +195,12 @@ def test_unsafe_id_is_said_in_words(package_dir):
 
 
 def test_run_id_unsafe_as_a_file_name_is_IV105(package_dir):
-    edit_manifest(package_dir, lambda m: m["runs"][2].__setitem__("id", "../lora"))
-    assert "/runs/2/id" in [f.pointer for f in only(static_findings(package_dir), "IV105")]
+    edit_manifest(package_dir, lambda m: m["runs"][0].__setitem__("id", "../lora"))
+    assert "/runs/0/id" in [f.pointer for f in only(static_findings(package_dir), "IV105")]
 
 
 def test_params_without_seed_is_IV105(package_dir):
-    rel = load_json(package_dir, "manifest.json")["runs"][0]["params"]
+    rel = load_json(package_dir, "manifest.json")["runs"][1]["params"]
     edit_json(package_dir, rel, lambda p: p.pop("seed"))
     refresh_hashes(package_dir)
     found = only(static_findings(package_dir), "IV105")
@@ -233,7 +233,7 @@ def test_missing_error_analysis_is_IV106(package_dir):
 def test_every_finding_is_reported_not_only_the_first(package_dir):
     (package_dir / "stops.json").unlink()
     (package_dir / "artifacts" / "control-model" / "empty.txt").write_bytes(b"")
-    edit_manifest(package_dir, lambda m: (m["runs"][0].__setitem__("role", "baseline"),
+    edit_manifest(package_dir, lambda m: (m["runs"][1].__setitem__("role", "baseline"),
                                           m["artifacts"][0].__setitem__("path", "artifacts/nowhere")))
     assert {"IV101", "IV102", "IV105", "IV106"} <= codes(static_findings(package_dir))
 

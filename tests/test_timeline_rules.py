@@ -23,16 +23,16 @@ def test_handmade_package_has_no_timeline_finding(tmp_path):
 
 
 def test_run_that_ended_before_it_started_is_IV612(package_dir):
-    edit_manifest(package_dir, lambda m: m["runs"][0].update(ended_at="2026-11-20T00:30:00Z"))  # a day off
+    edit_manifest(package_dir, lambda m: m["runs"][1].update(ended_at="2026-11-20T00:30:00Z"))  # a day off
     (finding,) = only(static_findings(package_dir), "IV612")
-    assert finding.pointer == "/runs/0/ended_at" and finding.run == "control"
+    assert finding.pointer == "/runs/1/ended_at" and finding.run == "control"
     assert "ended at 2026-11-20T00:30:00Z, 12 h before it started (2026-11-20T12:30:00Z)" in finding.message
 
 
 def test_run_started_before_the_campaign_was_created_is_IV612(package_dir):
-    edit_manifest(package_dir, lambda m: m["runs"][1].update(started_at="2026-11-19T01:00:00Z"))
+    edit_manifest(package_dir, lambda m: m["runs"][2].update(started_at="2026-11-19T01:00:00Z"))
     (finding,) = only(static_findings(package_dir), "IV612")
-    assert finding.pointer == "/runs/1/started_at" and finding.run == "lora-r16"
+    assert finding.pointer == "/runs/2/started_at" and finding.run == "lora-r16"
     assert "before the campaign was created (2026-11-20T08:00:00Z)" in finding.message
 
 
@@ -60,6 +60,6 @@ def test_times_in_another_offset_are_compared_as_instants(package_dir):
 
 def test_unreadable_times_are_left_to_the_schema(package_dir):
     edit_manifest(package_dir, lambda m: (m.update(created_at="yesterday"),
-                                          m["runs"][0].update(ended_at="soon")))
+                                          m["runs"][1].update(ended_at="soon")))
     found = static_findings(package_dir)
     assert not only(found, "IV612") and only(found, "IV105")

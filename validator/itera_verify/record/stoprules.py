@@ -41,6 +41,15 @@ def validate_rules(rules: list[dict]) -> list[dict]:
     return [dict(rule) for rule in rules]
 
 
+def spelled(value: float) -> str:
+    """A value as the metrics file and the checker's messages spell it: NaN, Infinity, -Infinity for non-finite."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return repr(value)
+
+
 def check(rules: list[dict], step: int, name: str, value: float) -> Violation | None:
     """The first declared rule that `name = value` at `step` breaks, if any."""
     finite = math.isfinite(value)
@@ -48,8 +57,8 @@ def check(rules: list[dict], step: int, name: str, value: float) -> Violation | 
         kind = rule.get("kind")
         if kind == "nonfinite_loss" and not finite and (name == rule.get("metric") or is_loss_like(name)):
             # A non-finite grad_norm is the Trainer's masked NaN (FIELD-NOTES): the weights are garbage too.
-            return Violation(rule["id"], step, name, value, f"{name} became {value} at step {step}")
+            return Violation(rule["id"], step, name, value, f"{name} became {spelled(value)} at step {step}")
         if kind == "below_threshold" and name == rule.get("metric") and (not finite or value < rule["threshold"]):
             return Violation(rule["id"], step, name, value,
-                             f"{name} = {value} at step {step}, under the floor {rule['threshold']}")
+                             f"{name} = {spelled(value)} at step {step}, under the floor {rule['threshold']}")
     return None
