@@ -6,6 +6,7 @@ cannot. Nothing here judges (the rules do); the budget only counts what the find
 from __future__ import annotations
 
 import math
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -171,23 +172,25 @@ def runs_summary(package, findings: list[Finding]) -> list[dict[str, Any]]:
 METRIC_PREFIXES = ("eval_", "train_", "val_", "valid_", "test_")
 
 
-def _alnum(text: str) -> str:
-    return "".join(c for c in text.lower() if c.isalnum())
+def _tokens(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower())
 
 
 def named_metrics(package) -> list[str]:
-    """The metrics a reader looks for first: those the question names ("macro-F1" names eval_macro_f1), then those
-    the stop rules name, each once, among the metrics the runs log."""
+    """The metrics a reader looks for first: those the question names ("macro-F1" names eval_macro_f1, "train
+    loss" train_loss), then those the stop rules name, each once, among the metrics the runs log. A name matches
+    one to three consecutive words of the question, with or without its eval_/train_/... prefix."""
     logged: list[str] = []
     for _index, run, _run_id in indexed_runs(package):
         scan = metrics_of(package, run)
         logged += [name for name in (scan.series if scan is not None else ()) if name not in logged]
     question = package.manifest.get("question")
-    words = _alnum(question) if isinstance(question, str) else ""
+    words = _tokens(question) if isinstance(question, str) else []
+    phrases = {"".join(words[i:i + n]) for n in (1, 2, 3) for i in range(len(words) - n + 1)}
     named = []
     for name in logged:
         bare = next((name[len(p):] for p in METRIC_PREFIXES if name.startswith(p)), name)
-        if words and len(_alnum(bare)) >= 2 and _alnum(bare) in words:
+        if {"".join(_tokens(name)), "".join(_tokens(bare))} & phrases:
             named.append(name)
     for rule in listed(section(package.manifest, "stop_rules"), "rules"):
         metric = rule.get("metric") if isinstance(rule, dict) else None
