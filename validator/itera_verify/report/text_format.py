@@ -6,94 +6,22 @@ so a message cannot inject terminal escape sequences or markup.
 from __future__ import annotations
 
 import io
-import math
 import os
 import re
 import shutil
-from typing import Any, Iterable
 
-from rich import box
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
-from ..model import Finding, Severity
+from ..model import Severity
 from . import Report
+from .text_tables import reloads_table, runs_table
+# The shared words, imported from here by the other renderers.
+from .words import (clean, findings_by_file, hours, human_bytes, location, memory_cell, metric_value,  # noqa: F401
+                    number, plural, rejection_cause, run_metrics, run_stop, severity_of, usd)
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 PLAIN_WIDTH = 120  # wide enough that a CI log keeps one finding per line
-
-
-# ----------------------------------------------------------------------------- words shared by every renderer
-
-def clean(value: Any, keep: str = "\n\t") -> str:
-    """A value from the package as one printable string: control characters become visible escapes."""
-    text = "" if value is None else str(value)
-    return "".join(c if c.isprintable() or c in keep else f"\\x{ord(c):02x}" for c in text)
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
-def human_bytes(size: Any) -> str:
-    if not isinstance(size, (int, float)) or isinstance(size, bool) or size < 0:
-        return "-"
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{size} B"
-
-
-def number(value: Any, digits: int = 2) -> str | None:
-    """A finite number as text, or None for anything else (a malformed package may hold strings or NaN)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    if float(value).is_integer():
-        return str(int(value))
-    return f"{value:.{digits}f}".rstrip("0").rstrip(".")
-
-
-def usd(value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return "?"
-    return f"{value:,.2f} USD"
-
-
-def hours(value: Any) -> str:
-    text = number(value, 3)
-    return "?" if text is None else f"{text} h"
-
-
-def metric_value(value: Any) -> str:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if not math.isfinite(value):
-            return str(value)
-        return f"{value:.4g}"
-    return clean(value) if value is not None else "-"
-
-
-def location(finding: Finding) -> str:
-    """line:col when the finding has a line, else the JSON pointer, else nothing."""
-    if finding.line is not None:
-        return f"{finding.line}:{finding.column}" if finding.column is not None else str(finding.line)
-    return clean(finding.pointer) if finding.pointer else ""
-
-
-def severity_of(finding: Finding) -> str:
-    return (finding.severity or Severity.ERROR).value
-
-
-def findings_by_file(findings: Iterable[Finding]) -> list[tuple[str, list[Finding]]]:
-    """Findings grouped by file, files in first-seen order, each group most severe first."""
-    groups: dict[str, list[Finding]] = {}
-    for finding in findings:
-        groups.setdefault(finding.path or "(package)", []).append(finding)
-    rank = {"error": 0, "warning": 1, "info": 2}
-    return [(path, sorted(group, key=lambda f: (rank.get(severity_of(f), 3), f.line or 0, f.code)))
-            for path, group in groups.items()]
 
 
 def _counts(report: Report) -> str:
@@ -153,28 +81,6 @@ def cost_per_accepted(budget: dict) -> str:
     return f"undefined: {reason}, cost incurred {usd(incurred)}"
 
 
-def run_metrics(run: dict) -> dict[str, Any]:
-    """Last value per metric: `metrics` {name: value} or summary's `last_values` {name: {value, nonfinite}}."""
-    if isinstance(run.get("metrics"), dict):
-        return run["metrics"]
-    values = run.get("last_values") if isinstance(run.get("last_values"), dict) else {}
-    return {name: (v.get("value") if v.get("value") is not None else v.get("nonfinite")) if isinstance(v, dict) else v
-            for name, v in values.items()}
-
-
-def run_stop(run: dict) -> tuple[Any, Any]:
-    """(stop rule, reason) from `stop_rule`/`stop_reason` or a `stop` record."""
-    stop = run.get("stop") if isinstance(run.get("stop"), dict) else {}
-    return run.get("stop_rule") or stop.get("rule"), run.get("stop_reason") or stop.get("reason")
-
-
-def rejection_cause(rejected: dict) -> str:
-    causes = rejected.get("causes")
-    if isinstance(causes, list) and causes:
-        return "; ".join(clean(c) for c in causes)
-    return clean(rejected.get("cause")) or "?"
-
-
 # ----------------------------------------------------------------------------- sections
 
 def _header(report: Report) -> Text:
@@ -203,121 +109,6 @@ def _findings(console: Console, report: Report) -> None:
             line.append(finding.code, style="bold")
             line.append("  " + clean(finding.message))
             console.print(line, soft_wrap=True)
-
-
-def _table(title: str, *columns: str) -> Table:
-    table = Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
-                  show_edge=False)
-    for column in columns:
-        table.add_column(column, overflow="fold")
-    return table
-
-
-MAX_METRIC_COLUMNS = 6
-COLUMN_GAP = 3  # what _table's box puts between two columns: padding, divider, padding
-MIN_STOP_WIDTH = 16
-
-
-def _row_width(widths: Iterable[int]) -> int:
-    widths = list(widths)
-    return sum(widths) + COLUMN_GAP * max(len(widths) - 1, 0)
-
-
-def _metric_columns(runs: list[dict], named: list[str], fixed: int, stop: int, width: int) -> list[tuple[str, int]]:
-    """(metric, column width): the question's and the stop rules' metrics first, then others while the row fits
-    the width with the stop column whole; named ones are dropped last, from the end."""
-    logged: list[str] = []
-    for run in runs:
-        logged += [n for n in run_metrics(run) if n not in logged]
-
-    def column(name: str) -> tuple[str, int]:
-        return name, max([len(clean(name))] + [len(metric_value(run_metrics(r).get(name))) for r in runs])
-
-    first = [column(n) for n in named if n in logged][:MAX_METRIC_COLUMNS]
-    chosen = list(first)
-    for name in (n for n in logged if n not in named):
-        candidate = column(name)
-        fits = _row_width([fixed, stop, *(w for _, w in chosen), candidate[1]]) <= width
-        if len(chosen) < MAX_METRIC_COLUMNS and fits:
-            chosen.append(candidate)
-    while chosen and _row_width([fixed, min(stop, MIN_STOP_WIDTH), *(w for _, w in chosen)]) > width:
-        chosen.pop()
-    return chosen
-
-
-def _runs(console: Console, report: Report) -> None:
-    """One line per run, never wrapped: the metrics that the question and the stop rules name come first; a stop
-    reason too long for its column is cut there and printed whole below the table."""
-    runs = [r for r in (report.runs or []) if isinstance(r, dict)]
-    if not runs:
-        return
-    headers = ("run", "role", "category", "status", "accepted")
-    rows = [(clean(run.get("id")), clean(run.get("role")), clean(run.get("category")), clean(run.get("status")),
-             "yes" if run.get("accepted") else "no") for run in runs]
-    stops = [": ".join(clean(part) for part in run_stop(run) if part) for run in runs]
-    stop_header = "stop rule: reason"
-    fixed = _row_width(max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers))
-    stop_natural = max(len(stop_header), *(len(s) for s in stops))
-    columns = _metric_columns(runs, list(report.named_metrics or []), fixed, stop_natural, console.width)
-    stop_width = max(min(stop_natural, console.width - _row_width([fixed, *(w for _, w in columns)]) - COLUMN_GAP),
-                     min(stop_natural, MIN_STOP_WIDTH))
-    table = Table(title="Runs", title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
-                  show_edge=False)
-    for header in headers:
-        table.add_column(header, no_wrap=True)
-    table.add_column(stop_header, no_wrap=True, overflow="ellipsis", max_width=stop_width)
-    for name, _ in columns:
-        table.add_column(clean(name), no_wrap=True, overflow="ellipsis")
-    for run, row, stop in zip(runs, rows, stops):
-        metrics = run_metrics(run)
-        accepted = Text("yes", style="green") if run.get("accepted") else Text("no")
-        table.add_row(*row[:4], accepted, stop, *(metric_value(metrics.get(name)) for name, _ in columns))
-    console.print(table)
-    for row, stop in zip(rows, stops):
-        if len(stop) > stop_width:
-            console.print(Text(f"  {row[0]} stopped by {stop}"), soft_wrap=True)
-    shown = {name for name, _ in columns}
-    hidden = len({n for run in runs for n in run_metrics(run)} - shown)
-    if hidden:
-        console.print(Text(f"  {plural(hidden, 'more metric')} not shown (the JSON and HTML reports hold every one)",
-                           style="dim"))
-    console.print()
-
-
-def _reloads(console: Console, report: Report, verbose: bool) -> None:
-    if not report.reloaded:
-        why = "--no-reload" if report.mode == "verify" else "audit without --reload"
-        console.print(Text(f"Reloads: artifacts NOT reloaded ({why}); nothing here proves they load.",
-                           style="bold yellow"))
-        return
-    if not report.reloads:
-        console.print(Text("Reloads: no artifact to reload.", style="yellow"))
-        return
-    # One line per artifact, never wrapped; what went wrong (or, with -v, what the forward pass proved) follows
-    # the table in full, one line per artifact, where a long message stays readable.
-    table = Table(title="Reloads", title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
-                  show_edge=False)
-    for column in ("artifact", "loader", "devices", "ok", "seconds", "peak memory (host / GPU)"):
-        table.add_column(column, no_wrap=True, overflow="ellipsis")
-    details = []
-    for reload in report.reloads:
-        ok = Text("ok", style="green") if reload.ok else Text("FAILED", style="bold red")
-        detail = clean(reload.error if not reload.ok else (reload.forward if verbose else ""))
-        if detail:
-            details.append(Text(f"  {clean(reload.artifact)}: {detail}", style="" if reload.ok else "red"))
-        table.add_row(clean(reload.artifact), clean(reload.loader), clean(", ".join(reload.devices) or reload.device),
-                      ok, f"{reload.seconds:.1f}", memory_cell(reload))
-    console.print(table)
-    for line in details:
-        console.print(line, soft_wrap=True)
-
-
-def memory_cell(reload) -> str:
-    """Host peak beside device peak (a GPU reload); the one peak known otherwise."""
-    host = reload.host_peak_memory_bytes
-    if reload.device_peak_memory_bytes is not None:
-        return f"{human_bytes(host)} / {human_bytes(reload.device_peak_memory_bytes)}"
-    return human_bytes(host if host is not None else reload.peak_memory_bytes)
 
 
 def _budget(console: Console, budget: dict | None) -> None:
@@ -408,8 +199,8 @@ def render(report: Report, options: dict) -> str:
     _findings(console, report)
     if not options.get("quiet"):
         console.print()
-        _runs(console, report)
-        _reloads(console, report, bool(options.get("verbose")))
+        runs_table(console, report)
+        reloads_table(console, report, bool(options.get("verbose")))
         console.print()
         _budget(console, report.budget)
         _plan(console, report.plan)

@@ -1,0 +1,110 @@
+"""Words every renderer shares: a value from the package made printable, numbers, money, hours, a finding's place.
+
+Everything from the package is untrusted: `clean()` turns control characters into visible escapes.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+from ..model import Finding, Severity
+
+
+def clean(value: Any, keep: str = "\n\t") -> str:
+    """A value from the package as one printable string: control characters become visible escapes."""
+    text = "" if value is None else str(value)
+    return "".join(c if c.isprintable() or c in keep else f"\\x{ord(c):02x}" for c in text)
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def human_bytes(size: Any) -> str:
+    if not isinstance(size, (int, float)) or isinstance(size, bool) or size < 0:
+        return "-"
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"
+
+
+def number(value: Any, digits: int = 2) -> str | None:
+    """A finite number as text, or None for anything else (a malformed package may hold strings or NaN)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    if float(value).is_integer():
+        return str(int(value))
+    return f"{value:.{digits}f}".rstrip("0").rstrip(".")
+
+
+def usd(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return "?"
+    return f"{value:,.2f} USD"
+
+
+def hours(value: Any) -> str:
+    text = number(value, 3)
+    return "?" if text is None else f"{text} h"
+
+
+def metric_value(value: Any) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:.4g}"
+    return clean(value) if value is not None else "-"
+
+
+def location(finding: Finding) -> str:
+    """line:col when the finding has a line, else the JSON pointer, else nothing."""
+    if finding.line is not None:
+        return f"{finding.line}:{finding.column}" if finding.column is not None else str(finding.line)
+    return clean(finding.pointer) if finding.pointer else ""
+
+
+def severity_of(finding: Finding) -> str:
+    return (finding.severity or Severity.ERROR).value
+
+
+def findings_by_file(findings: Iterable[Finding]) -> list[tuple[str, list[Finding]]]:
+    """Findings grouped by file, files in first-seen order, each group most severe first."""
+    groups: dict[str, list[Finding]] = {}
+    for finding in findings:
+        groups.setdefault(finding.path or "(package)", []).append(finding)
+    rank = {"error": 0, "warning": 1, "info": 2}
+    return [(path, sorted(group, key=lambda f: (rank.get(severity_of(f), 3), f.line or 0, f.code)))
+            for path, group in groups.items()]
+
+
+def run_metrics(run: dict) -> dict[str, Any]:
+    """Last value per metric: `metrics` {name: value} or summary's `last_values` {name: {value, nonfinite}}."""
+    if isinstance(run.get("metrics"), dict):
+        return run["metrics"]
+    values = run.get("last_values") if isinstance(run.get("last_values"), dict) else {}
+    return {name: (v.get("value") if v.get("value") is not None else v.get("nonfinite")) if isinstance(v, dict) else v
+            for name, v in values.items()}
+
+
+def run_stop(run: dict) -> tuple[Any, Any]:
+    """(stop rule, reason) from `stop_rule`/`stop_reason` or a `stop` record."""
+    stop = run.get("stop") if isinstance(run.get("stop"), dict) else {}
+    return run.get("stop_rule") or stop.get("rule"), run.get("stop_reason") or stop.get("reason")
+
+
+def rejection_cause(rejected: dict) -> str:
+    causes = rejected.get("causes")
+    if isinstance(causes, list) and causes:
+        return "; ".join(clean(c) for c in causes)
+    return clean(rejected.get("cause")) or "?"
+
+
+def memory_cell(reload) -> str:
+    """Host peak beside device peak (a GPU reload); the one peak known otherwise."""
+    host = reload.host_peak_memory_bytes
+    if reload.device_peak_memory_bytes is not None:
+        return f"{human_bytes(host)} / {human_bytes(reload.device_peak_memory_bytes)}"
+    return human_bytes(host if host is not None else reload.peak_memory_bytes)
