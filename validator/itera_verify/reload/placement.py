@@ -160,10 +160,10 @@ def plan(needed: int, free: dict[int, int], *, cap: int | None = None, headroom:
 
 
 def off_gpu_tensors(model) -> list[str]:
-    """After a load: every parameter or buffer not on a GPU ("name (device)"), and every module accelerate's
-    hooks keep offloaded (hf_device_map entries "cpu" or "disk")."""
-    found = [f"{name} ({tensor.device.type})"
-             for name, tensor in list(model.named_parameters()) + list(model.named_buffers())
+    """After a load: every weight (parameter) not on a GPU ("name (device)"), and every module accelerate's
+    hooks keep offloaded (hf_device_map entries "cpu" or "disk"). Buffers are left out: a model may keep a
+    small non-persistent one (a mask, rotary frequencies) wherever it builds it, and it is no weight."""
+    found = [f"{name} ({tensor.device.type})" for name, tensor in model.named_parameters()
              if tensor.device.type != "cuda"]
     for name, where in (getattr(model, "hf_device_map", None) or {}).items():
         if str(where) in OFF_GPU:
