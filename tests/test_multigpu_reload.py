@@ -71,7 +71,8 @@ def test_every_clean_layout_reloads_with_zero_findings(multigpu_dir, built_multi
         assert sum(facts[artifact]["fp32_partition_numel"]) == facts[artifact]["parameters"]
     # the Trainer's own optimizer under ZeRO-3: a decay and a no-decay group, each partitioned on its own
     assert len(facts["ds3-trainer-checkpoint"]["fp32_partition_numel"]) == 2
-    assert facts["ddp-checkpoint"]["layout"] == "single-process"
+    assert facts["ddp-checkpoint"]["layout"] == facts["fsdp-full-checkpoint"]["layout"] == "single-process"
+    assert facts["fsdp-full-checkpoint"]["optimizer_covers"] == "28 of 28 trainable parameters"
     assert facts["ds-trainer-checkpoint"]["layout"] == "deepspeed" and facts["fsdp-checkpoint"]["layout"] == "fsdp"
     for artifact in ("ddp-checkpoint", "ds-trainer-checkpoint", "fsdp-checkpoint"):
         assert facts[artifact]["ranks"]["RNG state (rng_state_<rank>.pth)"] == [0, 1]
@@ -142,6 +143,15 @@ def test_deepspeed_missing_optimizer_shard_is_IV507(multigpu_dir, built_multigpu
 def test_fsdp_checkpoint_without_its_optimizer_folder_is_IV507(multigpu_dir, built_multigpu):
     shutil.rmtree(multigpu_dir / FSDP / "optimizer_0")
     assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], "fsdp-checkpoint") == ["IV507"]
+
+
+def test_fsdp_full_state_checkpoint_without_optimizer_bin_is_IV507(multigpu_dir, built_multigpu):
+    """Reported once: by the static phase (rules/_resume_files.py), the reload does not repeat it."""
+    (multigpu_dir / ARTIFACTS["fsdp-full-checkpoint"][1] / "optimizer.bin").unlink()
+    results, findings = reload(multigpu_dir, built_multigpu["hf_cache"], "fsdp-full-checkpoint")
+    static = [f for f in static_findings(multigpu_dir) if f.artifact == "fsdp-full-checkpoint"]
+    assert codes(static + findings) == {"IV507"} and len(static + findings) == 1
+    assert "optimizer.bin" in results["fsdp-full-checkpoint"].error
 
 
 def test_accelerate_state_without_optimizer_is_IV507(multigpu_dir, built_multigpu):

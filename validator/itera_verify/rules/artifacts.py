@@ -66,6 +66,9 @@ LOADERS_FOR_KIND = {
 FOLDER_LOADERS = {"transformers", "peft", "hf-trainer-checkpoint", "deepspeed-checkpoint", "dcp", "accelerate-state"}
 FILE_LOADERS = {"torch-resume": "one .pt file", "lightning-checkpoint": "one .ckpt file"}
 PICKLE_WEIGHTS = re.compile(r"(pytorch_model.*|adapter_model)\.bin")
+# accelerate's save_fsdp_model writes these for a resume whatever the user asks (no safetensors option), beside
+# the model.safetensors the Trainer saves: resume files, not the delivered weights.
+FSDP_RESUME_WEIGHTS = re.compile(r"pytorch_model_fsdp(_\d+)?(_rank\d+)?\.bin")
 NOT_WEIGHTS = re.compile(r"(training_args\.bin|optimizer.*\.pt|scheduler.*\.pt|scaler.*\.pt|rng_state.*\.pth)")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
@@ -188,7 +191,8 @@ def _pickled_weights(package: Package, artifact: dict) -> list[str]:
     found = []
     for rel in package.files_under(path):
         name = rel.rsplit("/", 1)[-1]
-        if PICKLE_WEIGHTS.fullmatch(name):
+        if PICKLE_WEIGHTS.fullmatch(name) and not (artifact.get("kind") == "resume-checkpoint"
+                                                   and FSDP_RESUME_WEIGHTS.fullmatch(name)):
             found.append(rel)
         elif whole_artifact_is_weights and name.lower().endswith(PICKLE_SUFFIXES) and not NOT_WEIGHTS.fullmatch(name):
             found.append(rel)

@@ -43,7 +43,8 @@ def find_components(folder: Path, fp16: bool, outcome: Outcome, layout: str = _t
                     world_size: int | None = None) -> dict[str, list[Path]]:
     """Each component's files; a missing one is recorded (IV507) and the others still get checked. Under
     DeepSpeed and FSDP the weights and the optimizer are checked in their own folders (_trainer_layouts.py)."""
-    optimizer = [folder / "optimizer.pt"] if (folder / "optimizer.pt").is_file() else []
+    # FSDP with a full state dict saves the optimizer as optimizer.bin (accelerate's save_fsdp_optimizer).
+    optimizer = [folder / name for name in ("optimizer.pt", "optimizer.bin") if (folder / name).is_file()][:1]
     components = {
         "weights": [folder / name for name in WEIGHT_FILES if (folder / name).is_file()],
         "optimizer": optimizer,
@@ -53,7 +54,7 @@ def find_components(folder: Path, fp16: bool, outcome: Outcome, layout: str = _t
     if fp16:
         components["scaler"] = [folder / "scaler.pt"] if (folder / "scaler.pt").is_file() else []
     expected = {"weights": "model weights (model.safetensors, pytorch_model.bin or adapter_model.safetensors)",
-                "optimizer": "optimizer.pt", "scheduler": "scheduler.pt",
+                "optimizer": "optimizer.pt (optimizer.bin under FSDP)", "scheduler": "scheduler.pt",
                 "rng": "rng_state.pth (or rng_state_<rank>.pth)",
                 "scaler": "scaler.pt (the run used fp16 mixed precision)"}
     # DeepSpeed keeps the optimizer (and the scheduler, and under ZeRO-3 the weights) in global_step<N>/;
