@@ -373,3 +373,35 @@ def test_the_package_with_every_layout_is_verified_and_sealed_by_the_command_lin
     assert report["verdict"] == "pass" and report["findings"] == []
     assert {r["artifact"] for r in report["reloads"] if r["ok"]} >= set(ARTIFACTS)
     assert archive.is_file() and archive.stat().st_size > 0
+
+
+# --- Accelerator.save_state under FSDP and DeepSpeed (GPU-only there: composed from the real CPU files) ---------
+
+def test_accelerate_state_under_sharded_fsdp_reloads_clean(multigpu_dir, built_multigpu):
+    """save_state under FSDP writes pytorch_model_fsdp_0/ and optimizer_0/ (save_fsdp_model / save_fsdp_optimizer,
+    the calls the CPU fixture made) instead of model.safetensors and optimizer.bin."""
+    state = multigpu_dir / ACCELERATE
+    (state / "model.safetensors").unlink()
+    (state / "optimizer.bin").unlink()
+    for name in ("pytorch_model_fsdp_0", "optimizer_0"):
+        shutil.copytree(multigpu_dir / FSDP / name, state / name)
+    edit_json(multigpu_dir, "reload.json", lambda r: r["artifacts"]["accelerate-state"].update(
+        config="artifacts/control-model"))
+    results, findings = reload(multigpu_dir, built_multigpu["hf_cache"], "accelerate-state")
+    assert findings == [] and results["accelerate-state"].facts["layout"] == "fsdp"
+    assert results["accelerate-state"].forward.startswith("finite output")
+
+
+def test_accelerate_state_under_deepspeed_missing_a_shard_is_IV507(multigpu_dir, built_multigpu):
+    """save_state under DeepSpeed: the engine's checkpoint (latest + its tag folder) instead of model and
+    optimizer files; clean as it is, and a missing optimizer shard is IV507."""
+    state = multigpu_dir / ACCELERATE
+    (state / "model.safetensors").unlink()
+    (state / "optimizer.bin").unlink()
+    (state / "scheduler.bin").unlink()
+    shutil.copytree(multigpu_dir / ZERO2 / "global_step2", state / "pytorch_model")
+    (state / "latest").write_text("pytorch_model")
+    results, findings = reload(multigpu_dir, built_multigpu["hf_cache"], "accelerate-state")
+    assert findings == [] and results["accelerate-state"].facts["zero_stage"] == 2
+    (state / "pytorch_model/zero_pp_rank_0_mp_rank_00_optim_states.pt").unlink()
+    assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], "accelerate-state") == ["IV507"]

@@ -21,9 +21,10 @@ from ..common import (
     nonfinite_count,
     safe_torch_load,
 )
-from . import _ranks, _resume
+from . import _ranks, _resume, _trainer_layouts
+from ._zero import check_zero_checkpoint
 
-MODEL = re.compile(r"(?:model|pytorch_model)(?:_(\d+))?\.(safetensors|bin)")
+MODEL = re.compile(r"(?:model|pytorch_model|pytorch_model_fsdp)(?:_(\d+))?\.(safetensors|bin)")
 OPTIMIZER = re.compile(r"optimizer(?:_(\d+))?\.bin")
 SCHEDULER = re.compile(r"scheduler(?:_(\d+))?\.bin")
 RANDOM_STATES = re.compile(r"random_states_(\d+)\.pkl")
@@ -79,11 +80,20 @@ def reload(job: dict, device, outcome: Outcome) -> None:
         raise Stop(LOAD, f"{outcome.rel(folder)} is not an Accelerator.save_state folder")
     models, optimizers = _indexed(folder, MODEL), _indexed(folder, OPTIMIZER)
     schedulers, ranks = _indexed(folder, SCHEDULER), _ranks.rank_files(folder, RANDOM_STATES)
-    if not models:
+    layout, fsdp_model = _trainer_layouts.layout_of(folder), None
+    outcome.facts["layout"] = layout
+    if layout == _trainer_layouts.DEEPSPEED:
+        # Under DeepSpeed the engine saves model, optimizer and its scheduler (`latest` names pytorch_model/).
+        check_zero_checkpoint(folder, job, device, outcome)
+    elif layout == _trainer_layouts.FSDP:  # sharded FSDP: pytorch_model_fsdp_<i>/ and optimizer_<i>/
+        fsdp_model = _trainer_layouts.check_fsdp(folder, job, device, outcome, None)
+    elif not models:
         outcome.fail(MISSING, f"no model.safetensors (or pytorch_model.bin) in {outcome.rel(folder)}",
                      folder / "model.safetensors")
-    for what, found, name in (("optimizer", optimizers, "optimizer.bin"), ("scheduler", schedulers, "scheduler.bin"),
-                              ("RNG state", ranks, "random_states_0.pkl")):
+    required = [("RNG state", ranks, "random_states_0.pkl")]
+    if layout == _trainer_layouts.SINGLE:
+        required += [("optimizer", optimizers, "optimizer.bin"), ("scheduler", schedulers, "scheduler.bin")]
+    for what, found, name in required:
         if not found:
             outcome.fail(MISSING, f"no {name} in {outcome.rel(folder)}: the {what} cannot resume", folder / name)
     for index in sorted(set(optimizers) - set(models)):
@@ -115,4 +125,7 @@ def reload(job: dict, device, outcome: Outcome) -> None:
                          path)
     for path in ranks.values():
         _resume.attempt(outcome, check_random_states, path, outcome)
-    outcome.forward = "not run: an accelerate state holds no architecture"
+    if layout == _trainer_layouts.SINGLE:
+        outcome.forward = "not run: an accelerate state holds no architecture"
+    else:
+        _trainer_layouts.forward(fsdp_model, device, outcome, layout)
