@@ -329,3 +329,10 @@ def test_handmade_package_with_a_string_threshold_and_odd_shapes_does_not_crash(
     write_text(root, "stops.json", json.dumps({"stops": [None, {"run": 5}, {"run": "big", "rule": "nan"}]}))
     found = codes(static_findings(root))
     assert "IV402" in found and "IV406" in found and "IV405" not in found
+
+
+def test_a_stop_record_naming_its_rule_by_a_list_is_IV105_not_a_crash(package_dir):
+    # Found by the fuzzer on the recorded demo: the rule's id was used as a dict key before its type was checked.
+    _stop(package_dir, rule=["nonfinite-loss"])
+    found = static_findings(package_dir)
+    assert any(f.code == "IV105" and f.pointer == "/stops/0/rule" for f in found), [(f.code, f.pointer) for f in found]

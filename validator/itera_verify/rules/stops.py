@@ -257,7 +257,8 @@ def _stops_agree_with_runs(package: Package) -> Iterator[Finding]:
                           message=f"{who} is at step {step}, outside the steps {scan.path} logs "
                                   f"({first}–{last}): give the step at which the rule fired")
         yield from _stop_time_in_run(index, who, record, run, run_id)
-        rule = rules.get(record.get("rule"))
+        rule_id = record.get("rule")
+        rule = rules.get(rule_id) if isinstance(rule_id, str) else None  # IV105 says a non-text one is wrong
         if rule is None or rule.get("kind") != "below_threshold" or not isinstance(rule.get("metric"), str) \
                 or not is_number(rule.get("threshold")) or scan is None or not scan.series:
             continue
