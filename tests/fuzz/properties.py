@@ -55,7 +55,7 @@ def plan_reloads(ws: Workspace) -> None:
     in the tool's own process before any child starts, so it must survive them too."""
     from itera_verify.model import ReloadResult
     from itera_verify.package import discover
-    from itera_verify.reload.runner import plan
+    from itera_verify.reload.jobs import plan
 
     package = discover(ws.root)
     package.hf_cache = ws.hf_cache

@@ -1,0 +1,103 @@
+"""What each reload child is asked to do: one job per artifact, planned from the package (its reload.json
+entry, the run's params, the pickle scan), or the result already known when there is nothing to run (no
+loader, a path leaving the package, a payload the static scan refused)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..model import ReloadResult
+from ..package import Package
+from ..package.pickles import scan_package
+from .loaders import LOADERS
+from .placement import weight_bytes
+
+
+def _text(value) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def fp16_run(package: Package, run_id: str | None) -> bool:
+    """Mixed precision per the run's params file: `"fp16": true` or `"mixed_precision": "fp16"` (SPEC §6)."""
+    for run in package.runs():
+        if run.get("id") == run_id and isinstance(run.get("params"), str):
+            rel = package.normalise_ref(run["params"])
+            params = package.json_value(rel) if rel else None
+            if isinstance(params, dict):
+                return params.get("fp16") is True or params.get("mixed_precision") == "fp16"
+    return False
+
+
+def recorded_world_size(package: Package, run_id: str | None) -> int | None:
+    """The number of processes a run's params record (`world_size`), when they record one (SPEC, multi-GPU)."""
+    for run in package.runs():
+        if run.get("id") == run_id and isinstance(run.get("params"), str):
+            rel = package.normalise_ref(run["params"])
+            params = package.json_value(rel) if rel else None
+            size = params.get("world_size") if isinstance(params, dict) else None
+            return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+    return None
+
+
+def _config_folder(package: Package, entry: dict) -> str | None:
+    """reload.json `config`: a model folder inside the package whose config.json builds the model (or None)."""
+    rel = package.normalise_ref(entry["config"]) if isinstance(entry.get("config"), str) else None
+    if rel is None:
+        return None
+    root, real = os.path.realpath(package.root), os.path.realpath(package.abspath(rel))
+    return real if real.startswith(root + os.sep) and os.path.isdir(real) else None
+
+
+def _refused_by_scan(package: Package, rel: str) -> str | None:
+    """The first unsafe pickle inside the artifact: nothing is loaded from a folder that carries a payload."""
+    for path, result in sorted(scan_package(package).items()):
+        if (path == rel or path.startswith(rel.rstrip("/") + "/")) and result.unsafe:
+            return f"refused: {path} names {', '.join(result.unsafe[:3])} (IV506); nothing of this artifact was loaded"
+    return None
+
+
+def _leaving_link(package: Package, rel: str) -> str | None:
+    """A link inside the artifact that leaves the package: its data is not part of what is delivered."""
+    for path, link in sorted(package.links.items()):
+        if (path == rel or path.startswith(rel.rstrip("/") + "/")) and not link.inside:
+            return (f"refused: {path} links outside the package ({link.target}); the artifact must reload from the "
+                    "package alone")
+    return None
+
+
+def plan(package: Package, artifact: dict, device: str, threads: int) -> dict | ReloadResult:
+    """The child's job for one artifact, or the result already known when there is nothing to run."""
+    artifact_id = _text(artifact.get("id")) or "?"
+    entries = package.reload_spec.get("artifacts")
+    entry = entries.get(artifact_id) if isinstance(entries, dict) else None
+    loader = _text(entry.get("loader")) if isinstance(entry, dict) else None
+    result = ReloadResult(artifact_id, loader or "", kind=_text(artifact.get("kind")) or "",
+                          path=_text(artifact.get("path")) or "", device=device)
+    if loader not in LOADERS:
+        result.failure = "no-loader"  # IV510 reports it; nothing to run
+        result.error = f"no usable reload.json loader ({loader!r})"
+        return result
+    rel = package.normalise_ref(result.path) if result.path else None
+    root = os.path.realpath(package.root)
+    real = os.path.realpath(package.abspath(rel)) if rel is not None else ""
+    if rel is None or not (real == root or real.startswith(root + os.sep)):
+        result.failure, result.error = "skipped", f"path {result.path!r} leaves the package; nothing loaded from it"
+        return result
+    if not os.path.exists(real):
+        result.failure, result.error = "load", f"{rel} does not exist"
+        return result
+    refusal = _refused_by_scan(package, rel) or _leaving_link(package, rel)
+    if refusal:
+        result.failure, result.error = "load", refusal
+        return result
+    return {
+        "artifact": artifact_id, "loader": loader, "kind": result.kind, "rel": rel, "path": real,
+        "package_root": root, "device": device, "dtype": _text(entry.get("dtype")), "class": _text(entry.get("class")),
+        "hf_cache": os.path.abspath(package.hf_cache) if package.hf_cache else None,  # the child runs elsewhere
+        "base": artifact.get("base") if isinstance(artifact.get("base"), dict) else None,
+        "num_labels": entry.get("num_labels"),  # the loader checks it: a task head's size (peft, SPEC reload.json)
+        "fp16": fp16_run(package, _text(artifact.get("run"))), "threads": threads,
+        "config": _config_folder(package, entry), "config_ref": _text(entry.get("config")),
+        "world_size": recorded_world_size(package, _text(artifact.get("run"))),
+        "weight_bytes": weight_bytes(Path(real)),  # largest first; one GPU or all of them
+    }
