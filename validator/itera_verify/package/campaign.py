@@ -195,3 +195,27 @@ def metrics_of(package, run: dict) -> "readers.MetricsScan | None":
     ref = run.get("metrics")
     rel = package.normalise_ref(ref) if isinstance(ref, str) else None
     return readers.scan_metrics(package, rel) if rel else None
+
+
+def run_params(package, run_id: str | None) -> dict | None:
+    """The parsed params file of the run with this id, when it is a JSON object."""
+    for run in package.runs():
+        if run.get("id") == run_id and isinstance(run.get("params"), str):
+            rel = package.normalise_ref(run["params"])
+            params = package.json_value(rel) if rel else None
+            return params if isinstance(params, dict) else None
+    return None
+
+
+def fp16_run(package, run_id: str | None) -> bool:
+    """Mixed precision per the run's params file: `"fp16": true` or `"mixed_precision": "fp16"` (SPEC §6); the
+    static resume checks and the reload read it alike."""
+    params = run_params(package, run_id)
+    return bool(params) and (params.get("fp16") is True or params.get("mixed_precision") == "fp16")
+
+
+def recorded_world_size(package, run_id: str | None) -> int | None:
+    """The number of processes a run's params record (`world_size`), when they record one (SPEC, multi-GPU)."""
+    params = run_params(package, run_id)
+    size = params.get("world_size") if params else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None

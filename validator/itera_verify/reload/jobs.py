@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..model import ReloadResult
 from ..package import Package
+from ..package.campaign import fp16_run, recorded_world_size
 from ..package.pickles import scan_package
 from .loaders import LOADERS
 from .placement import weight_bytes
@@ -15,28 +16,6 @@ from .placement import weight_bytes
 
 def _text(value) -> str | None:
     return value if isinstance(value, str) else None
-
-
-def fp16_run(package: Package, run_id: str | None) -> bool:
-    """Mixed precision per the run's params file: `"fp16": true` or `"mixed_precision": "fp16"` (SPEC §6)."""
-    for run in package.runs():
-        if run.get("id") == run_id and isinstance(run.get("params"), str):
-            rel = package.normalise_ref(run["params"])
-            params = package.json_value(rel) if rel else None
-            if isinstance(params, dict):
-                return params.get("fp16") is True or params.get("mixed_precision") == "fp16"
-    return False
-
-
-def recorded_world_size(package: Package, run_id: str | None) -> int | None:
-    """The number of processes a run's params record (`world_size`), when they record one (SPEC, multi-GPU)."""
-    for run in package.runs():
-        if run.get("id") == run_id and isinstance(run.get("params"), str):
-            rel = package.normalise_ref(run["params"])
-            params = package.json_value(rel) if rel else None
-            size = params.get("world_size") if isinstance(params, dict) else None
-            return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
-    return None
 
 
 def _config_folder(package: Package, entry: dict) -> str | None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from ..package import Package
+from ..package.campaign import fp16_run
 from ._pickle_keys import top_level_keys
 
 TRAINER_LOADER = "hf-trainer-checkpoint"
@@ -50,17 +51,6 @@ class ResumeFact:
 
 def _text(value) -> str | None:
     return value if isinstance(value, str) else None
-
-
-def fp16_run(package: Package, run_id: str | None) -> bool:
-    """Mixed precision per the run's params (SPEC §6), read as the reload reads it (reload/runner.py)."""
-    for run in package.runs():
-        if run.get("id") == run_id and isinstance(run.get("params"), str):
-            rel = package.normalise_ref(run["params"])
-            params = package.json_value(rel) if rel else None
-            if isinstance(params, dict):
-                return params.get("fp16") is True or params.get("mixed_precision") == "fp16"
-    return False
 
 
 def _children(package: Package, folder: str) -> tuple[set[str], set[str]]:

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..common import INCONSISTENT, LOAD, MISSING, Outcome, Stop, nonfinite_count
+from ..common import INCONSISTENT, LOAD, MISSING, Outcome, Stop, nonfinite_count, safe_torch_load
 
 # Per-parameter optimizer state that has the parameter's own shape (AdamW, SGD momentum, RMSprop, Adagrad...).
 SHAPED_STATE = ("exp_avg", "momentum_buffer", "exp_avg_sq", "square_avg", "sum", "acc_delta")
@@ -18,6 +18,19 @@ class OptimizerSummary:
     state_shapes: Counter = field(default_factory=Counter)
     steps: list[float] = field(default_factory=list)
     states: int = 0
+
+
+def load_resume_file(job: dict, device, outcome: Outcome, needs: str, not_a: str) -> tuple[Path, dict]:
+    """A one-file resume artifact (a torch-resume .pt, a Lightning .ckpt) loaded as the dict of its components;
+    `needs`: what the loader takes, `not_a`: what a non-dict is not. Its keys go into the facts."""
+    file = Path(job["path"])
+    if not file.is_file():
+        raise Stop(LOAD, f"{outcome.rel(file)} is not a file ({needs})")
+    data = safe_torch_load(file, outcome, device)
+    if not isinstance(data, dict):
+        raise Stop(LOAD, f"{outcome.rel(file)} holds a {type(data).__name__}, not {not_a}", file)
+    outcome.facts["keys"] = sorted(map(str, data))
+    return file, data
 
 
 def attempt(outcome: Outcome, check, *args, **kwargs):

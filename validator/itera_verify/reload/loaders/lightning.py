@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from ..common import LOAD, MISSING, Outcome, Stop, nonfinite_count, safe_torch_load
+from ..common import LOAD, MISSING, Outcome, Stop, nonfinite_count
 from . import _resume
 
 COMPONENTS = {"state_dict": "the weights", "optimizer_states": "the optimizer states",
@@ -30,13 +30,8 @@ def check_state_dict(state, outcome: Outcome, file: Path) -> Counter:
 
 
 def reload(job: dict, device, outcome: Outcome) -> None:
-    file = Path(job["path"])
-    if not file.is_file():
-        raise Stop(LOAD, f"{outcome.rel(file)} is not a file (lightning-checkpoint needs one .ckpt file)")
-    data = safe_torch_load(file, outcome, device)
-    if not isinstance(data, dict):
-        raise Stop(LOAD, f"{outcome.rel(file)} holds a {type(data).__name__}, not a Lightning checkpoint", file)
-    outcome.facts["keys"] = sorted(map(str, data))
+    file, data = _resume.load_resume_file(job, device, outcome, "lightning-checkpoint needs one .ckpt file",
+                                          "a Lightning checkpoint")
     missing = [key for key in COMPONENTS if key not in data]
     if missing:
         weights_only = "state_dict" in data and "optimizer_states" not in data

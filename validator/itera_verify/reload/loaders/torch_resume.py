@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from ..common import INCONSISTENT, LOAD, MISSING, Outcome, Stop, nonfinite_count, safe_torch_load
+from ..common import INCONSISTENT, LOAD, MISSING, Outcome, Stop, nonfinite_count
 from . import _resume
 
 COMPONENTS = {"model": "the weights", "optimizer": "the optimizer state", "scheduler": "the LR scheduler state",
@@ -59,13 +59,8 @@ def check_optimizer(state, model_shapes: Counter | None, step, fp16: bool, outco
 
 
 def reload(job: dict, device, outcome: Outcome) -> None:
-    file = Path(job["path"])
-    if not file.is_file():
-        raise Stop(LOAD, f"{outcome.rel(file)} is not a file (torch-resume needs one .pt file)")
-    data = safe_torch_load(file, outcome, device)
-    if not isinstance(data, dict):
-        raise Stop(LOAD, f"{outcome.rel(file)} holds a {type(data).__name__}, not a dict of resume components", file)
-    outcome.facts["keys"] = sorted(map(str, data))
+    file, data = _resume.load_resume_file(job, device, outcome, "torch-resume needs one .pt file",
+                                          "a dict of resume components")
     fp16 = bool(job.get("fp16"))
     wanted = dict(COMPONENTS, **({"scaler": "the gradient-scaler state (the run used fp16)"} if fp16 else {}))
     for key, meaning in wanted.items():
