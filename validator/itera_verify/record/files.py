@@ -32,14 +32,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{TEMP_PREFIX}{os.getpid()}-{path.name}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _write_synced(tmp, data, os.O_TRUNC)
     os.replace(tmp, path)
     _fsync_dir(path.parent)
 
@@ -58,7 +51,12 @@ def json_line(record: dict) -> bytes:
 def append_lines(path: Path, data: bytes) -> None:
     """Append whole lines with one write and fsync them: a crash loses at most the end of the last line."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    _write_synced(path, data, os.O_APPEND)
+
+
+def _write_synced(path: Path, data: bytes, mode: int) -> None:
+    """Write all of `data` (short writes continued) and fsync it; `mode`: O_TRUNC or O_APPEND."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | mode, 0o644)
     try:
         view = memoryview(data)
         while view:
