@@ -300,3 +300,36 @@ def test_closing_with_a_run_still_running_or_accepted_twice_is_refused(tmp_path)
     with pytest.raises(RecordError, match="accepted twice"):
         campaign.close("positive", "twice", accepted=["control", "control"])
     assert "decision" not in json.loads((tmp_path / "pkg/manifest.json").read_text())
+
+
+def test_a_reopen_removes_stale_temporaries_only_while_it_holds_the_lock(tmp_path, monkeypatch):
+    """Another process of the campaign renames its temporary file under the lock: a reopen that swept temporaries
+    without the lock could delete that file between its write and its rename (the two-process test caught it)."""
+    import errno
+    import fcntl
+    import os
+
+    from itera_verify.record import campaign as campaign_module
+
+    campaign_at(tmp_path / "pkg")
+    held = []
+    real_remove = campaign_module.remove_stale_temps
+
+    def remove_and_probe(root):
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.append(False)
+        except OSError as exc:
+            assert exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+            held.append(True)
+        finally:
+            os.close(fd)
+        return real_remove(root)
+
+    monkeypatch.setattr(campaign_module, "remove_stale_temps", remove_and_probe)
+    (tmp_path / "pkg" / ".itera-record-tmp-1-manifest.json").write_text("{}")
+    with pytest.warns(UserWarning, match="removed 1 temporary file"):
+        open_campaign(tmp_path / "pkg", "api-test", QUESTION, "toy", "v1", EVAL_IDS)
+    assert held == [True]
+    assert not list((tmp_path / "pkg").rglob(".itera-record-tmp-*"))

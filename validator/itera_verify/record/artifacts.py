@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from .errors import RecordError
 from .files import write_json
+from .lock import package_lock
 from .hub import COMMIT, loaded_commit, resolve_commit
 from .ids import check_id
 from .store import MANIFEST, RELOAD, transaction
@@ -100,11 +101,12 @@ def register_adapter(run: Run, path, base: str, model, revision: str | None, cac
         raise RecordError(f"the base was loaded from commit {commit}, not {revision}")
     pinned = resolve_commit(base, commit or revision, cache_dir)
     if run.writer:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-        if config.get("base_model_name_or_path") != base or config.get("revision") != pinned:
-            # PEFT writes revision null (and a local path when the base was loaded from one): IV501-IV503.
-            config.update(base_model_name_or_path=base, revision=pinned)
-            write_json(config_path, config)
+        with package_lock(run.root):  # every atomic write holds the lock (a reopen removes stale temporaries)
+            config = json.loads(config_path.read_text(encoding="utf-8"))
+            if config.get("base_model_name_or_path") != base or config.get("revision") != pinned:
+                # PEFT writes revision null (and a local path when the base was loaded from one): IV501-IV503.
+                config.update(base_model_name_or_path=base, revision=pinned)
+                write_json(config_path, config)
     return register(run, rel, "peft-adapter", artifact_id, "peft", reload_fields,
                     base={"name": base, "revision": pinned})
 

@@ -76,7 +76,9 @@ def open_campaign(path: str | os.PathLike, campaign_id: str, question: str, corp
             tx.get(STOPS), tx.get(RELOAD)  # written as {"stops": []} and {"artifacts": {}}
         else:
             campaign._check_reopen(manifest, campaign_id, question, corpus_name, corpus_revision, ids)
-    stale = remove_stale_temps(root)
+        # Under the lock: every atomic write holds it, so a temporary file seen now is one a dead process left,
+        # never the one another process of the campaign is about to rename.
+        stale = remove_stale_temps(root)
     if stale:
         warnings.warn(f"removed {len(stale)} temporary file(s) an interrupted write left: {', '.join(stale[:3])}",
                       stacklevel=2)
