@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,26 @@ def multigpu_dir(built_multigpu, tmp_path) -> Path:
     dest = tmp_path / "multigpu-pkg"
     shutil.copytree(built_multigpu["package"], dest, symlinks=True)
     return dest
+
+
+@pytest.fixture(scope="session")
+def sealed(built, tmp_path_factory) -> Path:
+    """The clean example package, verified (without reloads) and sealed by the tool itself, once per session:
+    the audit tests read it and write their hostile variants elsewhere."""
+    from itera_verify import verify
+
+    folder = tmp_path_factory.mktemp("sealed")
+    shutil.copytree(built["package"], folder / "pkg", symlinks=True)
+    campaign = json.loads((folder / "pkg" / "manifest.json").read_text())["campaign_id"]
+    report = verify(folder / "pkg", reload=False, output=folder / f"{campaign}.tar.zst")
+    assert report.sealed, [f.to_json() for f in report.findings]
+    return folder / f"{campaign}.tar.zst"
+
+
+@pytest.fixture
+def private_tmp(tmp_path, monkeypatch) -> Path:
+    """This test's own temporary folder, where the audit makes its private one (and must remove it)."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder

@@ -19,20 +19,11 @@ from itera_verify.flows.audit import audit, default_max_size
 from itera_verify.model import UsageError
 from tests.helpers import run_cli
 
+# Every audit here makes its private folder in the test's own temporary folder (conftest.private_tmp).
+pytestmark = pytest.mark.usefixtures("private_tmp")
+
 CAMPAIGN = "reviews-lora-2026-11"
 SUMS = f"{CAMPAIGN}/SEAL/SHA256SUMS"
-
-
-@pytest.fixture(scope="module")
-def sealed(built, tmp_path_factory) -> Path:
-    """The clean example package, verified (without reloads) and sealed by the tool itself."""
-    from itera_verify import verify
-
-    folder = tmp_path_factory.mktemp("sealed")
-    shutil.copytree(built["package"], folder / "pkg", symlinks=True)
-    report = verify(folder / "pkg", reload=False, output=folder / f"{CAMPAIGN}.tar.zst")
-    assert report.sealed, [f.to_json() for f in report.findings]
-    return folder / f"{CAMPAIGN}.tar.zst"
 
 
 def entries_of(archive: Path) -> list[tuple[tarfile.TarInfo, bytes | None]]:
@@ -82,15 +73,6 @@ def archive_findings(report) -> list[tuple[str, str]]:
 def hostile_dir(tmp_path) -> Path:
     folder = tmp_path / "delivery"
     folder.mkdir()
-    return folder
-
-
-@pytest.fixture(autouse=True)
-def private_tmp(tmp_path, monkeypatch) -> Path:
-    """This test's own temporary folder, where the audit makes its private one (and must remove it)."""
-    folder = tmp_path / "tmp"
-    folder.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(folder))
     return folder
 
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import os
 import pickle
-import shutil
 import subprocess
 import tarfile
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,26 +16,10 @@ from tests.helpers import run_cli
 from tests.tar_forms import gnu_extract, payload_pickle
 from tests.test_audit import entries_of, member, write_archive
 
+# Every audit here makes its private folder in the test's own temporary folder (conftest.private_tmp).
+pytestmark = pytest.mark.usefixtures("private_tmp")
+
 CAMPAIGN = "reviews-lora-2026-11"
-
-
-@pytest.fixture(scope="module")
-def sealed(built, tmp_path_factory) -> Path:
-    from itera_verify import verify
-
-    folder = tmp_path_factory.mktemp("sealed")
-    shutil.copytree(built["package"], folder / "pkg", symlinks=True)
-    report = verify(folder / "pkg", reload=False, output=folder / f"{CAMPAIGN}.tar.zst")
-    assert report.sealed, [f.to_json() for f in report.findings]
-    return folder / f"{CAMPAIGN}.tar.zst"
-
-
-@pytest.fixture(autouse=True)
-def private_tmp(tmp_path, monkeypatch) -> Path:
-    folder = tmp_path / "tmp"
-    folder.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(folder))
-    return folder
 
 
 def with_seal_member(sealed: Path, out: Path, *extra, replace: dict[str, bytes] | None = None) -> Path:

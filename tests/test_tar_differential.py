@@ -18,29 +18,11 @@ from itera_verify.flows.audit import audit
 from tests import tar_forms as tf
 from tests.fuzz.tar_differential import compare_with_gnu, tar_streams
 
-pytestmark = pytest.mark.skipif(not shutil.which("zstd") or not Path(tf.TAR).exists(), reason="GNU tar + zstd")
+pytestmark = [pytest.mark.skipif(not shutil.which("zstd") or not Path(tf.TAR).exists(), reason="GNU tar + zstd"),
+              pytest.mark.usefixtures("private_tmp")]  # the audit's private folder in the test's own tmp
 
 CAMPAIGN = "reviews-lora-2026-11"
 VICTIM = f"{CAMPAIGN}/checkpoints/lora-r16/resume.pt"
-
-
-@pytest.fixture(scope="module")
-def sealed(built, tmp_path_factory) -> Path:
-    from itera_verify import verify
-
-    folder = tmp_path_factory.mktemp("sealed")
-    shutil.copytree(built["package"], folder / "pkg", symlinks=True)
-    report = verify(folder / "pkg", reload=False, output=folder / f"{CAMPAIGN}.tar.zst")
-    assert report.sealed, [f.to_json() for f in report.findings]
-    return folder / f"{CAMPAIGN}.tar.zst"
-
-
-@pytest.fixture(autouse=True)
-def private_tmp(tmp_path, monkeypatch) -> Path:
-    folder = tmp_path / "tmp"
-    folder.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(folder))
-    return folder
 
 
 def test_the_control_archive_audits_clean_and_reads_as_gnu_tar_reads_it(sealed, tmp_path):
