@@ -28,3 +28,16 @@ def test_a_float32_sum_that_overflows_is_counted_exactly_not_called_non_finite()
     values = torch.full((64,), 3e38, dtype=torch.float32)
     assert not torch.isfinite(values.sum(dtype=torch.float32))  # the fast path alone would be wrong here
     assert nonfinite_count(values) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float8_e5m2])
+def test_the_exact_count_adds_up_over_slices_and_reads_non_contiguous_tensors(monkeypatch, dtype):
+    import itera_verify.reload.common as common
+
+    monkeypatch.setattr(common, "COUNT_SLICE", 1000)  # 10 slices for a 100 x 100 tensor
+    values = torch.ones(100, 100).to(dtype)
+    for row, column in ((0, 0), (9, 99), (10, 0), (99, 99)):  # both ends of a slice, the last element
+        values[row, column] = float("inf") if dtype is torch.float8_e5m2 else float("nan")
+    assert nonfinite_count(values) == 4
+    assert nonfinite_count(values.t()) == 4  # a transposed view: not contiguous
+    assert nonfinite_count(values[::2]) == 2  # rows 0 and 10: a strided view

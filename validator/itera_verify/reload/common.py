@@ -146,6 +146,10 @@ SMALL_FLOAT_NONFINITE = {
 }
 
 
+# Elements per slice of the exact count: its boolean mask stays at 16 MiB, whatever the tensor's size.
+COUNT_SLICE = 1 << 24
+
+
 def nonfinite_count(tensor) -> int:
     import torch
 
@@ -157,17 +161,24 @@ def nonfinite_count(tensor) -> int:
         if pattern is None:
             return 0
         mask, value = pattern
-        return int(((tensor.contiguous().view(torch.uint8) & mask) == value).sum().item())
+        return sum(int(((part.view(torch.uint8) & mask) == value).sum()) for part in _slices(tensor))
     if tensor.dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
         # A NaN or an infinity makes the sum non-finite, and a finite sum needs every term finite: one summing
-        # pass proves a clean tensor (5x faster than isfinite on bf16, no mask as large as the tensor). A sum that
-        # overflows float32 only sends the tensor to the exact count below.
-        if bool(torch.isfinite(tensor.sum(dtype=torch.float64 if tensor.dtype == torch.float64 else torch.float32))):
+        # pass proves a clean tensor. Summed in its own dtype, which allocates nothing (`dtype=float32` copies a
+        # bf16 tensor whole: 128 MiB more host peak for a 32k x 1k embedding) and is 10x faster; a sum that
+        # overflows (fp16 past 65504) only sends the tensor to the exact count below.
+        if bool(torch.isfinite(tensor.sum())):
             return 0
     try:
-        return int((~torch.isfinite(tensor)).sum().item())
+        return sum(int((~torch.isfinite(part)).sum()) for part in _slices(tensor))
     except (NotImplementedError, RuntimeError):  # another narrow type: widen first, a NaN stays a NaN
-        return int((~torch.isfinite(tensor.float())).sum().item())
+        return sum(int((~torch.isfinite(part.float())).sum()) for part in _slices(tensor))
+
+
+def _slices(tensor):
+    """The tensor's elements in slices of COUNT_SLICE, so no temporary is ever as large as the tensor."""
+    flat = tensor.contiguous().view(-1)
+    return flat.split(COUNT_SLICE)
 
 
 def check_parameters(model, outcome: Outcome, label: str) -> None:
