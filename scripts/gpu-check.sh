@@ -14,6 +14,8 @@
 #
 # On a real GPU the whole output is kept as benchmarks/results/gpu-check-<date>.txt. GPU_CHECK_TESTS=0 skips the
 # pytest GPU tests, GPU_CHECK_MIDSIZE=0 the mid-size model, GPU_CHECK_MULTIGPU=0 the multi-GPU fixtures.
+# GPU_CHECK_DEVICE=cpu rehearses it without a GPU (sections 1, 2 and 4 on the CPU; 3, 4b and 5 need CUDA and are
+# skipped; nothing kept): the device time a lent GPU has is short, so the plumbing is proven before it is spent.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,7 +24,10 @@ PY="${PYTHON:-$ROOT/.venv/bin/python}"
 [ -x "$PY" ] || PY="$(command -v python3)"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 PYTHONPATH="$ROOT/validator:${PYTHONPATH:-}"
 
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+DEVICE="${GPU_CHECK_DEVICE:-cuda}"
+if [ "$DEVICE" = cpu ]; then
+    echo "gpu-check: rehearsal on the CPU (GPU_CHECK_DEVICE=cpu): sections 3, 4b and 5 need CUDA and are skipped" >&2
+elif ! command -v nvidia-smi >/dev/null 2>&1 || ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
     echo "gpu-check: no CUDA GPU here (nvidia-smi or torch.cuda missing); nothing to check" >&2
     exit 2
 fi
@@ -32,13 +37,16 @@ trap 'rm -rf "$WORK"' EXIT
 mkdir -p benchmarks/results
 RESULT="benchmarks/results/gpu-check-$(date +%F).txt"
 [ -e "$RESULT" ] && RESULT="benchmarks/results/gpu-check-$(date +%F-%H%M%S).txt"
+[ "$DEVICE" = cpu ] && RESULT="$WORK/rehearsal.txt"  # a rehearsal is not a GPU result: not kept
 
 run() {
     local started=$SECONDS
     echo "== itera-verify GPU check, $(date -u +%FT%TZ)"
     echo "== machine: $(uname -srm), $(nproc) CPUs"
-    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv || return 2
-    "$PY" -c 'import torch, transformers, peft; print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), transformers {transformers.__version__}, peft {peft.__version__}, device {torch.cuda.get_device_name(0)}")' || return 2
+    if [ "$DEVICE" = cuda ]; then
+        nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv || return 2
+        "$PY" -c 'import torch, transformers, peft; print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), transformers {transformers.__version__}, peft {peft.__version__}, device {torch.cuda.get_device_name(0)}")' || return 2
+    fi
 
     echo "== building the fixture package"
     "$PY" -m fixtures.build "$WORK/package" --hf-cache "$WORK/hf-cache" >"$WORK/build.log" 2>&1 \
@@ -46,10 +54,10 @@ run() {
     tail -n 1 "$WORK/build.log"
 
     local status=0
-    echo "== 1. the example package on cuda: zygote and forked children (default), then --isolation spawn"
+    echo "== 1. the example package on $DEVICE: zygote and forked children (default), then --isolation spawn"
     for isolation in auto spawn; do
         local t0=$SECONDS
-        "$PY" -m itera_verify "$WORK/package" --device cuda --no-seal --hf-cache "$WORK/hf-cache" \
+        "$PY" -m itera_verify "$WORK/package" --device "$DEVICE" --no-seal --hf-cache "$WORK/hf-cache" \
             --isolation "$isolation" --format json >"$WORK/report-$isolation.json" 2>"$WORK/err-$isolation.log" \
             || status=$?
         [ -s "$WORK/report-$isolation.json" ] || { tail -n 5 "$WORK/err-$isolation.log"; echo "no report"; return 2; }
@@ -82,14 +90,16 @@ PYEOF
     done
 
     if [ "${GPU_CHECK_MIDSIZE:-1}" != 0 ]; then
-        echo "== 2. mid-size model on cuda: the tool against a bare from_pretrained, same run"
-        "$PY" benchmarks/reload_bench.py --package "$WORK/package" --hf-cache "$WORK/hf-cache" --device cuda \
+        echo "== 2. mid-size model on $DEVICE: the tool against a bare from_pretrained, same run"
+        "$PY" benchmarks/reload_bench.py --package "$WORK/package" --hf-cache "$WORK/hf-cache" --device "$DEVICE" \
             --repeat 1 --sections midsize --keep "$WORK/midsize" --no-save >"$WORK/midsize.txt" \
             2>"$WORK/midsize.log" || { tail -n 20 "$WORK/midsize.log"; status=1; }
         sed -n '/== mid-size/,$p' "$WORK/midsize.txt"
 
         echo "== 3. larger than one GPU, forced: each GPU capped at 256 MiB of free memory for the mid-size model"
-        if [ -d "$WORK/midsize/midsize-package" ]; then
+        if [ "$DEVICE" = cpu ]; then
+            echo "skipped in a rehearsal (needs CUDA)"
+        elif [ -d "$WORK/midsize/midsize-package" ]; then
             ITERA_RELOAD_GPU_MEMORY=256MiB "$PY" -m itera_verify "$WORK/midsize/midsize-package" --device cuda \
                 --no-seal --hf-cache "$WORK/hf-cache" --format json >"$WORK/capped.json" 2>"$WORK/capped.log" || true
             "$PY" - "$WORK/capped.json" <<'PYEOF' || status=1
@@ -110,11 +120,11 @@ PYEOF
     fi
 
     if [ "${GPU_CHECK_MULTIGPU:-1}" != 0 ]; then
-        echo "== 4. multi-GPU training outputs (fixtures/multigpu.py) reloaded on cuda"
+        echo "== 4. multi-GPU training outputs (fixtures/multigpu.py) reloaded on $DEVICE"
         if "$PY" -m fixtures.multigpu "$WORK/package" "$WORK/multigpu" >"$WORK/multigpu-build.log" 2>&1; then
             local built="$WORK/multigpu"
             [ -f "$built/manifest.json" ] || built="$WORK/multigpu/package"
-            "$PY" -m itera_verify "$built" --device cuda --no-seal --hf-cache "$WORK/hf-cache" \
+            "$PY" -m itera_verify "$built" --device "$DEVICE" --no-seal --hf-cache "$WORK/hf-cache" \
                 --format json >"$WORK/multigpu.json" 2>"$WORK/multigpu.log" || true
             "$PY" - "$WORK/multigpu.json" <<'PYEOF' || status=1
 import json, sys
@@ -131,7 +141,7 @@ PYEOF
             tail -n 15 "$WORK/multigpu-build.log"; status=1
         fi
     fi
-    if [ "${GPU_CHECK_MULTIGPU:-1}" != 0 ]; then
+    if [ "${GPU_CHECK_MULTIGPU:-1}" != 0 ] && [ "$DEVICE" = cuda ]; then
         # accelerate enables FSDP only on GPUs (under MULTI_CPU its fsdp_plugin is dropped and the Trainer trains
         # plain DDP), so the Trainer's own sharded FSDP checkpoint can only be made here.
         local gpus
@@ -162,7 +172,7 @@ PYEOF
             tail -n 15 "$WORK/fsdp-trainer.log"; status=1
         fi
     fi
-    if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
+    if [ "${GPU_CHECK_TESTS:-1}" != 0 ] && [ "$DEVICE" = cuda ]; then
         echo "== 5. pytest GPU tests"
         "$PY" -m pytest tests/test_gpu.py -q -p no:cacheprovider -m gpu || status=1
     fi
@@ -173,5 +183,5 @@ PYEOF
 set +e
 run 2>&1 | tee "$RESULT"
 status=${PIPESTATUS[0]}
-echo "kept: $RESULT"
+if [ "$DEVICE" = cpu ]; then echo "rehearsal: nothing kept"; else echo "kept: $RESULT"; fi
 exit "$status"

@@ -1,0 +1,31 @@
+"""scripts/gpu-check.sh rehearsed on the CPU (GPU_CHECK_DEVICE=cpu): a lent GPU comes with a few minutes of device
+time, so the script's own plumbing (the fixture build, the verify calls, the report it reads) must already work.
+Section 1 only here; the mid-size and multi-GPU sections run in a full rehearsal by hand (about 2 minutes)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def test_the_gpu_check_rehearses_its_first_section_on_the_cpu(tmp_path):
+    env = {**os.environ, "GPU_CHECK_DEVICE": "cpu", "GPU_CHECK_MIDSIZE": "0", "GPU_CHECK_MULTIGPU": "0",
+           "GPU_CHECK_TESTS": "0", "PYTHON": sys.executable, "TMPDIR": str(tmp_path)}
+    done = subprocess.run(["bash", str(ROOT / "scripts/gpu-check.sh")], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=ROOT)
+    out = done.stdout
+    assert done.returncode == 0, out[-3000:] + done.stderr[-2000:]
+    assert "rehearsal on the CPU" in done.stderr
+    for isolation in ("fork", "spawn"):  # each artifact's row names how its child started
+        assert sum(line.startswith(("control-", "lora-")) and line.rstrip().endswith(isolation)
+                   for line in out.splitlines()) == 4, out
+    assert out.count("verdict: pass; findings: []") == 2
+    assert "rehearsal: nothing kept" in out
+    assert not list((ROOT / "benchmarks/results").glob("gpu-check-*rehearsal*"))
+    assert not list(tmp_path.glob("itera-gpu-check.*"))  # its work folder is gone
