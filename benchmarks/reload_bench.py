@@ -9,7 +9,8 @@ repeated (median), it times:
   start-up   a fresh `python -c "import <what the reload child imports>"`: the price of a new process;
   bare       the plain library calls (from_pretrained / PeftModel.from_pretrained / safe_open / torch.load)
              in a fresh process: `bare total` is the whole process, `bare load` the calls alone;
-  isolated   run_reloads for that artifact: one fresh child with every check and the forward pass.
+  isolated   run_reloads for that artifact, its whole wall: the zygote's start (its imports) and one forked child
+             with every check and the forward pass.
 The design may add process start-up to a reload and nothing more: `isolated / bare total` should stay near 1,
 and `isolated - start-up - bare load` is what the checks themselves cost. Output goes to stdout and to
 benchmarks/results/reload-<date>.txt with the machine.
@@ -107,10 +108,6 @@ def timed(command: list[str]) -> tuple[float, str]:
 
 
 def measure(artifact: str, package: Path, hf_cache: Path, device: str) -> dict:
-    from itera_verify.package import discover
-    from itera_verify.runtime.progress import NULL_PROGRESS
-    from itera_verify.reload import run_reloads
-
     imports = ", ".join(child_imports(ARTIFACTS[artifact]))
     startup, _ = timed([sys.executable, "-c", f"import {imports}"])
     bare_total, out = timed([sys.executable, __file__, "--bare", artifact, "--package", str(package),
@@ -118,12 +115,11 @@ def measure(artifact: str, package: Path, hf_cache: Path, device: str) -> dict:
     row = {"start-up": startup, "bare total": bare_total, "bare load": json.loads(out)["load_seconds"]}
     if artifact.startswith("("):
         return row
-    target = discover(package)
-    target.hf_cache = hf_cache
-    (result,) = run_reloads(target, device=device, timeout=600, jobs=1, progress=NULL_PROGRESS, only={artifact})
-    if not result.ok:
-        raise SystemExit(f"{artifact} did not reload: {result.error}")
-    row.update({"isolated": result.seconds, "in-child load": result.facts.get("load_seconds", 0.0)})
+    from reload_scale import tool_reload
+
+    tool = tool_reload(package, hf_cache, device, {artifact}, "auto")  # the zygote's start included
+    (result,) = tool["results"]
+    row.update({"isolated": tool["wall"], "in-child load": result.facts.get("load_seconds", 0.0)})
     return row
 
 
@@ -156,8 +152,8 @@ def report(package: Path, hf_cache: Path, device: str, repeat: int) -> list[str]
                      f"{m['isolated'] - m['start-up'] - m['bare load']:>12.2f}")
         lines.append(line)
     lines += ["", "start-up: a fresh python importing what the child imports for that loader;",
-              "bare total: the same process plus the bare library load; isolated: run_reloads' own seconds "
-              "(spawn, scan, every check, forward pass, JSON result);",
+              "bare total: the same process plus the bare library load; isolated: run_reloads' whole wall "
+              "(the zygote's imports, fork, scan, every check, forward pass, JSON result);",
               "checks cost = isolated - start-up - bare load: what itera-verify adds beyond a new process.", ""]
     return lines
 
@@ -173,6 +169,9 @@ def main() -> int:
                              "from_pretrained), artifacts (each artifact vs a bare load)")
     parser.add_argument("--keep", type=Path, help="work in this folder and keep what was built (the mid-size "
                                                    "package: scripts/gpu-check.sh reloads it again, capped)")
+    parser.add_argument("--midsize-layers", type=int, action="append",
+                        help="the mid-size model's layer counts, each its own section (default 24: 0.47 B "
+                             "parameters; 96: 1.7 B)")
     parser.add_argument("--no-save", action="store_true", help="print only; no benchmarks/results file")
     parser.add_argument("--bare", help=argparse.SUPPRESS)  # internal: one bare load in this fresh process
     parser.add_argument("--plain", help=argparse.SUPPRESS)  # internal: reload_scale's plain process
@@ -208,7 +207,8 @@ def main() -> int:
         if "midsize" in sections:
             from reload_scale import midsize_section
 
-            lines += midsize_section(package, hf_cache, device, args.repeat, Path(work))
+            for layers in args.midsize_layers or [24]:
+                lines += midsize_section(package, hf_cache, device, args.repeat, Path(work), layers)
         if "artifacts" in sections:
             lines += report(package, hf_cache, device, args.repeat)
         lines.append(f"load average after the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
