@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fuzz.processes import (TAG_VARIABLE, Cli, can_run_as, cli_command, give_to, mount_namespace,
+from tests.fuzz.processes import (TAG_VARIABLE, Cli, can_run_as, cli_command, cmdline, give_to, mount_namespace,
                                   reload_children, tagged, tree_state, wait_until)
 
 CAMPAIGN = "reviews-lora-2026-11"
@@ -359,18 +359,25 @@ def huge_safetensors(path: Path, gib: float = 1.0) -> None:
         fh.truncate(8 + len(header) + count * 4)
 
 
-def child_address_space() -> int:
-    """Peak address space of a process that imported what a safetensors reload child imports."""
-    probe = "import torch, safetensors.torch, numpy; print(open('/proc/self/status').read())"
-    status = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+def zygote_address_space() -> int:
+    """Peak address space of a process that imported what the run's zygote imports (its preload)."""
+    probe = ("from itera_verify.reload.zygote import preload; preload(['gpt2']); "
+             "print(open('/proc/self/status').read())")
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+    status = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                            env=env).stdout
     return int(next(line for line in status.splitlines() if line.startswith("VmPeak")).split()[1]) * 1024
+
+
+def zygotes(tag: str) -> list[int]:
+    return [pid for pid in tagged(tag) if "itera_verify.reload.zygote" in cmdline(pid)]
 
 
 @pytest.mark.slow
 def test_reload_child_over_its_memory_limit_is_IV504_and_the_others_still_reload(built, tmp_path, tag):
     cli_dir = tmp_path / "w"
     package = copy_package(built, cli_dir / "pkg")
-    huge_safetensors(package / "artifacts" / "huge.safetensors")
+    huge_safetensors(package / "artifacts" / "huge.safetensors", gib=2.0)
     manifest = json.loads((package / "manifest.json").read_text())
     manifest["artifacts"].append({"id": "huge", "run": "control", "kind": "safetensors",
                                   "path": "artifacts/huge.safetensors"})
@@ -378,17 +385,22 @@ def test_reload_child_over_its_memory_limit_is_IV504_and_the_others_still_reload
     spec = json.loads((package / "reload.json").read_text())
     spec["artifacts"]["huge"] = {"loader": "safetensors"}
     (package / "reload.json").write_text(json.dumps(spec, indent=2))
-    limit = child_address_space() + (384 << 20)  # room for the loader's own work, not for a 1 GiB tensor
+    # Room for a small model's reload beside the libraries, not for mapping and copying a 2 GiB tensor. Set on the
+    # zygote while it imports (seconds before its first fork), so every child inherits it: no race with a child
+    # that loads in milliseconds, and the small reloads prove they run under the same limit.
+    limit = zygote_address_space() + (768 << 20)
     cli = Cli(cli_command(package, "--hf-cache", built["hf_cache"], "--device", "cpu", "--no-seal", "--format",
-                          "json", "--timeout", "300"), tag=tag, workdir=cli_dir / "run")
-    limited = wait_until(lambda: [pid for pid, art in reload_children(tag).items() if art == "huge"], 300)
-    assert limited, "the huge artifact's reload child never started"
+                          "json", "--timeout", "300", "--jobs", "1"), tag=tag, workdir=cli_dir / "run")
+    zygote = wait_until(lambda: zygotes(tag), 120)
+    assert zygote, "the run's zygote never started"
     import resource
 
-    resource.prlimit(limited[0], resource.RLIMIT_AS, (limit, limit))
+    resource.prlimit(zygote[0], resource.RLIMIT_AS, (limit, limit))
+    assert not reload_children(tag), "a reload child was forked before the limit: the test would race"
     code, out, err = cli.wait(600)
     report = json.loads(out)
     results = {r["artifact"]: r for r in report["reloads"]}
+    assert {r["facts"].get("isolation") for r in results.values()} == {"fork"}, results
     assert not results["huge"]["ok"] and results["huge"]["failure"] in ("crash", "load"), results["huge"]
     assert re.search(r"memory|allocat", results["huge"].get("error") or "", re.I), results["huge"]
     assert any(f["code"] == "IV504" and f.get("artifact") == "huge" for f in report["findings"])
