@@ -31,8 +31,20 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 
 
 def chromium(page: Path, profile: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args, page.resolve().as_uri()],
-                          capture_output=True, text=True, timeout=120)
+    """One headless load. A browser that crashes or hangs on a loaded machine (its own processes killed or
+    starved: exit code non-zero, or no exit in 120 s) is started once more with a fresh profile; what the page
+    does (its console, its DOM) is judged only on a load that completed."""
+    for attempt in (1, 2):
+        command = [CHROMIUM, *FLAGS, f"--user-data-dir={profile}-{attempt}", *args, page.resolve().as_uri()]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            if attempt == 2:
+                raise
+            continue
+        if done.returncode == 0 or attempt == 2:
+            return done
+    raise AssertionError("unreachable")
 
 
 def console_messages(stderr: str) -> list[str]:
