@@ -164,3 +164,63 @@ def test_adapter_with_one_trained_B_matrix_is_not_IV512(package_dir, built, tmp_
     tensors[name][0, 0] = 1e-4
     save_file(tensors, package_dir / "artifacts/lora-r16/adapter_model.safetensors", metadata={"format": "pt"})
     assert iv512(package_dir, built["hf_cache"]) == []
+
+
+# ---- a model in another float format: compared with the base's values converted as torch converts them ----------
+
+def resaved(built, dest: Path, dtype) -> None:
+    """What a user gets who loads the base in `dtype` and saves it without a training step."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(built["base_model"], revision=built["base_revision"],
+                                                 cache_dir=built["hf_cache"], local_files_only=True, dtype=dtype)
+    model.save_pretrained(dest)
+
+
+def test_base_loaded_in_bf16_and_saved_untouched_is_IV512(package_dir, built, tmp_path):
+    import torch
+
+    resaved(built, tmp_path / "bf16", torch.bfloat16)
+    shutil.copyfile(tmp_path / "bf16/model.safetensors", package_dir / "artifacts/control-model/model.safetensors")
+    [finding] = iv512(package_dir, built["hf_cache"])
+    assert (finding.run, finding.artifact) == ("control", "control-model")
+    assert "converted to bfloat16" in finding.message and "nothing was trained" in finding.message
+
+
+def test_base_loaded_in_fp16_and_saved_untouched_is_IV512(package_dir, built, tmp_path):
+    import torch
+
+    resaved(built, tmp_path / "fp16", torch.float16)
+    shutil.copyfile(tmp_path / "fp16/model.safetensors", package_dir / "artifacts/control-model/model.safetensors")
+    [finding] = iv512(package_dir, built["hf_cache"])
+    assert "converted to float16" in finding.message
+
+
+def test_the_trained_model_converted_to_bf16_is_not_IV512(package_dir, built):
+    # The control was trained (4 steps): in bf16 its weights still differ from the base's converted ones.
+    model = package_dir / "artifacts/control-model/model.safetensors"
+    save_file({name: tensor.bfloat16() for name, tensor in load_file(model).items()}, model, metadata={"format": "pt"})
+    assert iv512(package_dir, built["hf_cache"]) == []
+
+
+def test_one_value_off_by_one_bf16_step_is_not_IV512(package_dir, built, tmp_path):
+    import torch
+
+    resaved(built, tmp_path / "bf16", torch.bfloat16)
+    tensors = load_file(tmp_path / "bf16/model.safetensors")
+    name = sorted(tensors, key=lambda n: -tensors[n].numel())[0]  # the largest: compared last
+    flat = tensors[name].view(-1).view(torch.int16)
+    flat[123] += 1  # the next bfloat16 value: not what rounding the base gives
+    save_file(tensors, package_dir / "artifacts/control-model/model.safetensors", metadata={"format": "pt"})
+    assert iv512(package_dir, built["hf_cache"]) == []
+
+
+def test_another_runs_model_converted_to_bf16_is_IV512(package_dir, built):
+    target = package_dir / "artifacts/lora-r16-merged"
+    shutil.copytree(package_dir / "artifacts/control-model", target)
+    tensors = load_file(target / "model.safetensors")
+    save_file({n: t.bfloat16() for n, t in tensors.items()}, target / "model.safetensors", metadata={"format": "pt"})
+    add_artifact(package_dir, {"id": "lora-r16-merged", "run": "lora-r16", "kind": "transformers-model",
+                               "path": "artifacts/lora-r16-merged"}, {"loader": "transformers"})
+    [finding] = iv512(package_dir, built["hf_cache"])
+    assert finding.artifact == "lora-r16-merged" and "converted to bfloat16" in finding.message

@@ -3,7 +3,9 @@
 No torch: a safetensors header says each tensor's dtype, shape and byte range, so two weight sets can be told
 apart (different names or shapes) without reading a byte of data, and compared tensor by tensor when they look
 alike. A digest is computed once per tensor of a file and only when a comparison needs it; a comparison stops at
-the first tensor that differs, so weights that were trained cost a few small reads.
+the first tensor that differs, so weights that were trained cost a few small reads. A model saved in another
+float format than the base's (an fp32 base loaded in bf16 and saved untouched) is compared with the base's
+values converted as torch converts them (round to nearest even), a chunk at a time, with numpy.
 """
 from __future__ import annotations
 
@@ -45,6 +47,53 @@ class WeightSet:
 
     def __post_init__(self):
         self.signature = frozenset((name, t.dtype, t.shape) for name, t in self.tensors.items())
+        self.layout = frozenset((name, t.shape) for name, t in self.tensors.items())
+
+
+# The float formats a conversion is recognised between (safetensors' names), and their item sizes.
+FLOATS = {"F32": 4, "F16": 2, "BF16": 2}
+BF16_NAN = 0x7FC0  # what torch writes for any NaN converted to bfloat16
+
+
+def converted_to(model: WeightSet, base: WeightSet) -> str | None:
+    """The one float format `model` holds where `base` holds another (every other tensor's dtype equal, the
+    same names and shapes): the model may be the base converted to it. None otherwise."""
+    if model.layout != base.layout or model.signature == base.signature:
+        return None
+    targets = set()
+    for name, tensor in model.tensors.items():
+        source = base.tensors[name].dtype
+        if tensor.dtype != source:
+            if tensor.dtype not in FLOATS or source not in FLOATS:
+                return None
+            targets.add(tensor.dtype)
+    return targets.pop() if len(targets) == 1 else None
+
+
+def _decode(raw: bytes, dtype: str):
+    """Float bytes as float32 values, exactly (every F16 and BF16 value is a float32 value)."""
+    import numpy as np
+
+    if dtype == "F32":
+        return np.frombuffer(raw, "<f4")
+    if dtype == "F16":
+        return np.frombuffer(raw, "<f2").astype(np.float32)
+    return (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32)
+
+
+def encode(values, dtype: str) -> bytes:
+    """float32 values in `dtype` as torch's `.to(dtype)` writes them: round to nearest, ties to even."""
+    import numpy as np
+
+    if dtype == "F32":
+        return values.astype("<f4").tobytes()
+    if dtype == "F16":
+        with np.errstate(over="ignore"):  # past 65504: infinity, as torch
+            return values.astype("<f2").tobytes()
+    bits = values.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
+    rounded[np.isnan(values)] = BF16_NAN
+    return rounded.tobytes()
 
 
 def read_header(path: str) -> dict[str, Tensor] | None:
@@ -111,31 +160,34 @@ class Digests:
     def __init__(self):
         self._known: dict[tuple[str, int, int], str] = {}
 
-    def of(self, tensor: Tensor) -> str:
-        key = (tensor.file, tensor.start, tensor.end)
+    def of(self, tensor: Tensor, as_dtype: str | None = None) -> str:
+        """The digest of the tensor's bytes, or of its values converted to `as_dtype` (a float format)."""
+        target = as_dtype if as_dtype not in (None, tensor.dtype) else None
+        key = (tensor.file, tensor.start, tensor.end, target)
         if key not in self._known:
             digest = hashlib.sha256()
             with open_binary(tensor.file) as fh:
                 fh.seek(tensor.start)
                 left = tensor.size
                 while left > 0:
-                    chunk = fh.read(min(READ_CHUNK, left))
-                    if not chunk:
+                    chunk = fh.read(min(READ_CHUNK, left))  # a whole number of items: READ_CHUNK is 4-aligned
+                    if not chunk or (target and len(chunk) % FLOATS[tensor.dtype]):
                         break  # a file cut short since its header was read: its digest differs, nothing equal
-                    digest.update(chunk)
+                    digest.update(encode(_decode(chunk, tensor.dtype), target) if target else chunk)
                     left -= len(chunk)
             self._known[key] = digest.hexdigest()
         return self._known[key]
 
-    def equal(self, one: WeightSet, other: WeightSet) -> bool:
-        """Every tensor of `one` has the bytes of `other`'s tensor of that name (their signatures are equal).
-        Smallest first: norms and biases change in any full fine-tune and cost almost nothing to read."""
-        if one.signature != other.signature or not one.tensors:
+    def equal(self, one: WeightSet, other: WeightSet, converted: bool = False) -> bool:
+        """Every tensor of `one` has the bytes of `other`'s tensor of that name (their signatures are equal),
+        or, `converted` (see converted_to), the bytes of its values converted to `one`'s format. Smallest first:
+        norms and biases change in any full fine-tune and cost almost nothing to read."""
+        if not one.tensors or (one.layout != other.layout if converted else one.signature != other.signature):
             return False
         for name in sorted(one.tensors, key=lambda n: (one.tensors[n].size, n)):
             a, b = one.tensors[name], other.tensors[name]
             if (a.file, a.start) == (b.file, b.start):
                 continue  # the same bytes on disk (a folder delivered twice, a link)
-            if self.of(a) != self.of(b):
+            if self.of(a) != self.of(b, a.dtype if a.dtype != b.dtype else None):
                 return False
         return True

@@ -14,7 +14,7 @@ from typing import Iterator
 from ..model import Finding, Rule, Severity
 from ..package import Package
 from ..runtime.hfcache import resolve_hf_cache
-from ._tensors import Digests, WeightSet, all_zero, read_weights
+from ._tensors import Digests, WeightSet, all_zero, converted_to, read_weights
 
 RULES = [
     Rule("IV512", Severity.ERROR, "delivered model equals the base or another run's",
@@ -25,9 +25,14 @@ RULES = [
              "model, so nothing else notices. The bases compared are the one the artifact's manifest `base` "
              "names and those the package's adapters name (adapter_config.json, manifest `base`). A model equal "
              "to another run's artifact (its model, or the weights of its checkpoint) is the same model "
-             "delivered twice under two runs: at most one of them trained it. Only weight sets with the same "
-             "tensor names, dtypes and shapes are compared, from the safetensors headers, and the comparison "
-             "stops at the first tensor that differs. A LoRA adapter whose every B matrix is still zero (PEFT's "
+             "delivered twice under two runs: at most one of them trained it. A model in another float format "
+             "than the one it is compared with (an fp32 base loaded in bf16 and saved untouched) is compared "
+             "with that one's values converted as torch converts them (round to nearest even): equal, it holds "
+             "nothing the conversion did not, and a fine-tune so short that bf16 rounds every change away is "
+             "reported too, since its delivered weights are the base's. Only weight sets whose safetensors "
+             "headers agree on every tensor name and shape are compared, and a comparison stops at the first "
+             "tensor that differs. "
+             "A LoRA adapter whose every B matrix is still zero (PEFT's "
              "initialisation) and that holds nothing else changes nothing: base plus adapter is the base. "
              "Deliver the weights the run saved at its end (trainer.save_model(...) or "
              "model.save_pretrained(...)), not a copy of the base snapshot or an adapter saved before training."),
@@ -155,6 +160,26 @@ def _untrained_adapters(package: Package) -> Iterator[Finding]:
                                   "was trained (save the adapter after training)")
 
 
+DTYPE_WORDS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def _match(digests: Digests, model: WeightSet, candidates: list[WeightSet]) -> tuple[WeightSet, str] | None:
+    """The first candidate whose tensors `model` holds: byte for byte ("" as the second item), or converted to
+    the one float format `model` is in (its name)."""
+    for candidate in candidates:
+        if digests.equal(model, candidate):
+            return candidate, ""
+    for candidate in candidates:
+        target = converted_to(model, candidate)
+        if target and digests.equal(model, candidate, converted=True):
+            return candidate, DTYPE_WORDS[target]
+    return None
+
+
+def _as(dtype: str) -> str:
+    return f" converted to {dtype}" if dtype else ""
+
+
 def check(package: Package) -> Iterator[Finding]:
     yield from _untrained_adapters(package)
     artifacts = _artifact_weight_sets(package)
@@ -166,17 +191,21 @@ def check(package: Package) -> Iterator[Finding]:
         if not delivered:
             continue
         where = dict(run=model.run, artifact=model.artifact)
-        base = next((b for b in bases if digests.equal(model, b)), None)
-        if base is not None:
+        found = _match(digests, model, bases)
+        if found is not None:
+            base, dtype = found
             yield Finding("IV512", model.where, **where,
-                          message=f"every tensor of {model.label} equals {base.label} in the hub cache: nothing "
-                                  "was trained (deliver the weights the run saved)")
+                          message=f"every tensor of {model.label} equals {base.label} in the hub cache"
+                                  f"{_as(dtype)}: nothing was trained (deliver the weights the run saved"
+                                  + (f"; loading the base in {dtype} and saving it changes nothing else)"
+                                     if dtype else ")"))
             continue
         # Another run's artifact: a model pair is reported once, on the later one; a checkpoint always.
         others = [other for index, (is_model, other) in enumerate(artifacts)
                   if other.run and model.run and other.run != model.run and (not is_model or index < position)]
-        twin = next((other for other in others if digests.equal(model, other)), None)
-        if twin is not None:
+        found = _match(digests, model, others)
+        if found is not None:
+            twin, dtype = found
             yield Finding("IV512", model.where, **where,
                           message=f"every tensor of {model.label} (run {model.run!r}) equals {twin.label} of run "
-                                  f"{twin.run!r} ({twin.where}): one model delivered for two runs")
+                                  f"{twin.run!r} ({twin.where}){_as(dtype)}: one model delivered for two runs")
