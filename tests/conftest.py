@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -18,6 +19,60 @@ sys.path.insert(0, str(ROOT))  # the `fixtures` builders live at the repository 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+# No test may reach the network. Beside the variables above (which a library reads once, at import), this
+# process refuses any name lookup or connection beyond this machine, and remembers the attempt: a library that
+# swallows the error (PEFT asking the hub for a base's config) still fails the test that caused it.
+NETWORK_ATTEMPTS: list[str] = []
+LOCAL_NAMES = {"", "localhost", "0.0.0.0", "::", "::1", socket.gethostname()}
+
+
+def _local(host) -> bool:
+    host = host.decode() if isinstance(host, bytes) else str(host)
+    return host in LOCAL_NAMES or host.startswith("127.")
+
+
+def _refuse(host) -> None:
+    NETWORK_ATTEMPTS.append(str(host))
+    raise OSError(f"network access from a test refused: {host}")
+
+
+_getaddrinfo, _connect, _connect_ex = socket.getaddrinfo, socket.socket.connect, socket.socket.connect_ex
+
+
+def _guarded_getaddrinfo(host, *args, **kwargs):
+    if host is not None and not _local(host):
+        _refuse(host)
+    return _getaddrinfo(host, *args, **kwargs)
+
+
+def _guarded_connect(self, address):
+    if self.family in (socket.AF_INET, socket.AF_INET6) and not _local(address[0]):
+        _refuse(address[0])
+    return _connect(self, address)
+
+
+def _guarded_connect_ex(self, address):
+    if self.family in (socket.AF_INET, socket.AF_INET6) and not _local(address[0]):
+        _refuse(address[0])
+    return _connect_ex(self, address)
+
+
+socket.getaddrinfo = _guarded_getaddrinfo
+socket.socket.connect, socket.socket.connect_ex = _guarded_connect, _guarded_connect_ex
+
+
+@pytest.fixture(autouse=True)
+def no_network():
+    before = len(NETWORK_ATTEMPTS)
+    yield
+    assert NETWORK_ATTEMPTS[before:] == [], f"the test tried to reach the network: {NETWORK_ATTEMPTS[before:]}"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if NETWORK_ATTEMPTS and session.exitstatus == 0:  # an attempt in a session fixture's set-up, or at collection
+        print(f"\nnetwork access attempted during the tests: {sorted(set(NETWORK_ATTEMPTS))}", file=sys.stderr)
+        session.exitstatus = 1
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# Offline before anything imports huggingface_hub (it reads these once, at import): run directly, not through
+# `make fuzz`, the fixture build's PEFT save asked huggingface.co for the base's config.
+os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
 SEED = 20261120  # fixed: the 10,000-example run is reproducible, and differs from CI's derandomized examples
 
 
@@ -57,7 +60,6 @@ def _signature(error: BaseException) -> str:
 
 def fuzz_reader(name: str, examples: int, package: str, hf_cache: str) -> dict:
     """Run one reader's property on `examples` inputs; never stops at a failure."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.path.insert(0, str(ROOT))
     from hypothesis import HealthCheck, Phase, given, seed, settings
 
