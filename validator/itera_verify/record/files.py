@@ -19,7 +19,7 @@ def dumps(value: Any) -> bytes:
     return (json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -34,7 +34,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f"{TEMP_PREFIX}{os.getpid()}-{path.name}")
     _write_synced(tmp, data, os.O_TRUNC)
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def write_json(path: Path, value: Any) -> bytes:

@@ -10,9 +10,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import artifacts
+from . import artifacts, resume
 from .errors import RecordError
 from .files import append_lines, cut_partial_line, dumps, json_line, write_atomic
+from .ids import check_id
 from .stoprules import Violation, check
 from .store import MANIFEST, STOPS, read, transaction
 
@@ -226,6 +227,24 @@ class Run:
         adapter_config.json (PEFT leaves `revision: null` unless told)."""
         self._require_started()
         return artifacts.register_adapter(self, path, base, model, revision, cache_dir, id, reload_fields)
+
+
+    def resume_file(self, path, *, model, optimizer, scheduler, step: int, data_state, scaler=None,
+                    trainable_only: bool = True, id: str | None = None, **reload_fields) -> str:
+        """Write a hand-written loop's resume file (`path`, a .pt inside the package) holding exactly what the
+        torch-resume reload proves: `model` (a module's trainable parameters, or its whole state dict with
+        trainable_only=False), the optimizer, scheduler and (fp16) scaler states, every RNG state, `step` and
+        `data_state`; atomically, by the writing rank only. Registered as the run's resume artifact."""
+        self._require_started()
+        state = resume.resume_state(model=model, optimizer=optimizer, scheduler=scheduler, step=step,
+                                    data_state=data_state, scaler=scaler, trainable_only=trainable_only)
+        target = resume.save_resume(self, path, state)
+        artifact_id = id or f"{self.id}-resume"
+        if not self.writer:
+            return check_id("artifact id", artifact_id)
+        if scaler is not None:
+            reload_fields.setdefault("fp16", True)
+        return artifacts.register(self, target, "resume-checkpoint", artifact_id, "torch-resume", reload_fields)
 
 
 class PredictionStream:
