@@ -84,3 +84,16 @@ def test_an_edited_guide_still_named_as_the_template_is_IV107(package_dir):
     write_text(package_dir, TEMPLATE_README, README.replace("delete this file before sealing", "our notes"))
     (finding,) = only(static_findings(package_dir), "IV107")
     assert finding.path == TEMPLATE_README and "rename it README.md" in finding.message
+
+
+def test_a_campaign_id_holding_a_lone_surrogate_is_a_schema_finding_not_a_crash(package_dir):
+    # Found by `make fuzz`: JSON's "\udfff" decodes to a str that cannot be encoded, and the template check
+    # built the init manifest for it.
+    path = package_dir / "manifest.json"
+    path.write_text(path.read_text().replace('"campaign_id": "reviews-lora-2026-11"', '"campaign_id": "a\\udfffb"'))
+    assert '"a\\udfffb"' in path.read_text()
+    result = run_cli(package_dir, "--no-reload", "--no-seal", "--format", "json")
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    assert any(f["pointer"] == "/campaign_id" for f in report["findings"]), report["findings"]
+    assert "Traceback" not in result.stderr

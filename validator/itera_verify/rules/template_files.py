@@ -81,8 +81,8 @@ def check(package: Package) -> Iterator[Finding]:
 def _unchanged_manifest(package: Package) -> Iterator[Finding]:
     entry = package.files.get(MANIFEST)
     campaign_id = package.manifest.get("campaign_id") if entry is not None else None
-    if not isinstance(campaign_id, str):
-        return
+    if not isinstance(campaign_id, str) or not campaign_id.isascii():
+        return  # init writes ASCII ids only (a lone surrogate cannot even be encoded): no template to match
     size, digest = _manifest_template(campaign_id)
     if entry.size == size and package.sha256(MANIFEST) == digest:
         yield Finding("IV107", MANIFEST, pointer="",
