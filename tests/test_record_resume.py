@@ -135,3 +135,13 @@ def test_a_process_that_is_not_the_writer_writes_nothing(tmp_path):
     run = other.start_run("control", "control", params={"seed": 1, "lr": 0.01})
     assert run.resume_file("checkpoints/control/rank1.pt", **tiny_loop()) == "control-resume"
     assert not (tmp_path / "pkg/checkpoints/control/rank1.pt").exists()
+
+
+def test_another_rank_makes_the_same_refusals(tmp_path):
+    started(tmp_path)
+    other = open_campaign(tmp_path / "pkg", "api-test", QUESTION, "toy", "v1", EVAL_IDS, main_process=False)
+    run = other.start_run("control", "control", params={"seed": 1, "lr": 0.01})
+    with pytest.raises(RecordError, match="non-negative integer"):
+        run.resume_file("checkpoints/control/rank1.pt", **{**tiny_loop(), "step": 2.0})
+    with pytest.raises(RecordError, match="outside the package"):
+        run.resume_file("../rank1.pt", **tiny_loop())

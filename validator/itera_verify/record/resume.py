@@ -62,12 +62,17 @@ def rng_states() -> dict:
     return states
 
 
-def resume_state(*, model, optimizer, scheduler, step: int, data_state, scaler=None,
-                 trainable_only: bool = True) -> dict:
+def check_position(step, data_state) -> None:
+    """What every rank can check without building the state: the step count and the data position."""
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise RecordError(f"step: a non-negative integer (the optimizer steps taken), not {step!r}")
     if data_state is None:
         raise RecordError("data_state: where the data loader stands (e.g. {'epoch': 0, 'index': 128}), not None")
+
+
+def resume_state(*, model, optimizer, scheduler, step: int, data_state, scaler=None,
+                 trainable_only: bool = True) -> dict:
+    check_position(step, data_state)
     state = {"model": model_state(model, trainable_only), "optimizer": _state_dict(optimizer, "optimizer"),
              "scheduler": _state_dict(scheduler, "scheduler"), "rng": rng_states(), "step": step,
              "data_state": data_state}
@@ -76,19 +81,22 @@ def resume_state(*, model, optimizer, scheduler, step: int, data_state, scaler=N
     return state
 
 
-def save_resume(run: Run, path, state: dict) -> Path:
-    """torch.save `state` to `path` inside the package (a `.pt` name): to a temporary file beside it, synced,
-    then renamed, under the package lock. Only the writing process (rank 0) writes."""
-    import torch
-
+def resume_target(run: Run, path) -> Path:
+    """The file `path` names: a `.pt` inside the package."""
     target = Path(path) if Path(path).is_absolute() else run.root / path
     if target.suffix != ".pt":
         raise RecordError(f"{path}: a torch-resume file is named *.pt")
-    real_root = os.path.realpath(run.root)
-    if not os.path.realpath(target).startswith(real_root + os.sep):
+    if not os.path.realpath(target).startswith(os.path.realpath(run.root) + os.sep):
         raise RecordError(f"{path} lies outside the package {run.root}: save it inside (e.g. checkpoints/<run>/)")
-    if not run.writer:
-        return target
+    return target
+
+
+def save_resume(run: Run, path, state: dict) -> Path:
+    """torch.save `state` to `path` inside the package (a `.pt` name): to a temporary file beside it, synced,
+    then renamed, under the package lock (the writing process, rank 0, calls it)."""
+    import torch
+
+    target = resume_target(run, path)
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = target.with_name(f"{TEMP_PREFIX}{os.getpid()}-{target.name}")
     with package_lock(run.root):  # a reopen's sweep of stale temporaries runs under it too
