@@ -224,3 +224,23 @@ def test_another_runs_model_converted_to_bf16_is_IV512(package_dir, built):
                                "path": "artifacts/lora-r16-merged"}, {"loader": "transformers"})
     [finding] = iv512(package_dir, built["hf_cache"])
     assert finding.artifact == "lora-r16-merged" and "converted to bfloat16" in finding.message
+
+
+def raw_safetensors(path: Path, header: bytes, payload: bytes = b"\0" * 8) -> None:
+    header += b" " * (-len(header) % 8)
+    path.write_bytes(len(header).to_bytes(8, "little") + header + payload)
+
+
+def test_a_header_with_non_integer_numbers_is_no_weight_set_and_no_crash(package_dir, built):
+    # Found by `make fuzz`: 1e999 (infinity) in a shape or an offset made int() raise OverflowError.
+    target = package_dir / "artifacts/control-model/model.safetensors"
+    for header in (b'{"w":{"dtype":"F32","shape":[1e999],"data_offsets":[0,4]}}',
+                   b'{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,1e999]}}',
+                   b'{"w":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}}',
+                   b'{"w":{"dtype":"F32","shape":[true],"data_offsets":[0,4]}}'):
+        raw_safetensors(target, header)
+        assert iv512(package_dir, built["hf_cache"]) == []
+    from itera_verify.rules._tensors import read_header
+
+    raw_safetensors(target, b'{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}')
+    assert read_header(str(target))["w"].shape == (2,)  # the same file with integers is read

@@ -118,16 +118,22 @@ def read_header(path: str) -> dict[str, Tensor] | None:
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        try:
-            begin, end = (int(x) for x in info["data_offsets"])
-            shape = tuple(int(x) for x in info["shape"])
-            dtype = str(info["dtype"])
-        except (TypeError, KeyError, ValueError):
-            return None
+        offsets = _integers(info.get("data_offsets")) if isinstance(info, dict) else None
+        shape = _integers(info.get("shape")) if isinstance(info, dict) else None
+        if offsets is None or shape is None or len(offsets) != 2 or not isinstance(info.get("dtype"), str):
+            return None  # safetensors itself refuses it: the reload reports the file (IV504)
+        (begin, end), dtype = offsets, info["dtype"]
         if not 0 <= begin <= end or data_start + end > file_size:
             return None
         tensors[name] = Tensor(os.path.realpath(path), dtype, shape, data_start + begin, data_start + end)
     return tensors
+
+
+def _integers(value) -> tuple[int, ...] | None:
+    """A JSON list of integers as safetensors reads it: 2.0, 1e999 (infinity), true or "3" is no integer."""
+    if not isinstance(value, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+        return None
+    return tuple(value)
 
 
 def read_weights(paths: list[str]) -> dict[str, Tensor] | None:
