@@ -230,3 +230,41 @@ def test_a_zygote_never_used_is_killed_at_once_while_it_still_imports(package_di
     early.close()  # Ctrl-C during the static checks
     assert time.monotonic() - closed < 2 and proc.returncode is not None
     assert not early.zygote.work.exists()
+
+
+# --- a light zygote: no modelling library where no loader needs one ---------------------------------------
+
+def test_a_light_zygote_preloads_no_modelling_library_and_a_full_one_does(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    seen = {}
+    for light in (True, False):
+        children = ChildProcesses()
+        started = Zygote(children, zygote_env(1, None), light=light)
+        started.wait_ready()
+        assert started.client is not None, started.why
+        try:
+            report = probe(children, started, tmp_path / f"light-{light}", "look")
+        finally:
+            started.close()
+        seen[light] = report["at_start"]["modelling_imported"]
+    assert seen == {True: [], False: ["accelerate", "peft", "transformers"]}
+
+
+def test_a_package_of_safetensors_and_torch_resume_files_alone_gets_a_light_zygote(package_dir, hf_cache):
+    from itera_verify.reload import prestart
+    from itera_verify.reload.runner import light
+
+    assert light(["torch-resume", "safetensors"]) and not light(["torch-resume", "peft"]) and not light([None])
+    full = prestart(discover(package_dir), device="cpu", jobs=1)
+    assert full is not None and not full.zygote.light  # the example package: transformers, peft, a Trainer
+    full.close()
+    manifest = json.loads((package_dir / "manifest.json").read_text())
+    manifest["artifacts"] = [a for a in manifest["artifacts"] if a["id"] == "lora-r16-resume"]
+    (package_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    package = discover(package_dir)
+    package.hf_cache = Path(hf_cache)
+    early = prestart(package, device="cpu", jobs=1)
+    assert early is not None and early.zygote.light
+    results = run_reloads(package, device="cpu", timeout=300, jobs=1, progress=NULL_PROGRESS, prestarted=early)
+    assert [(r.artifact, r.ok, r.facts["isolation"]) for r in results] == [("lora-r16-resume", True, "fork")]
+    early.close()

@@ -90,6 +90,15 @@ def model_types(jobs) -> list[str]:
     return found
 
 
+# Loaders whose children import no modelling library (child.PRE_IMPORTS): a run of these alone gets a light zygote.
+LIGHT_LOADERS = frozenset({"safetensors", "torch-resume"})
+
+
+def light(loaders) -> bool:
+    """No loader of the run needs transformers or peft (an empty run too: nothing to import them for)."""
+    return all(loader in LIGHT_LOADERS for loader in loaders)
+
+
 def zygote_env(threads: int, hf_cache: str | None) -> dict:
     """The zygote's environment: what every child shares (the libraries read it at import), plus fork safety.
     numpy's BLAS starts a worker thread at import, and a process with threads must not fork; numpy only reads
@@ -264,7 +273,11 @@ def prestart(package: Package, *, device: str, jobs: int, isolation: str = "auto
     _, threads = _parallel(device, jobs, visible_gpus() if device == "cuda" else [])
     children = ChildProcesses()
     hf_cache = os.path.abspath(package.hf_cache) if package.hf_cache else None
-    return Prestarted(children, Zygote(children, zygote_env(threads, hf_cache), model_types(folders)), isolation)
+    entries = package.reload_spec.get("artifacts") if isinstance(package.reload_spec, dict) else None
+    loaders = [(entries.get(a.get("id")) or {}).get("loader") if isinstance(entries, dict) else None
+               for a in package.artifacts()]
+    zygote = Zygote(children, zygote_env(threads, hf_cache), model_types(folders), light(loaders))
+    return Prestarted(children, zygote, isolation)
 
 
 def run_reloads(package: Package, *, device: str, timeout: float, jobs: int, progress,
@@ -303,7 +316,8 @@ def run_reloads(package: Package, *, device: str, timeout: float, jobs: int, pro
             first = next(iter(pending.values()), {})
             zygote = start_zygote(isolation, children, zygote_env(first.get("threads") or 0, first.get("hf_cache")),
                                   bool(pending), model_types(pending.values()),
-                                  started=prestarted.zygote if prestarted is not None else None)
+                                  started=prestarted.zygote if prestarted is not None else None,
+                                  light=light(job["loader"] for job in pending.values()))
             if zygote is None and prefetch and parallel == 1 and len(gpus) <= 1:
                 indexes = list(pending)
                 for position, result in _one_at_a_time([pending[i] for i in indexes], timeout, children,

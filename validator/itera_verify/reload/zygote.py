@@ -1,4 +1,4 @@
-"""The zygote: `python -m itera_verify.reload.zygote FD ROOM [MODEL_TYPE...]`, one preloaded parent that forks
+"""The zygote: `python -m itera_verify.reload.zygote FD ROOM [--light] [MODEL_TYPE...]`, one preloaded parent that forks
 every reload child.
 
 Why: a fresh interpreter spends 5-18 s importing torch, transformers and peft; the reloads themselves take well
@@ -32,10 +32,14 @@ import tempfile
 import time
 import traceback
 
-# What every reload child would import anyway (child.PRE_IMPORTS), and the tool's own loader modules.
-PRELOADS = ("numpy", "torch", "safetensors", "safetensors.torch", "transformers", "transformers.modeling_utils",
-            "transformers.models.auto.modeling_auto", "peft", "accelerate", "huggingface_hub",
-            "itera_verify.reload.child", "itera_verify.reload.common")
+# What every reload child would import anyway (child.PRE_IMPORTS), and the tool's own loader modules; the
+# modelling libraries only where a loader needs them (LIGHT: a package of safetensors and torch-resume files
+# alone, where they would be 2.5 s and 100 MiB of every child's memory for nothing).
+PRELOADS = ("numpy", "torch", "safetensors", "safetensors.torch", "itera_verify.reload.child",
+            "itera_verify.reload.common")
+MODELLING = ("transformers", "transformers.modeling_utils", "transformers.models.auto.modeling_auto", "peft",
+             "accelerate", "huggingface_hub")
+LIGHT = "--light"
 PR_SET_PDEATHSIG = 1
 MODEL_TYPE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 REAP_POLL_SECONDS = 0.02
@@ -51,14 +55,14 @@ def thread_count() -> int:
         return threading.active_count()
 
 
-def preload(model_types: list[str]) -> dict:
+def preload(model_types: list[str], light: bool = False) -> dict:
     """Import what the children will use. `model_types`: transformers' names of the package's architectures
     (config.json `model_type`, read by the runner, never here), whose modelling modules transformers would
-    otherwise import lazily in every child."""
+    otherwise import lazily in every child. `light`: no loader of the run needs transformers or peft."""
     started = time.monotonic()
     from .loaders import MODULES, loader_module
 
-    for name in PRELOADS:
+    for name in PRELOADS + (() if light else MODELLING):
         importlib.import_module(name)
     for model_type in model_types:
         if MODEL_TYPE.fullmatch(model_type):
@@ -247,7 +251,7 @@ def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=int(argv[1]))
     zygote = Zygote(sock)
     try:
-        zygote.send(preload(argv[3:]))
+        zygote.send(preload([a for a in argv[3:] if a != LIGHT], light=LIGHT in argv[3:]))
         zygote.serve()
     finally:
         zygote.stop()

@@ -58,14 +58,16 @@ class ZygoteClient:
 
     Any thread may call it; one lock guards the socket and the messages read so far."""
 
-    def __init__(self, children: ChildProcesses, env: dict, cwd: str, log, room: int, model_types=()):
+    def __init__(self, children: ChildProcesses, env: dict, cwd: str, log, room: int, model_types=(),
+                 light: bool = False):
         ours, theirs = socket.socketpair()
         self.sock, self.dead, self.next_id = ours, False, 0
         self._lock, self._buffer, self._messages = threading.Lock(), b"", {}
+        flags = ["--light"] if light else []
         try:
             self.proc = children.spawn([sys.executable, "-m", "itera_verify.reload.zygote", str(theirs.fileno()),
-                                        "." * room, *model_types], pass_fds=(theirs.fileno(),), env=env, cwd=cwd,
-                                       stdout=log, stderr=subprocess.STDOUT)
+                                        "." * room, *flags, *model_types], pass_fds=(theirs.fileno(),), env=env,
+                                       cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
         finally:
             theirs.close()
         self.children = children
@@ -150,14 +152,15 @@ class ZygoteClient:
 class Zygote:
     """The zygote of one run and its folder; `client` is None when children must be spawned (and `why` says so)."""
 
-    def __init__(self, children: ChildProcesses, env: dict, model_types=()):
+    def __init__(self, children: ChildProcesses, env: dict, model_types=(), light: bool = False):
         self.work = Path(tempfile.mkdtemp(prefix="itera-zygote-"))
+        self.light = light
         self.client, self.why, self.seconds = None, "", None
         env = dict(env, TMPDIR=str(self.work))
         # Room in its command line for a child's title: `-m itera_verify.reload.child JOB RESULT` (zygote.py).
         room = 2 * len(tempfile.gettempdir()) + 256
         with open(self.work / "zygote.log", "wb") as log_handle:
-            self._starting = ZygoteClient(children, env, str(self.work), log_handle, room, model_types)
+            self._starting = ZygoteClient(children, env, str(self.work), log_handle, room, model_types, light)
         self.children = children
 
     def wait_ready(self) -> None:
@@ -200,14 +203,14 @@ def can_fork(isolation: str) -> bool:
 
 
 def start_zygote(isolation: str, children: ChildProcesses, env: dict, needed: bool = True,
-                 model_types=(), started: Zygote | None = None) -> Zygote | None:
+                 model_types=(), started: Zygote | None = None, light: bool = False) -> Zygote | None:
     """The run's zygote (`started`: one started earlier, still importing), ready; None where children are
     spawned (asked for, no fork, nothing to run, or the zygote is not safe to fork from)."""
     if not can_fork(isolation) or not needed:
         if started is not None:
             started.close()
         return None
-    zygote = started or Zygote(children, env, model_types)
+    zygote = started or Zygote(children, env, model_types, light)
     zygote.wait_ready()
     if zygote.client is None:
         zygote.close()
