@@ -164,7 +164,7 @@ class Digests:
     """sha256 of each tensor's payload, computed at most once per (file, byte range) in one check."""
 
     def __init__(self):
-        self._known: dict[tuple[str, int, int], str] = {}
+        self._known: dict[tuple[str, int, int, str | None], str] = {}
 
     def of(self, tensor: Tensor, as_dtype: str | None = None) -> str:
         """The digest of the tensor's bytes, or of its values converted to `as_dtype` (a float format)."""
