@@ -298,6 +298,26 @@ def plant_nan_in_distcp(folder: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def test_a_control_recorded_on_two_processes_agrees_with_every_two_rank_layout(multigpu_dir, built_multigpu):
+    """The package a real 2-process run leaves: its params record world_size 2 (the fixture's control ran on one
+    process, so its one-process Trainer checkpoint and the one-process Lightning file are left out here), and
+    every layout the 2 gloo ranks wrote agrees with it: zero findings, statically and after the reloads."""
+    single = {"control-resume", "lightning-checkpoint"}
+    record_world_size(multigpu_dir, 2)
+    edit_json(multigpu_dir, "manifest.json",
+              lambda m: m.update(artifacts=[a for a in m["artifacts"] if a["id"] not in single]))
+    edit_json(multigpu_dir, "reload.json", lambda r: [r["artifacts"].pop(a) for a in single])
+    two_rank = [a for a in ARTIFACTS if a not in single]
+    results, findings = reload(multigpu_dir, built_multigpu["hf_cache"], *two_rank)
+    assert {a: r.ok for a, r in results.items()} == {a: True for a in two_rank}, \
+        {a: r.error for a, r in results.items() if not r.ok}
+    assert findings == []
+    assert {a: results[a].facts.get("dp_world_size") for a in ("zero2-checkpoint", "zero3-checkpoint")} == \
+        {"zero2-checkpoint": 2, "zero3-checkpoint": 2}
+    static = [f for f in static_findings(multigpu_dir) if f.code not in ("IV509",)]
+    assert [f.code for f in static if f.severity.value == "error"] == []
+
+
 def test_world_size_in_the_report_json_is_recorded(multigpu_dir, built_multigpu):
     """The facts the report keeps name every rank a layout holds."""
     results, _ = reload(multigpu_dir, built_multigpu["hf_cache"], "zero3-checkpoint")
