@@ -6,6 +6,9 @@ DeepSpeed's load_checkpoint only warns when `latest` names a missing folder, and
 missing shard only by counting files: here each proof is made, file by file, and each failure named. The flat
 fp32 partitions must hold exactly the parameters param_shapes lists (the arithmetic of zero_to_fp32.py:
 stage 1-2 partitions aligned to 2 × dp_world_size, stage 3 each parameter padded to a multiple of it).
+Under tensor parallelism (AutoTP: `mp_rank_01_model_states.pt`, ...) each model-parallel rank holds its own model
+states and optimizer shards: every rank 0 … mp_world_size-1 is proven the same way, and the run's world size is
+dp_world_size × mp_world_size.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ OPTIMIZER_SHARD = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_
 class ZeroFacts:
     folder: Path
     dp_world_size: int | None = None
+    mp_world_size: int | None = None
     global_steps: int | None = None
     skipped_steps: int = 0
     param_shapes: list = field(default_factory=list)  # one {name: shape} per parameter group
@@ -68,20 +72,31 @@ def _int(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def read_model_states(step_dir: Path, device, outcome: Outcome, facts: ZeroFacts) -> None:
+def model_parallel_ranks(step_dir: Path) -> dict[int, Path]:
+    """mp rank -> its first model states file (rank 0 of its data-parallel group)."""
+    found: dict[int, Path] = {}
+    for path in sorted(step_dir.iterdir()):
+        match = MODEL_STATES.fullmatch(path.name)
+        if match and (int(match.group(1) or 0) == 0):
+            found.setdefault(int(match.group(2)), path)
+    return found
+
+
+def read_model_states(step_dir: Path, device, outcome: Outcome, facts: ZeroFacts, mp: int = 0) -> None:
     files = {}
     for path in sorted(step_dir.iterdir()):
         match = MODEL_STATES.fullmatch(path.name)
-        if match:
-            files[(int(match.group(1) or 0), int(match.group(2)))] = path
+        if match and int(match.group(2)) == mp:
+            files[(int(match.group(1) or 0), mp)] = path
     if not files:
-        raise Stop(MISSING, f"no mp_rank_00_model_states.pt (or zero_pp_rank_<r>_mp_rank_00_model_states.pt) in "
-                            f"{outcome.rel(step_dir)}", step_dir)
+        raise Stop(MISSING, f"no mp_rank_{mp:02d}_model_states.pt (or zero_pp_rank_<r>_mp_rank_{mp:02d}_model_"
+                            f"states.pt) in {outcome.rel(step_dir)}", step_dir)
     first = files[min(files)]
     states = safe_torch_load(first, outcome, device)
     if not isinstance(states, dict) or "module" not in states:
         raise Stop(LOAD, f"{outcome.rel(first)} is not DeepSpeed model states (no `module`)", first)
     facts.dp_world_size, facts.global_steps = _int(states.get("dp_world_size")), _int(states.get("global_steps"))
+    facts.mp_world_size = _int(states.get("mp_world_size"))
     facts.skipped_steps = _int(states.get("skipped_steps")) or 0
     shapes = states.get("param_shapes")
     facts.param_shapes = [dict(g) for g in shapes] if isinstance(shapes, list) else [dict(shapes or {})]
@@ -192,8 +207,8 @@ def check_engine_optimizer(facts: ZeroFacts, outcome: Outcome, step_dir: Path) -
 def check_partitions(facts: ZeroFacts, outcome: Outcome, step_dir: Path) -> None:
     """The fp32 partitions of all ranks together hold exactly the parameters param_shapes lists."""
     world, groups = len(facts.flat_numel), facts.param_shapes
-    if not world or facts.stage is None:
-        return
+    if not world or facts.stage is None or not groups:
+        return  # no partitions, or model states that did not load (already a failure): nothing to compare
     if any(len(per_rank) != len(groups) for per_rank in facts.flat_numel):
         raise Stop(INCONSISTENT, f"{outcome.rel(step_dir)}: {len(groups)} parameter group(s) in param_shapes, "
                                  f"{sorted({len(p) for p in facts.flat_numel})} fp32 partition(s) per shard", step_dir)
@@ -216,30 +231,56 @@ def check_partitions(facts: ZeroFacts, outcome: Outcome, step_dir: Path) -> None
 
 def check_zero_checkpoint(folder: Path, job: dict, device, outcome: Outcome, expected_step: int | None = None,
                           against: str = "") -> ZeroFacts | None:
-    """Every proof of a DeepSpeed folder; problems are recorded, the facts returned (None without a step folder)."""
+    """Every proof of a DeepSpeed folder, for every model-parallel rank; problems are recorded, the facts of mp
+    rank 0 returned (None without a step folder)."""
     step_dir = step_folder(folder, outcome)
     if step_dir is None:
         return None
+    facts = _check_model_parallel_rank(step_dir, 0, job, device, outcome, expected_step, against)
+    present = model_parallel_ranks(step_dir)
+    if (facts.mp_world_size or 1) > 1 or len(present) > 1:
+        outcome.facts["mp_world_size"] = facts.mp_world_size
+        _ranks.check_ranks(present, facts.mp_world_size, "tensor-parallel model states", outcome, step_dir,
+                           "the model states' mp_world_size")
+        for mp in sorted(present)[1:]:
+            # Its own outcome: its facts would overwrite rank 0's; its problems name its own files.
+            own = Outcome(outcome.job)
+            other = _check_model_parallel_rank(step_dir, mp, job, device, own, expected_step, against)
+            outcome.problems += [p for p in own.problems if p not in outcome.problems]  # a world size said once
+            if not own.problems and other.global_steps != facts.global_steps:
+                outcome.fail(INCONSISTENT, f"{outcome.rel(present[mp])} is at global step {other.global_steps}, "
+                                           f"model-parallel rank 0 at {facts.global_steps}", present[mp])
+    return facts
+
+
+def _check_model_parallel_rank(step_dir: Path, mp: int, job: dict, device, outcome: Outcome,
+                               expected_step: int | None, against: str) -> ZeroFacts:
     facts = ZeroFacts(step_dir)
-    _resume.attempt(outcome, read_model_states, step_dir, device, outcome, facts)
+    _resume.attempt(outcome, read_model_states, step_dir, device, outcome, facts, mp)
     shards = {}
     for path in sorted(step_dir.iterdir()):
         match = OPTIMIZER_SHARD.fullmatch(path.name)
-        if match and int(match.group(2)) == 0:
+        if match and int(match.group(2)) == mp:
             shards[int(match.group(1))] = path
     if not shards and isinstance(facts.engine_optimizer, dict):
         _resume.attempt(outcome, check_engine_optimizer, facts, outcome, step_dir)
     elif not shards:
-        outcome.fail(MISSING, f"no zero_pp_rank_<r>_mp_rank_00_optim_states.pt in {outcome.rel(step_dir)}: the "
-                              "optimizer cannot resume", step_dir)
-    world = _ranks.settle_world_size({"the run's params record world_size": job.get("world_size"),
-                                      "the model states record dp_world_size": facts.dp_world_size}, outcome,
-                                     step_dir)
-    _ranks.check_ranks(shards, world, "optimizer shard", outcome, step_dir, "the recorded world size")
+        outcome.fail(MISSING, f"no zero_pp_rank_<r>_mp_rank_{mp:02d}_optim_states.pt in {outcome.rel(step_dir)}: "
+                              "the optimizer cannot resume", step_dir)
+    model_parallel = facts.mp_world_size or 1
+    recorded = {"the run's params record world_size": job.get("world_size")}
+    if model_parallel == 1:
+        recorded["the model states record dp_world_size"] = facts.dp_world_size
+    else:
+        recorded[f"the model states record dp_world_size × mp_world_size ({facts.dp_world_size} × "
+                 f"{model_parallel})"] = None if facts.dp_world_size is None else facts.dp_world_size * model_parallel
+    world = _ranks.settle_world_size(recorded, outcome, step_dir)
+    data_parallel = facts.dp_world_size if world is None or world % model_parallel else world // model_parallel
+    _ranks.check_ranks(shards, data_parallel, "optimizer shard", outcome, step_dir, "the recorded world size")
     for path in shards.values():
         _resume.attempt(outcome, read_optimizer_shard, path, device, outcome, facts)
     outcome.facts["zero_stage"] = facts.stage
-    if len(facts.flat_numel) == len(shards) and (world is None or len(shards) == world):
+    if len(facts.flat_numel) == len(shards) and (data_parallel is None or len(shards) == data_parallel):
         _resume.attempt(outcome, check_partitions, facts, outcome, step_dir)
     if facts.optimizer_steps and facts.global_steps is not None:
         step = int(max(facts.optimizer_steps))

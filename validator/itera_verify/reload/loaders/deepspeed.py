@@ -3,7 +3,7 @@
 `latest` names a folder that exists; one optimizer shard per data-parallel rank the model states record; every
 file loads with weights_only=True (DeepSpeed's records as inert stand-ins: DeepSpeed itself is never imported);
 the flat fp32 partitions hold exactly the model's parameter count; the optimizer step equals global_steps; the
-module weights are finite (_zero.py).
+module weights are finite; under tensor parallelism, for every model-parallel rank (_zero.py).
 """
 from __future__ import annotations
 
