@@ -44,12 +44,17 @@ def _leaving_link(package: Package, rel: str) -> str | None:
     return None
 
 
+def reload_entry(package: Package, artifact: dict) -> tuple[dict | None, str | None]:
+    """The artifact's reload.json entry and the loader it names (None where either is missing)."""
+    entries = package.reload_spec.get("artifacts") if isinstance(package.reload_spec, dict) else None
+    entry = entries.get(_text(artifact.get("id")) or "?") if isinstance(entries, dict) else None
+    return (entry, _text(entry.get("loader"))) if isinstance(entry, dict) else (None, None)
+
+
 def plan(package: Package, artifact: dict, device: str, threads: int) -> dict | ReloadResult:
     """The child's job for one artifact, or the result already known when there is nothing to run."""
     artifact_id = _text(artifact.get("id")) or "?"
-    entries = package.reload_spec.get("artifacts")
-    entry = entries.get(artifact_id) if isinstance(entries, dict) else None
-    loader = _text(entry.get("loader")) if isinstance(entry, dict) else None
+    entry, loader = reload_entry(package, artifact)
     result = ReloadResult(artifact_id, loader or "", kind=_text(artifact.get("kind")) or "",
                           path=_text(artifact.get("path")) or "", device=device)
     if loader not in LOADERS:

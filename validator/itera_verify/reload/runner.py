@@ -26,7 +26,7 @@ from ..runtime.forked import SIGNAL_POLL_SECONDS
 from ..model import ReloadResult
 from ..package import Package
 from .gpus import GpuPool, free_memory, needs_every_gpu, visible_gpus
-from .jobs import plan
+from .jobs import plan, reload_entry
 from .placement import cap_from_environment
 from .process import ChildProcesses, Exit, sigterm_interrupts
 from .zygote_client import ForkedChild, Zygote, can_fork, start_zygote
@@ -273,9 +273,7 @@ def prestart(package: Package, *, device: str, jobs: int, isolation: str = "auto
     _, threads = _parallel(device, jobs, visible_gpus() if device == "cuda" else [])
     children = ChildProcesses()
     hf_cache = os.path.abspath(package.hf_cache) if package.hf_cache else None
-    entries = package.reload_spec.get("artifacts") if isinstance(package.reload_spec, dict) else None
-    loaders = [(entries.get(a.get("id")) or {}).get("loader") if isinstance(entries, dict) else None
-               for a in package.artifacts()]
+    loaders = [reload_entry(package, artifact)[1] for artifact in package.artifacts()]
     zygote = Zygote(children, zygote_env(threads, hf_cache), model_types(folders), light(loaders))
     return Prestarted(children, zygote, isolation)
 
