@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +30,21 @@ def fsync_dir(folder: Path) -> None:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Replace `path` by `data`: readers see the old file or the new one, never a mixture."""
+    replace_atomically(path, lambda tmp: _write_synced(tmp, data, os.O_TRUNC))
+
+
+def replace_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """`write(tmp)` fills a temporary file beside `path` (whole and synced), which then replaces `path`; a write
+    that fails leaves `path` as it was and no temporary file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{TEMP_PREFIX}{os.getpid()}-{path.name}")
-    _write_synced(tmp, data, os.O_TRUNC)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
     fsync_dir(path.parent)
 
 

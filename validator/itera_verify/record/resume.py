@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import RecordError
-from .files import TEMP_PREFIX, fsync_dir
+from .files import replace_atomically
 from .lock import package_lock
 
 if TYPE_CHECKING:
@@ -91,23 +91,16 @@ def resume_target(run: Run, path) -> Path:
     return target
 
 
-def save_resume(run: Run, path, state: dict) -> Path:
-    """torch.save `state` to `path` inside the package (a `.pt` name): to a temporary file beside it, synced,
-    then renamed, under the package lock (the writing process, rank 0, calls it)."""
+def save_resume(run: Run, target: Path, state: dict) -> None:
+    """torch.save `state` to `target` (resume_target's), atomically, under the package lock (the writing process,
+    rank 0, calls it)."""
     import torch
 
-    target = resume_target(run, path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_name(f"{TEMP_PREFIX}{os.getpid()}-{target.name}")
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+
     with package_lock(run.root):  # a reopen's sweep of stale temporaries runs under it too
-        try:
-            with open(temporary, "wb") as handle:
-                torch.save(state, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temporary, target)
-        finally:
-            if temporary.exists():
-                temporary.unlink()
-        fsync_dir(target.parent)
-    return target
+        replace_atomically(target, write)

@@ -237,13 +237,13 @@ class Run:
         `data_state`; atomically, by the writing rank only. Registered as the run's resume artifact."""
         self._require_started()
         artifact_id = check_id("artifact id", id or f"{self.id}-resume")
-        resume.resume_target(self, path)
+        target = resume.resume_target(self, path)
         if not self.writer:  # another rank: the same refusals, no copy of the weights, nothing written
             resume.check_position(step, data_state)
             return artifact_id
         state = resume.resume_state(model=model, optimizer=optimizer, scheduler=scheduler, step=step,
                                     data_state=data_state, scaler=scaler, trainable_only=trainable_only)
-        target = resume.save_resume(self, path, state)
+        resume.save_resume(self, target, state)
         if scaler is not None:
             reload_fields.setdefault("fp16", True)
         return artifacts.register(self, target, "resume-checkpoint", artifact_id, "torch-resume", reload_fields)
