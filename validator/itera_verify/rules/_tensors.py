@@ -194,6 +194,6 @@ class Digests:
             a, b = one.tensors[name], other.tensors[name]
             if (a.file, a.start) == (b.file, b.start):
                 continue  # the same bytes on disk (a folder delivered twice, a link)
-            if self.of(a) != self.of(b, a.dtype if a.dtype != b.dtype else None):
+            if self.of(a) != self.of(b, a.dtype):  # b's bytes, or b converted to a's format
                 return False
         return True
