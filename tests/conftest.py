@@ -37,7 +37,7 @@ def _refuse(host) -> None:
     raise OSError(f"network access from a test refused: {host}")
 
 
-_getaddrinfo, _connect, _connect_ex = socket.getaddrinfo, socket.socket.connect, socket.socket.connect_ex
+_getaddrinfo = socket.getaddrinfo
 
 
 def _guarded_getaddrinfo(host, *args, **kwargs):
@@ -46,20 +46,19 @@ def _guarded_getaddrinfo(host, *args, **kwargs):
     return _getaddrinfo(host, *args, **kwargs)
 
 
-def _guarded_connect(self, address):
-    if self.family in (socket.AF_INET, socket.AF_INET6) and not _local(address[0]):
-        _refuse(address[0])
-    return _connect(self, address)
+def _guarded(original):
+    """socket.connect or connect_ex, refusing an internet address beyond this machine."""
+    def connect(self, address):
+        if self.family in (socket.AF_INET, socket.AF_INET6) and not _local(address[0]):
+            _refuse(address[0])
+        return original(self, address)
 
-
-def _guarded_connect_ex(self, address):
-    if self.family in (socket.AF_INET, socket.AF_INET6) and not _local(address[0]):
-        _refuse(address[0])
-    return _connect_ex(self, address)
+    return connect
 
 
 socket.getaddrinfo = _guarded_getaddrinfo
-socket.socket.connect, socket.socket.connect_ex = _guarded_connect, _guarded_connect_ex
+socket.socket.connect = _guarded(socket.socket.connect)
+socket.socket.connect_ex = _guarded(socket.socket.connect_ex)
 
 
 @pytest.fixture(autouse=True)
@@ -75,25 +74,42 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 1
 
 
-@pytest.fixture(scope="session")
-def built(tmp_path_factory) -> dict:
-    """The pristine example package and its hub cache, built once for all workers."""
-    shared = tmp_path_factory.getbasetemp().parent / "itera-fixture"
+def built_once(tmp_path_factory, name: str, build, version: str | None = None) -> tuple[Path, dict]:
+    """(the shared folder, the info `build(folder)` returned): built once for all xdist workers of a session,
+    under a file lock, in a folder of its own beside the session's; rebuilt when `version` changed."""
+    shared = tmp_path_factory.getbasetemp().parent / name
     shared.mkdir(exist_ok=True)
     with FileLock(str(shared) + ".lock"):
         info_file = shared / "info.json"
-        if not info_file.exists():
-            from fixtures.build import build_hub_cache, build_package
+        if not info_file.exists() or (version is not None and json.loads(info_file.read_text()).get("version")
+                                      != version):
+            info_file.write_text(json.dumps(build(shared), default=str))
+    return shared, json.loads(info_file.read_text())
 
-            for stale in ("package", "hf-cache"):
-                shutil.rmtree(shared / stale, ignore_errors=True)
-            build_hub_cache(shared / "hf-cache")
-            info = build_package(shared / "package", shared / "hf-cache")
-            info_file.write_text(json.dumps(info, default=str))
-    info = json.loads(info_file.read_text())
-    info["package"] = str(shared / "package")
-    info["hf_cache"] = str(shared / "hf-cache")
-    return info
+
+def private_copy(package: str, tmp_path: Path, name: str) -> Path:
+    """A private copy of a shared package (links copied as links), for one test to change."""
+    return Path(shutil.copytree(package, tmp_path / name, symlinks=True))
+
+
+def _fresh(shared: Path) -> tuple[Path, Path]:
+    for stale in ("package", "hf-cache"):
+        shutil.rmtree(shared / stale, ignore_errors=True)
+    return shared / "package", shared / "hf-cache"
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory) -> dict:
+    """The pristine example package and its hub cache, built once for all workers."""
+    def build(shared: Path) -> dict:
+        from fixtures.build import build_hub_cache, build_package
+
+        package, cache = _fresh(shared)
+        build_hub_cache(cache)
+        return build_package(package, cache)
+
+    shared, info = built_once(tmp_path_factory, "itera-fixture", build)
+    return dict(info, package=str(shared / "package"), hf_cache=str(shared / "hf-cache"))
 
 
 @pytest.fixture(scope="session")
@@ -103,39 +119,27 @@ def hf_cache(built) -> Path:
 
 @pytest.fixture
 def package_dir(built, tmp_path) -> Path:
-    """A private copy of the clean package (links copied as links), for one test to change."""
-    dest = tmp_path / "pkg"
-    shutil.copytree(built["package"], dest, symlinks=True)
-    return dest
+    """A private copy of the clean package, for one test to change."""
+    return private_copy(built["package"], tmp_path, "pkg")
 
 
 @pytest.fixture(scope="session")
 def built_classifier(tmp_path_factory) -> dict:
     """The LoRA classification campaign (plain BERT base, SEQ_CLS adapter, Trainer checkpoint) and its hub cache,
     built once for all workers, in its own folder beside the demo's."""
-    shared = tmp_path_factory.getbasetemp().parent / "itera-classifier-fixture"
-    shared.mkdir(exist_ok=True)
-    with FileLock(str(shared) + ".lock"):
-        info_file = shared / "info.json"
-        if not info_file.exists():
-            from fixtures.classifier_package import build_classifier_package
+    def build(shared: Path) -> dict:
+        from fixtures.classifier_package import build_classifier_package
 
-            for stale in ("package", "hf-cache"):
-                shutil.rmtree(shared / stale, ignore_errors=True)
-            info = build_classifier_package(shared / "package", shared / "hf-cache")
-            info_file.write_text(json.dumps(info, default=str))
-    info = json.loads(info_file.read_text())
-    info["package"] = str(shared / "package")
-    info["hf_cache"] = str(shared / "hf-cache")
-    return info
+        return build_classifier_package(*_fresh(shared))
+
+    shared, info = built_once(tmp_path_factory, "itera-classifier-fixture", build)
+    return dict(info, package=str(shared / "package"), hf_cache=str(shared / "hf-cache"))
 
 
 @pytest.fixture
 def classifier_dir(built_classifier, tmp_path) -> Path:
     """A private copy of the clean classification campaign, for one test to change."""
-    dest = tmp_path / "classifier-pkg"
-    shutil.copytree(built_classifier["package"], dest, symlinks=True)
-    return dest
+    return private_copy(built_classifier["package"], tmp_path, "classifier-pkg")
 
 
 @pytest.fixture(scope="session")
@@ -143,26 +147,18 @@ def built_multigpu(built, tmp_path_factory) -> dict:
     """The example package plus the multi-GPU layouts (DDP, DeepSpeed ZeRO-2/3, FSDP/DCP, accelerate, Lightning),
     written on the CPU by 2 gloo processes with the real libraries (fixtures/multigpu.py), built once for all
     workers in its own folder; `extras` holds what is not in the package (the weights-only Lightning file)."""
-    shared = tmp_path_factory.getbasetemp().parent / "itera-multigpu-fixture"
-    shared.mkdir(exist_ok=True)
-    with FileLock(str(shared) + ".lock"):
-        info_file = shared / "info.json"
-        from fixtures.multigpu import build_multigpu_package, fixture_version
+    from fixtures.multigpu import build_multigpu_package, fixture_version
 
-        if not info_file.exists() or json.loads(info_file.read_text()).get("version") != fixture_version():
-            info = build_multigpu_package(Path(built["package"]), shared)
-            info_file.write_text(json.dumps(info, default=str))
-    info = json.loads(info_file.read_text())
-    info.update(package=str(shared / "package"), extras=str(shared / "extras"), hf_cache=built["hf_cache"])
-    return info
+    shared, info = built_once(tmp_path_factory, "itera-multigpu-fixture",
+                              lambda folder: build_multigpu_package(Path(built["package"]), folder),
+                              version=fixture_version())
+    return dict(info, package=str(shared / "package"), extras=str(shared / "extras"), hf_cache=built["hf_cache"])
 
 
 @pytest.fixture
 def multigpu_dir(built_multigpu, tmp_path) -> Path:
     """A private copy of the package with the multi-GPU layouts, for one test to change."""
-    dest = tmp_path / "multigpu-pkg"
-    shutil.copytree(built_multigpu["package"], dest, symlinks=True)
-    return dest
+    return private_copy(built_multigpu["package"], tmp_path, "multigpu-pkg")
 
 
 @pytest.fixture(scope="session")
