@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from .process import ChildProcesses
+from .zygote import LIGHT
 
 ZYGOTE_START_SECONDS = 300.0  # importing the libraries; far longer means a broken environment: spawn instead
 
@@ -63,7 +64,7 @@ class ZygoteClient:
         ours, theirs = socket.socketpair()
         self.sock, self.dead, self.next_id = ours, False, 0
         self._lock, self._buffer, self._messages = threading.Lock(), b"", {}
-        flags = ["--light"] if light else []
+        flags = [LIGHT] if light else []
         try:
             self.proc = children.spawn([sys.executable, "-m", "itera_verify.reload.zygote", str(theirs.fileno()),
                                         "." * room, *flags, *model_types], pass_fds=(theirs.fileno(),), env=env,
