@@ -25,6 +25,10 @@ class ChildLost(Exception):
     """The child ended without handing back a result (killed, out of memory)."""
 
 
+INTERRUPTS = {signal.SIGINT, signal.SIGTERM}
+_MASKABLE = hasattr(signal, "pthread_sigmask")
+
+
 def can_fork() -> bool:
     return hasattr(os, "fork")
 
@@ -35,6 +39,10 @@ class Forked:
 
     def __init__(self, function: Callable[[], Any]):
         read_fd, write_fd = os.pipe()
+        # Ctrl-C and SIGTERM wait until both sides are past the fork: one landing in the child while the
+        # interpreter runs its after-fork hooks (random reseeds itself there) printed a traceback as "Exception
+        # ignored" and could not be caught. Held back, it arrives in `_child`, which hands it to the parent.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS) if _MASKABLE else None
         with warnings.catch_warnings():
             # Python 3.12+ warns when a process with threads forks. The child runs only `function` and leaves
             # through os._exit: it takes no lock another thread may have held (no logging, no shared files).
@@ -42,12 +50,14 @@ class Forked:
             try:
                 pid = os.fork()
             except OSError:  # the caller decides what to do instead; the pipe goes with the attempt
+                _restore(held)
                 os.close(read_fd)
                 os.close(write_fd)
                 raise
         if pid == 0:  # pragma: no cover - runs in the child, measured by the tests through its result
             os.close(read_fd)
-            _child(function, write_fd)
+            _child(function, write_fd, held)  # it lets the signals through inside its own try
+        _restore(held)
         os.close(write_fd)
         self.pid: int | None = pid
         self._pipe = os.fdopen(read_fd, "rb")
@@ -88,9 +98,15 @@ class Forked:
         return status
 
 
-def _child(function: Callable[[], Any], write_fd: int) -> None:  # pragma: no cover - child process
+def _restore(held) -> None:
+    if held is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def _child(function: Callable[[], Any], write_fd: int, held=None) -> None:  # pragma: no cover - child process
     try:
         try:
+            _restore(held)  # a Ctrl-C held back since the fork is raised here, and handed to the parent
             outcome = ("ok", function())
         except BaseException as exc:  # noqa: BLE001 - handed to the parent, which raises it there
             outcome = ("raised", exc)
