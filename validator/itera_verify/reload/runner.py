@@ -118,7 +118,7 @@ class _Child:
         self.work = Path(tempfile.mkdtemp(prefix="itera-reload-"))
         self.job_file, self.result_file, self.log = (self.work / "job.json", self.work / "result.json",
                                                      self.work / "child.log")
-        self.started = time.monotonic()
+        self.started, self.launched_at = time.monotonic(), time.time()  # the parent's clock, before the child's
         self.proc, self.isolation = None, "spawn"
         if zygote is not None and zygote.client is not None:
             self.job["gated"] = self.gated = False
@@ -168,7 +168,7 @@ class _Child:
                 result.failure, result.error = "crash", _died(end.code, self.log)
             else:
                 _merge(result, json.loads(self.result_file.read_text(encoding="utf-8")))
-                result.facts["isolation"] = self.isolation
+                result.facts["isolation"], result.facts["launched_at"] = self.isolation, self.launched_at
                 if self.isolation == "spawn" and self.children.fork_refused:
                     result.facts["fork_refused"] = self.children.fork_refused
                 if self.isolation == "fork":
