@@ -8,7 +8,8 @@ fp32 partitions must hold exactly the parameters param_shapes lists (the arithme
 stage 1-2 partitions aligned to 2 × dp_world_size, stage 3 each parameter padded to a multiple of it).
 Under tensor parallelism (AutoTP: `mp_rank_01_model_states.pt`, ...) each model-parallel rank holds its own model
 states and optimizer shards: every rank 0 … mp_world_size-1 is proven the same way, and the run's world size is
-dp_world_size × mp_world_size.
+dp_world_size × mp_world_size. Under pipeline parallelism each stage is such a rank, and its weights are in
+layer files (_pipeline.py).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from ..common import (
     nonfinite_count,
     safe_torch_load,
 )
-from . import _ranks, _resume
+from . import _pipeline, _ranks, _resume
 
 MODEL_STATES = re.compile(r"(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt")
 OPTIMIZER_SHARD = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt")
@@ -46,6 +47,9 @@ class ZeroFacts:
     optimizer_steps: list[float] = field(default_factory=list)
     engine_optimizer: object = None  # without ZeRO (stage 0) the optimizer state is in the model states
     warmup_steps: int = 0  # DeepSpeed's fp16/bf16 wrappers step the optimizer once at start-up
+    pipeline_stages: int | None = None  # pipeline parallelism: the weights are in layer files (_pipeline.py)
+    pipeline_layers: set[int] = field(default_factory=set)  # the layer indexes this stage's parameters claim
+    pipeline_tied: dict = field(default_factory=dict)  # its tied parameters: name -> shape
 
 
 def step_folder(folder: Path, outcome: Outcome) -> Path | None:
@@ -103,7 +107,14 @@ def read_model_states(step_dir: Path, device, outcome: Outcome, facts: ZeroFacts
     outcome.facts.update(dp_world_size=facts.dp_world_size, global_steps=facts.global_steps,
                          parameters=sum(math.prod(s) for g in facts.param_shapes for s in g.values()))
     facts.engine_optimizer = states.get("optimizer")
-    check_module(states["module"], facts, outcome, first)
+    if _pipeline.is_pipeline(states, step_dir):
+        dimensions = states.get("checkpoint_parallel_dimensions")
+        facts.pipeline_stages = _int(dimensions.get("pp_degree")) if isinstance(dimensions, dict) else None
+        outcome.facts["pipeline_stages"] = facts.pipeline_stages
+        facts.pipeline_layers, facts.pipeline_tied = _pipeline.check_stage_layers(
+            step_dir, facts.param_shapes, device, outcome, first)
+    else:
+        check_module(states["module"], facts, outcome, first)
     check_lr_scheduler(states.get("lr_scheduler"), facts, outcome, first)
     zero3_ranks = {dp: path for (dp, _mp), path in files.items() if MODEL_STATES.fullmatch(path.name).group(1)}
     if zero3_ranks:  # ZeRO-3: one model states file per data-parallel rank
@@ -237,19 +248,24 @@ def check_zero_checkpoint(folder: Path, job: dict, device, outcome: Outcome, exp
     if step_dir is None:
         return None
     facts = _check_model_parallel_rank(step_dir, 0, job, device, outcome, expected_step, against)
-    present = model_parallel_ranks(step_dir)
+    present, stages = model_parallel_ranks(step_dir), [facts]
     if (facts.mp_world_size or 1) > 1 or len(present) > 1:
         outcome.facts["mp_world_size"] = facts.mp_world_size
-        _ranks.check_ranks(present, facts.mp_world_size, "tensor-parallel model states", outcome, step_dir,
-                           "the model states' mp_world_size")
+        what = "pipeline-stage model states" if facts.pipeline_stages else "tensor-parallel model states"
+        _ranks.check_ranks(present, facts.mp_world_size, what, outcome, step_dir, "the model states' mp_world_size")
         for mp in sorted(present)[1:]:
             # Its own outcome: its facts would overwrite rank 0's; its problems name its own files.
             own = Outcome(outcome.job)
             other = _check_model_parallel_rank(step_dir, mp, job, device, own, expected_step, against)
+            stages.append(other)
             outcome.problems += [p for p in own.problems if p not in outcome.problems]  # a world size said once
             if not own.problems and other.global_steps != facts.global_steps:
                 outcome.fail(INCONSISTENT, f"{outcome.rel(present[mp])} is at global step {other.global_steps}, "
                                            f"model-parallel rank 0 at {facts.global_steps}", present[mp])
+    if any(stage.pipeline_stages is not None or stage.pipeline_layers for stage in stages):
+        claimed = set().union(*(stage.pipeline_layers for stage in stages))
+        tied = {name: shape for stage in stages for name, shape in stage.pipeline_tied.items()}
+        _resume.attempt(outcome, _pipeline.check_tied_modules, step_dir, claimed, tied, device, outcome)
     return facts
 
 

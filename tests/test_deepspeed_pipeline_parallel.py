@@ -1,0 +1,151 @@
+"""DeepSpeed under pipeline parallelism: a real 2-stage checkpoint (fixtures/pipeline_parallel.py) holds one model
+states file per stage with `module: None` and the weights layer by layer. It reloads clean (before, both stages
+were a false 'module is not a state dict'), and every layer file is proven: present, loading after the scan,
+finite, shaped as the stage's param_shapes say; the tied embedding in the file of the layer that owns it."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from fixtures.artifacts import truncate
+from fixtures.pipeline_parallel import build
+from itera_verify.reload.common import INCONSISTENT, LOAD, MISSING, Outcome
+from itera_verify.reload.loaders import loader_module
+from tests import zip_forms
+from tests.test_multigpu_pickles import live, payload
+
+pytestmark = pytest.mark.slow
+STEP = "global_step2"
+
+
+@pytest.fixture(scope="module")
+def built_pp(tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("pipeline-parallel")
+    return build(work / "checkpoint", work / "build.log")
+
+
+@pytest.fixture
+def checkpoint(built_pp, tmp_path) -> Path:
+    return Path(shutil.copytree(built_pp, tmp_path / "checkpoint"))
+
+
+def reload(folder: Path, **job) -> Outcome:
+    job = {"loader": "deepspeed-checkpoint", "path": str(folder), "package_root": str(folder.parent), **job}
+    outcome = Outcome(job)
+    loader_module("deepspeed-checkpoint").reload(job, torch.device("cpu"), outcome)
+    return outcome
+
+
+def problems(outcome: Outcome) -> list[tuple[str, str]]:
+    return [(p["failure"], p["message"]) for p in outcome.problems]
+
+
+def rewrite(path: Path, change) -> None:
+    state = torch.load(path, weights_only=True)  # the fixture's own layer file, written by DeepSpeed just now
+    change(state)
+    torch.save(state, path)
+
+
+def test_the_real_layout_has_layer_files_and_a_model_states_file_per_stage(built_pp):
+    names = sorted(p.name for p in (built_pp / STEP).iterdir())
+    assert names == [f"layer_0{i}-model_states.pt" for i in range(4)] + [
+        "mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt",
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_0_mp_rank_01_optim_states.pt"]
+    states = torch.load(built_pp / STEP / "mp_rank_01_model_states.pt", weights_only=False)
+    assert states["module"] is None and states["checkpoint_parallel_dimensions"]["pp_degree"] == 2
+
+
+def test_the_clean_checkpoint_reloads_with_every_stage_and_layer_proven(checkpoint):
+    outcome = reload(checkpoint)
+    assert problems(outcome) == []
+    assert outcome.facts["pipeline_stages"] == 2 and outcome.facts["pipeline_layer_files"] == 4
+    assert outcome.facts["ranks"]["pipeline-stage model states"] == [0, 1]
+    assert outcome.facts["optimizer_step"] == 2
+
+
+def test_a_recorded_world_size_of_dp_times_stages_agrees_and_another_does_not(checkpoint):
+    assert problems(reload(checkpoint, world_size=2)) == []
+    found = problems(reload(checkpoint, world_size=4))
+    assert any(f == INCONSISTENT and "the world size disagrees" in m for f, m in found)
+
+
+def test_a_missing_layer_file_is_a_missing_component(checkpoint):
+    (checkpoint / STEP / "layer_03-model_states.pt").unlink()
+    [(failure, message)] = problems(reload(checkpoint))
+    assert failure == MISSING and "layer_03-model_states.pt" in message and "mp_rank_01_model_states.pt" in message
+
+
+def test_the_tied_embeddings_file_missing_is_named(checkpoint):
+    (checkpoint / STEP / "layer_00-model_states.pt").unlink()
+    [(failure, message)] = problems(reload(checkpoint))
+    assert failure == MISSING and "tied_modules.embed.weight" in message
+
+
+def test_a_nan_in_a_layer_file_is_found(checkpoint):
+    rewrite(checkpoint / STEP / "layer_02-model_states.pt", lambda s: s["fc.weight"].view(-1).__setitem__(0, float("nan")))
+    [(failure, message)] = problems(reload(checkpoint))
+    assert failure == LOAD and "non-finite" in message and "fc.weight" in message and "layer_02" in message
+
+
+def test_a_nan_in_the_tied_embedding_is_found(checkpoint):
+    rewrite(checkpoint / STEP / "layer_00-model_states.pt", lambda s: s["weight"].view(-1).__setitem__(3, float("inf")))
+    found = problems(reload(checkpoint))
+    assert found and all(f == LOAD and "layer_00" in m and "non-finite" in m for f, m in found)
+
+
+def test_a_truncated_layer_file_does_not_pass(checkpoint):
+    path = checkpoint / STEP / "layer_01-model_states.pt"
+    truncate(path, path.stat().st_size // 2)
+    found = problems(reload(checkpoint))
+    assert found and found[0][0] == LOAD and "layer_01-model_states.pt" in found[0][1]
+
+
+def test_a_layer_of_another_shape_or_without_a_listed_weight_is_inconsistent(checkpoint):
+    rewrite(checkpoint / STEP / "layer_01-model_states.pt", lambda s: s.update({"fc.weight": torch.zeros(16, 8)}))
+    rewrite(checkpoint / STEP / "layer_03-model_states.pt", lambda s: s.pop("norm.bias"))
+    found = problems(reload(checkpoint))
+    assert {f for f, _ in found} == {INCONSISTENT}
+    assert any("layer_01" in m and "fc.weight [16, 8]" in m for _, m in found)
+    assert any("layer_03" in m and "lacks norm.bias" in m for _, m in found)
+
+
+def test_a_stages_model_states_missing_is_a_missing_component(checkpoint):
+    (checkpoint / STEP / "mp_rank_01_model_states.pt").unlink()
+    found = problems(reload(checkpoint))
+    assert any(f == MISSING and "pipeline-stage model states for rank(s) 1 of 2" in m for f, m in found)
+
+
+def test_a_payload_in_a_layer_file_is_refused_and_never_runs(checkpoint, tmp_path):
+    marker = tmp_path / "layer-marker"
+    path = checkpoint / STEP / "layer_02-model_states.pt"
+    path.write_bytes(zip_forms.with_data_pkl(path.read_bytes(), payload(marker)))
+    assert live(f"import torch; torch.load({str(path)!r}, weights_only=False)", marker)  # as a hand-written loader
+    found = problems(reload(checkpoint))
+    assert any(f == LOAD and "IV506" in m and "layer_02-model_states.pt" in m for f, m in found)
+    assert not marker.exists()
+
+
+def test_a_package_delivering_the_pipeline_checkpoint_passes_the_command_line(built_pp, package_dir, hf_cache):
+    """Listed as a resume checkpoint of the control run (whose params, as in the multi-GPU package, record no world
+    size: its other checkpoint is from 1 process): the static checks (every layer file scanned) and the reload
+    both pass, and the report carries the stages."""
+    import json
+
+    from fixtures.edit import edit_json, refresh_hashes
+    from tests.helpers import run_cli
+
+    shutil.copytree(built_pp, package_dir / "checkpoints/pipeline")
+    edit_json(package_dir, "manifest.json", lambda m: m["artifacts"].append(
+        {"id": "pipeline-checkpoint", "run": "control", "kind": "resume-checkpoint", "path": "checkpoints/pipeline"}))
+    edit_json(package_dir, "reload.json", lambda r: r["artifacts"].update(
+        {"pipeline-checkpoint": {"loader": "deepspeed-checkpoint"}}))
+    edit_json(package_dir, "params/control.json", lambda p: p.pop("world_size", None))
+    refresh_hashes(package_dir)
+    result = run_cli(package_dir, "--device", "cpu", "--hf-cache", hf_cache, "--no-seal", "--format", "json")
+    report = json.loads(result.stdout)
+    assert report["findings"] == [] and result.returncode == 0, report["findings"]
+    [reloaded] = [r for r in report["reloads"] if r["artifact"] == "pipeline-checkpoint"]
+    assert reloaded["ok"] and reloaded["facts"]["pipeline_stages"] == 2
