@@ -12,9 +12,9 @@ import torch
 
 from fixtures.artifacts import truncate
 from fixtures.pipeline_parallel import build
-from itera_verify.reload.common import INCONSISTENT, LOAD, MISSING, Outcome
-from itera_verify.reload.loaders import loader_module
+from itera_verify.reload.common import INCONSISTENT, LOAD, MISSING
 from tests import zip_forms
+from tests.test_deepspeed_tensor_parallel import problems, reload
 from tests.test_multigpu_pickles import live, payload
 
 pytestmark = pytest.mark.slow
@@ -30,17 +30,6 @@ def built_pp(tmp_path_factory) -> Path:
 @pytest.fixture
 def checkpoint(built_pp, tmp_path) -> Path:
     return Path(shutil.copytree(built_pp, tmp_path / "checkpoint"))
-
-
-def reload(folder: Path, **job) -> Outcome:
-    job = {"loader": "deepspeed-checkpoint", "path": str(folder), "package_root": str(folder.parent), **job}
-    outcome = Outcome(job)
-    loader_module("deepspeed-checkpoint").reload(job, torch.device("cpu"), outcome)
-    return outcome
-
-
-def problems(outcome: Outcome) -> list[tuple[str, str]]:
-    return [(p["failure"], p["message"]) for p in outcome.problems]
 
 
 def rewrite(path: Path, change) -> None:
