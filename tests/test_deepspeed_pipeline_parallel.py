@@ -117,14 +117,10 @@ def test_a_payload_in_a_layer_file_is_refused_and_never_runs(checkpoint, tmp_pat
     assert not marker.exists()
 
 
-def test_a_package_delivering_the_pipeline_checkpoint_passes_the_command_line(built_pp, package_dir, hf_cache):
-    """Listed as a resume checkpoint of the control run (whose params, as in the multi-GPU package, record no world
-    size: its other checkpoint is from 1 process): the static checks (every layer file scanned) and the reload
-    both pass, and the report carries the stages."""
-    import json
-
+def with_pipeline_checkpoint(package_dir: Path, built_pp: Path) -> Path:
+    """The example package with the checkpoint listed as a resume checkpoint of the control run (whose params, as
+    in the multi-GPU package, record no world size: its other checkpoint is from 1 process)."""
     from fixtures.edit import edit_json, refresh_hashes
-    from tests.helpers import run_cli
 
     shutil.copytree(built_pp, package_dir / "checkpoints/pipeline")
     edit_json(package_dir, "manifest.json", lambda m: m["artifacts"].append(
@@ -133,8 +129,29 @@ def test_a_package_delivering_the_pipeline_checkpoint_passes_the_command_line(bu
         {"pipeline-checkpoint": {"loader": "deepspeed-checkpoint"}}))
     edit_json(package_dir, "params/control.json", lambda p: p.pop("world_size", None))
     refresh_hashes(package_dir)
+    return package_dir / "checkpoints/pipeline"
+
+
+def test_a_package_delivering_the_pipeline_checkpoint_passes_the_command_line(built_pp, package_dir, hf_cache):
+    """The static checks (every layer file scanned) and the reload both pass; the report carries the stages."""
+    import json
+
+    from tests.helpers import run_cli
+
+    with_pipeline_checkpoint(package_dir, built_pp)
     result = run_cli(package_dir, "--device", "cpu", "--hf-cache", hf_cache, "--no-seal", "--format", "json")
     report = json.loads(result.stdout)
     assert report["findings"] == [] and result.returncode == 0, report["findings"]
     [reloaded] = [r for r in report["reloads"] if r["artifact"] == "pipeline-checkpoint"]
     assert reloaded["ok"] and reloaded["facts"]["pipeline_stages"] == 2
+
+
+def test_a_payload_in_a_delivered_layer_file_is_IV506_before_any_reload(built_pp, package_dir, tmp_path):
+    from tests.helpers import static_findings
+
+    folder = with_pipeline_checkpoint(package_dir, built_pp)
+    path = folder / STEP / "layer_01-model_states.pt"
+    path.write_bytes(zip_forms.with_data_pkl(path.read_bytes(), payload(tmp_path / "never")))
+    found = [f for f in static_findings(package_dir) if f.code == "IV506"]
+    assert [f.path for f in found] == [f"checkpoints/pipeline/{STEP}/layer_01-model_states.pt"]
+    assert not (tmp_path / "never").exists()
