@@ -117,6 +117,25 @@ def test_a_payload_in_a_layer_file_is_refused_and_never_runs(checkpoint, tmp_pat
     assert not marker.exists()
 
 
+@pytest.fixture(scope="module")
+def built_pp_without_zero(tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("pipeline-parallel-zero0")
+    return build(work / "checkpoint", work / "build.log", zero_stage=0)
+
+
+def test_without_zero_each_stage_holds_its_optimizer_and_the_layers_are_still_proven(built_pp_without_zero,
+                                                                                      tmp_path):
+    """No ZeRO: no optimizer shards, the optimizer in each stage's model states, and no param_shapes to say which
+    layers a stage owns: it reloads clean, and every layer file present is still loaded and proven finite."""
+    checkpoint = Path(shutil.copytree(built_pp_without_zero, tmp_path / "checkpoint"))
+    assert not list((checkpoint / STEP).glob("*optim_states.pt"))
+    outcome = reload(checkpoint)
+    assert problems(outcome) == [] and outcome.facts["zero_stage"] == 0 and outcome.facts["optimizer_step"] == 2
+    rewrite(checkpoint / STEP / "layer_02-model_states.pt", lambda s: s["fc.bias"].__setitem__(0, float("nan")))
+    [(failure, message)] = problems(reload(checkpoint))
+    assert failure == LOAD and "layer_02" in message and "fc.bias" in message
+
+
 def with_pipeline_checkpoint(package_dir: Path, built_pp: Path) -> Path:
     """The example package with the checkpoint listed as a resume checkpoint of the control run (whose params, as
     in the multi-GPU package, record no world size: its other checkpoint is from 1 process)."""

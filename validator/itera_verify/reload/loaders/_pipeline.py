@@ -5,7 +5,9 @@ model-parallel rank of its own (`mp_rank_<stage>_model_states.pt`), so the rest 
 
 What each stage's param_shapes lists must be in the layer files: `<N>.<name>` in `layer_<N>`'s state dict with
 that shape; a tied module (`tied_modules.<key>.<name>`, saved once, by the layer that owns it) in a layer file
-no numbered parameter claims. DeepSpeed's own load_state_dir globs the layer files and fails only on the first
+no numbered parameter claims. Without ZeRO no param_shapes are saved: every layer file present is still loaded
+and proven finite (check_tied_modules reads each file no stage claims), but a missing one cannot be told.
+DeepSpeed's own load_state_dir globs the layer files and fails only on the first
 layer it cannot find, after it has built the whole model.
 """
 from __future__ import annotations
