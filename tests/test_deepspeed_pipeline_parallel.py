@@ -85,11 +85,29 @@ def test_a_nan_in_the_tied_embedding_is_found(checkpoint):
     assert found and all(f == LOAD and "layer_00" in m and "non-finite" in m for f, m in found)
 
 
-def test_a_truncated_layer_file_does_not_pass(checkpoint):
+def test_a_truncated_layer_file_is_said_once_and_hides_nothing_else(checkpoint):
     path = checkpoint / STEP / "layer_01-model_states.pt"
     truncate(path, path.stat().st_size // 2)
+    [(failure, message)] = problems(reload(checkpoint))
+    assert failure == LOAD and "layer_01-model_states.pt" in message
+    rewrite(checkpoint / STEP / "layer_02-model_states.pt", lambda s: s["fc.bias"].__setitem__(0, float("nan")))
+    (checkpoint / STEP / "layer_00-model_states.pt").unlink()
     found = problems(reload(checkpoint))
-    assert found and found[0][0] == LOAD and "layer_01-model_states.pt" in found[0][1]
+    assert len(found) == 3 and [f for f, m in found if "layer_01" in m] == [LOAD]
+    assert any(f == LOAD and "layer_02" in m and "non-finite" in m for f, m in found)
+    assert any(f == MISSING and "tied_modules.embed.weight" in m for f, m in found)
+
+
+def test_a_buffer_the_model_states_list_missing_from_its_layer_is_inconsistent(checkpoint):
+    rewrite(checkpoint / STEP / "layer_03-model_states.pt", lambda s: s.pop("scale"))
+    [(failure, message)] = problems(reload(checkpoint))
+    assert failure == INCONSISTENT and "layer_03" in message and "lacks scale" in message
+
+
+def test_a_tied_embedding_of_another_shape_is_not_the_tied_module(checkpoint):
+    rewrite(checkpoint / STEP / "layer_00-model_states.pt", lambda s: s.update({"weight": torch.zeros(16, 16)}))
+    [(failure, message)] = problems(reload(checkpoint))
+    assert failure == MISSING and "tied_modules.embed.weight [32, 16]" in message
 
 
 def test_a_layer_of_another_shape_or_without_a_listed_weight_is_inconsistent(checkpoint):
@@ -134,6 +152,40 @@ def test_without_zero_each_stage_holds_its_optimizer_and_the_layers_are_still_pr
     rewrite(checkpoint / STEP / "layer_02-model_states.pt", lambda s: s["fc.bias"].__setitem__(0, float("nan")))
     [(failure, message)] = problems(reload(checkpoint))
     assert failure == LOAD and "layer_02" in message and "fc.bias" in message
+
+
+def test_without_the_recorded_dimensions_the_layers_are_still_proven(built_pp_without_zero, tmp_path):
+    """Older checkpoints carry no checkpoint_parallel_dimensions (DeepSpeed's own reshape code treats it as
+    optional): `module: None` and the layer files still say pipeline."""
+    checkpoint = Path(shutil.copytree(built_pp_without_zero, tmp_path / "checkpoint"))
+    for states in (checkpoint / STEP).glob("mp_rank_*_model_states.pt"):
+        data = torch.load(states, weights_only=False)  # the fixture's own file, written by DeepSpeed just now
+        del data["checkpoint_parallel_dimensions"]
+        torch.save(data, states)
+    outcome = reload(checkpoint)
+    assert problems(outcome) == [] and outcome.facts["ranks"]["pipeline-stage model states"] == [0, 1]
+    rewrite(checkpoint / STEP / "layer_02-model_states.pt", lambda s: s["fc.bias"].__setitem__(0, float("nan")))
+    [(failure, message)] = problems(reload(checkpoint))
+    assert failure == LOAD and "layer_02" in message
+
+
+@pytest.mark.parametrize("zero_stage, precision", [(1, "bf16-fp32-accumulation"), (0, "bf16")])
+def test_bf16_optimizer_shards(zero_stage, precision, tmp_path_factory):
+    """bf16 with fp32 gradient accumulation (ZeRO-1) and a bf16 pipeline without ZeRO use DeepSpeed's
+    BF16_Optimizer, whose bf16_zero_pp_rank_* shards hold no zero_stage (before: a false 'not a ZeRO optimizer
+    shard' on each). With ZeRO-1 they are proven as ZeRO-1 partitions and pass (DeepSpeed's load_checkpoint
+    resumes them); without ZeRO, DeepSpeed 0.19.8 cannot resume what it wrote (KeyError 0): said once, by cause."""
+    work = tmp_path_factory.mktemp(f"pipeline-{precision}")
+    checkpoint = build(work / "checkpoint", work / "build.log", zero_stage=zero_stage, precision=precision)
+    assert sorted(p.name for p in (checkpoint / STEP).glob("bf16_*")) == [
+        "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "bf16_zero_pp_rank_0_mp_rank_01_optim_states.pt"]
+    outcome = reload(checkpoint)
+    assert outcome.facts["optimizer"] == "BF16_Optimizer"
+    if zero_stage == 1:
+        assert problems(outcome) == [] and outcome.facts["fp32_partition_numel"]
+    else:
+        [(failure, message)] = problems(outcome)
+        assert failure == LOAD and "BF16_Optimizer" in message and "zero_optimization.stage 0" in message
 
 
 def with_pipeline_checkpoint(package_dir: Path, built_pp: Path) -> Path:

@@ -1,21 +1,23 @@
 """DeepSpeed pipeline parallelism (a PipelineModule under the PipelineEngine): the model states of each stage
 hold `module: None`; the weights are saved layer by layer, `layer_<NN>-model_states.pt` (with tensor slicing
-inside a stage, `layer_<NN>-model_<MM>-model_states.pt`), by data-parallel rank 0 of each stage. Each stage is a
-model-parallel rank of its own (`mp_rank_<stage>_model_states.pt`), so the rest of the ZeRO proofs run per stage.
+inside a stage, `layer_<NN>-model_<MM>-model_states.pt`, one per slice), by data-parallel rank 0 of each stage.
+Each (stage, slice) is a model-parallel rank of its own (`mp_rank_<r>_model_states.pt`, r = stage × tp + slice),
+so the rest of the ZeRO proofs run per rank.
 
-What each stage's param_shapes lists must be in the layer files: `<N>.<name>` in `layer_<N>`'s state dict with
-that shape; a tied module (`tied_modules.<key>.<name>`, saved once, by the layer that owns it) in a layer file
-no numbered parameter claims. Without ZeRO no param_shapes are saved: every layer file present is still loaded
-and proven finite (check_tied_modules reads each file no stage claims), but a missing one cannot be told.
-DeepSpeed's own load_state_dir globs the layer files and fails only on the first
-layer it cannot find, after it has built the whole model.
+What each rank's param_shapes and buffer_names list must be in its own slice of the layer files: `<N>.<name>` in
+`layer_<N>`'s state dict (a parameter with the listed shape); a tied module (`tied_modules.<key>.<name>`, saved
+once, by the layer that owns it) in a layer file no numbered parameter claims, every slice of it present. Without
+ZeRO no param_shapes are saved: every layer file present is still loaded and proven finite (check_tied_modules
+reads each file no rank claims), but a missing one cannot be told; nor can a frozen layer's, which param_shapes
+leaves out. DeepSpeed's own load_state_dir globs the layer files and fails only on the first layer it cannot
+find, after it has built the whole model; a missing last slice it silently replaces with another.
 """
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from ..common import INCONSISTENT, LOAD, MISSING, Outcome, nonfinite_count, safe_torch_load
+from ..common import INCONSISTENT, LOAD, MISSING, Outcome, Stop, nonfinite_count, safe_torch_load
 
 LAYER_FILE = re.compile(r"layer_(\d+)(?:-model_(\d+))?-model_states\.pt")
 TIED = "tied_modules."
@@ -32,26 +34,50 @@ def layer_files(step_dir: Path) -> dict[int, dict[int, Path]]:
 
 
 def is_pipeline(states: dict, step_dir: Path) -> bool:
-    """Model states whose module lives in layer files: `module` None and layer files beside them."""
-    return states.get("module") is None and bool(layer_files(step_dir))
+    """Model states whose module lives in layer files: `module` None, and layer files beside them or a pipeline
+    degree above 1 recorded."""
+    dimensions = states.get("checkpoint_parallel_dimensions")
+    degree = dimensions.get("pp_degree") if isinstance(dimensions, dict) else None
+    return states.get("module") is None and (bool(layer_files(step_dir)) or (isinstance(degree, int) and degree > 1))
 
 
-def _claimed(param_shapes: list[dict]) -> tuple[dict[int, dict[str, tuple]], dict[str, tuple]]:
-    """(layer index -> {name inside the layer: shape}, {tied parameter: shape}) from one stage's param_shapes."""
-    layers: dict[int, dict[str, tuple]] = {}
+def slice_count(states: dict, step_dir: Path) -> int:
+    """Tensor slices per layer: the recorded tp_degree, else as many as the layer files show."""
+    dimensions = states.get("checkpoint_parallel_dimensions")
+    degree = dimensions.get("tp_degree") if isinstance(dimensions, dict) else None
+    if isinstance(degree, int) and not isinstance(degree, bool) and degree >= 1:
+        return degree
+    return max((max(per_slice) + 1 for per_slice in layer_files(step_dir).values()), default=1)
+
+
+def file_name(index: int, part: int, slices: int) -> str:
+    return f"layer_{index:02d}-model_{part:02d}-model_states.pt" if slices > 1 else f"layer_{index:02d}-model_states.pt"
+
+
+def _claimed(param_shapes: list[dict], buffer_names) -> tuple[dict[int, dict[str, tuple | None]], dict[str, tuple]]:
+    """(layer index -> {name inside the layer: shape, None for a buffer}, {tied parameter: shape}) from one rank's
+    param_shapes and buffer_names."""
+    layers: dict[int, dict[str, tuple | None]] = {}
     tied: dict[str, tuple] = {}
-    for group in param_shapes:
-        for name, shape in group.items():
-            head, _, rest = name.partition(".")
-            if name.startswith(TIED):
-                tied[name] = tuple(shape)
-            elif head.isdigit() and rest:
-                layers.setdefault(int(head), {})[rest] = tuple(shape)
+    named = [(name, tuple(shape)) for group in param_shapes for name, shape in group.items()]
+    named += [(name, None) for name in buffer_names or [] if isinstance(name, str)]
+    for name, shape in named:
+        head, _, rest = name.partition(".")
+        if name.startswith(TIED):
+            if shape is not None:
+                tied[name] = shape
+        elif head.isdigit() and rest:
+            layers.setdefault(int(head), {}).setdefault(rest, shape)
     return layers, tied
 
 
 def _read_layer(path: Path, device, outcome: Outcome) -> dict | None:
-    state = safe_torch_load(path, outcome, device)
+    """The layer's state dict, proven finite; None (the problem recorded) when it does not load."""
+    try:
+        state = safe_torch_load(path, outcome, device)
+    except Stop as stop:  # one unreadable layer must not hide the others
+        outcome.fail(stop.failure, stop.message, stop.file)
+        return None
     if not isinstance(state, dict):
         outcome.fail(LOAD, f"{outcome.rel(path)} is not a layer's state dict", path)
         return None
@@ -62,58 +88,62 @@ def _read_layer(path: Path, device, outcome: Outcome) -> dict | None:
     return state
 
 
-def check_stage_layers(step_dir: Path, param_shapes: list[dict], device, outcome: Outcome,
-                       states_file: Path) -> tuple[set[int], dict[str, tuple]]:
-    """Every numbered parameter a stage's model states list is in its layer file, which loads, finite, with the
-    listed shape. Returns (the layer indexes it claims, its tied parameters), for check_tied_modules once every
-    stage is read."""
+def check_stage_layers(step_dir: Path, states: dict, param_shapes: list[dict], mp: int, device,
+                       outcome: Outcome, states_file: Path) -> tuple[set[int], dict[str, tuple]]:
+    """Every numbered parameter and buffer model-parallel rank `mp` lists is in its own slice of its layer file,
+    which loads, finite, with the listed shape (the other slices are their own ranks' to prove). Returns (the
+    layer indexes it claims, its tied parameters), for check_tied_modules once every rank is read."""
     files = layer_files(step_dir)
-    layers, tied = _claimed(param_shapes)
+    slices = slice_count(states, step_dir)
+    own = mp % slices
+    layers, tied = _claimed(param_shapes, states.get("buffer_names"))
     outcome.facts["pipeline_layer_files"] = sum(len(per_layer) for per_layer in files.values())
+    if slices > 1:
+        outcome.facts["pipeline_tensor_slices"] = slices
     for index, wanted in sorted(layers.items()):
-        per_slice = files.get(index)
-        if not per_slice:
-            outcome.fail(MISSING, f"no layer_{index:02d}-model_states.pt in {outcome.rel(step_dir)}: pipeline layer "
-                                  f"{index} ({', '.join(sorted(wanted)[:3])}) of {outcome.rel(states_file)} has no "
+        per_slice = files.get(index, {})
+        if own not in per_slice:  # each slice is this rank's to prove: every missing one is said once, by its rank
+            outcome.fail(MISSING, f"no {file_name(index, own, slices)} in {outcome.rel(step_dir)}: pipeline layer "
+                                  f"{index} ({', '.join(sorted(wanted)[:3])}) of {outcome.rel(states_file)} lacks its "
                                   "weights", step_dir)
             continue
-        gaps = sorted(set(range(max(per_slice) + 1)) - set(per_slice))
-        if gaps:
-            outcome.fail(MISSING, f"{outcome.rel(step_dir)}: layer {index} has no tensor slice "
-                                  f"{', '.join(map(str, gaps))}", step_dir)
-        for path in per_slice.values():
-            state = _read_layer(path, device, outcome)
-            if state is None:
-                continue
-            missing = sorted(set(wanted) - set(state))
-            if missing:
-                outcome.fail(INCONSISTENT, f"{outcome.rel(path)} lacks {', '.join(missing[:3])}, which "
-                                           f"{outcome.rel(states_file)} lists for layer {index}", path)
-            if len(per_slice) == 1:  # a sliced layer holds a part of each shape
-                wrong = [f"{name} {list(state[name].shape)} (param_shapes: {list(shape)})"
-                         for name, shape in wanted.items() if name in state and hasattr(state[name], "shape")
-                         and tuple(state[name].shape) != shape]
-                if wrong:
-                    outcome.fail(INCONSISTENT, f"{outcome.rel(path)}: weights shaped unlike param_shapes: "
-                                               f"{', '.join(wrong[:3])}", path)
-    return set(layers), tied
+        path = per_slice[own]
+        state = _read_layer(path, device, outcome)
+        if state is None:
+            continue
+        missing = sorted(set(wanted) - set(state))
+        if missing:
+            outcome.fail(INCONSISTENT, f"{outcome.rel(path)} lacks {', '.join(missing[:3])}, which "
+                                       f"{outcome.rel(states_file)} lists for layer {index}", path)
+        wrong = [f"{name} {list(state[name].shape)} (param_shapes: {list(shape)})" for name, shape in wanted.items()
+                 if shape is not None and hasattr(state.get(name), "shape") and tuple(state[name].shape) != shape]
+        if wrong:
+            outcome.fail(INCONSISTENT, f"{outcome.rel(path)}: weights shaped unlike param_shapes: "
+                                       f"{', '.join(wrong[:3])}", path)
+    return set(layers), {name: (shape, own) for name, shape in tied.items()}
 
 
-def check_tied_modules(step_dir: Path, claimed: set[int], tied: dict[str, tuple], device, outcome: Outcome) -> None:
-    """A tied module is saved once, by the layer that owns it, whose index no stage's numbered parameters claim:
-    each tied parameter of every stage must be in one of those files (its shape too, without tensor slicing)."""
-    files = layer_files(step_dir)
-    sliced = any(len(per_slice) > 1 for per_slice in files.values())
-    held: dict[str, set[tuple]] = {}
-    for index, per_slice in sorted(files.items()):
+def check_tied_modules(step_dir: Path, claimed: set[int], tied: dict[str, set], slices: int, device,
+                       outcome: Outcome) -> None:
+    """A tied module is saved once, by the layer that owns it, whose index no rank's numbered parameters claim:
+    each tied parameter of every rank must be in its own slice of one of those files, with its shape. Every file
+    no rank claims is read (and proven finite) once."""
+    held: dict[tuple[str, int], set[tuple]] = {}
+    for index, per_slice in sorted(layer_files(step_dir).items()):
         if index in claimed:
             continue
-        for path in per_slice.values():
+        absent = [part for part in range(slices) if part not in per_slice]
+        if absent:
+            outcome.fail(MISSING, f"no {', '.join(file_name(index, part, slices) for part in absent)} in "
+                                  f"{outcome.rel(step_dir)}: layer {index} lacks a tensor slice", step_dir)
+        for part, path in per_slice.items():
             for name, tensor in (_read_layer(path, device, outcome) or {}).items():
                 if hasattr(tensor, "shape"):
-                    held.setdefault(name, set()).add(tuple(tensor.shape))
-    for name, shape in sorted(tied.items()):
+                    held.setdefault((name, part), set()).add(tuple(tensor.shape))
+    for name, wanted in sorted(tied.items()):
         inner = name[len(TIED):].partition(".")[2]
-        if inner not in held or not (sliced or shape in held[inner]):
-            outcome.fail(MISSING, f"{outcome.rel(step_dir)}: the tied parameter {name} {list(shape)} is in no layer "
-                                  "file (a tied module is saved by the layer that owns it)", step_dir)
+        for shape, part in sorted(wanted):
+            if shape not in held.get((inner, part), set()):
+                where = f" (tensor slice {part})" if slices > 1 else ""
+                outcome.fail(MISSING, f"{outcome.rel(step_dir)}: the tied parameter {name} {list(shape)}{where} is in "
+                                      "no layer file (a tied module is saved by the layer that owns it)", step_dir)

@@ -30,6 +30,7 @@ from ..common import (
 from . import _pipeline, _ranks, _resume
 
 MODEL_STATES = re.compile(r"(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt")
+BF16_OPTIMIZER = {"base_optimizer_state", "single_partition_of_fp32_groups", "group_paddings", "partition_count"}
 OPTIMIZER_SHARD = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt")
 
 
@@ -47,9 +48,13 @@ class ZeroFacts:
     optimizer_steps: list[float] = field(default_factory=list)
     engine_optimizer: object = None  # without ZeRO (stage 0) the optimizer state is in the model states
     warmup_steps: int = 0  # DeepSpeed's fp16/bf16 wrappers step the optimizer once at start-up
-    pipeline_stages: int | None = None  # pipeline parallelism: the weights are in layer files (_pipeline.py)
-    pipeline_layers: set[int] = field(default_factory=set)  # the layer indexes this stage's parameters claim
-    pipeline_tied: dict = field(default_factory=dict)  # its tied parameters: name -> shape
+    configured_stage: int | None = None  # zero_optimization.stage of the ds_config the model states carry
+    bf16_optimizer: bool = False  # shards of DeepSpeed's BF16_Optimizer (no zero_stage; partitioned like ZeRO-1)
+    pipeline: bool = False  # pipeline parallelism: the weights are in layer files (_pipeline.py)
+    pipeline_stages: int | None = None
+    pipeline_slices: int = 1  # tensor slices per layer
+    pipeline_layers: set[int] = field(default_factory=set)  # the layer indexes this rank's parameters claim
+    pipeline_tied: dict = field(default_factory=dict)  # its tied parameters: name -> (shape, its slice)
 
 
 def step_folder(folder: Path, outcome: Outcome) -> Path | None:
@@ -107,12 +112,16 @@ def read_model_states(step_dir: Path, device, outcome: Outcome, facts: ZeroFacts
     outcome.facts.update(dp_world_size=facts.dp_world_size, global_steps=facts.global_steps,
                          parameters=sum(math.prod(s) for g in facts.param_shapes for s in g.values()))
     facts.engine_optimizer = states.get("optimizer")
+    config = states.get("ds_config")
+    zero = config.get("zero_optimization") if isinstance(config, dict) else None
+    facts.configured_stage = _int(zero.get("stage")) if isinstance(zero, dict) else None
     if _pipeline.is_pipeline(states, step_dir):
         dimensions = states.get("checkpoint_parallel_dimensions")
+        facts.pipeline, facts.pipeline_slices = True, _pipeline.slice_count(states, step_dir)
         facts.pipeline_stages = _int(dimensions.get("pp_degree")) if isinstance(dimensions, dict) else None
         outcome.facts["pipeline_stages"] = facts.pipeline_stages
         facts.pipeline_layers, facts.pipeline_tied = _pipeline.check_stage_layers(
-            step_dir, facts.param_shapes, device, outcome, first)
+            step_dir, states, facts.param_shapes, mp, device, outcome, first)
     else:
         check_module(states["module"], facts, outcome, first)
     check_lr_scheduler(states.get("lr_scheduler"), facts, outcome, first)
@@ -171,6 +180,10 @@ def read_optimizer_shard(path: Path, device, outcome: Outcome, facts: ZeroFacts)
 
     data = safe_torch_load(path, outcome, device)
     state = data.get("optimizer_state_dict") if isinstance(data, dict) else None
+    if (isinstance(state, dict) and "zero_stage" not in state and BF16_OPTIMIZER <= set(state)
+            and isinstance(state["group_paddings"], list)):
+        facts.bf16_optimizer = True  # bf16 with fp32 gradient accumulation, or a bf16 pipeline: ZeRO-1 partitions
+        state = dict(state, zero_stage=1, param_alignment_paddings=[[p] for p in state["group_paddings"]])
     if not isinstance(state, dict) or "zero_stage" not in state:
         raise Stop(LOAD, f"{outcome.rel(path)} is not a ZeRO optimizer shard (no optimizer_state_dict.zero_stage)",
                    path)
@@ -218,8 +231,8 @@ def check_engine_optimizer(facts: ZeroFacts, outcome: Outcome, step_dir: Path) -
 def check_partitions(facts: ZeroFacts, outcome: Outcome, step_dir: Path) -> None:
     """The fp32 partitions of all ranks together hold exactly the parameters param_shapes lists."""
     world, groups = len(facts.flat_numel), facts.param_shapes
-    if not world or facts.stage is None or not groups:
-        return  # no partitions, or model states that did not load (already a failure): nothing to compare
+    if not world or facts.stage is None or not any(groups):
+        return  # no partitions, or no param_shapes (none saved, or model states that did not load): nothing to compare
     if any(len(per_rank) != len(groups) for per_rank in facts.flat_numel):
         raise Stop(INCONSISTENT, f"{outcome.rel(step_dir)}: {len(groups)} parameter group(s) in param_shapes, "
                                  f"{sorted({len(p) for p in facts.flat_numel})} fp32 partition(s) per shard", step_dir)
@@ -251,7 +264,7 @@ def check_zero_checkpoint(folder: Path, job: dict, device, outcome: Outcome, exp
     present, stages = model_parallel_ranks(step_dir), [facts]
     if (facts.mp_world_size or 1) > 1 or len(present) > 1:
         outcome.facts["mp_world_size"] = facts.mp_world_size
-        what = "pipeline-stage model states" if facts.pipeline_stages else "tensor-parallel model states"
+        what = "pipeline-stage model states" if facts.pipeline else "tensor-parallel model states"
         _ranks.check_ranks(present, facts.mp_world_size, what, outcome, step_dir, "the model states' mp_world_size")
         for mp in sorted(present)[1:]:
             # Its own outcome: its facts would overwrite rank 0's; its problems name its own files.
@@ -262,10 +275,14 @@ def check_zero_checkpoint(folder: Path, job: dict, device, outcome: Outcome, exp
             if not own.problems and other.global_steps != facts.global_steps:
                 outcome.fail(INCONSISTENT, f"{outcome.rel(present[mp])} is at global step {other.global_steps}, "
                                            f"model-parallel rank 0 at {facts.global_steps}", present[mp])
-    if any(stage.pipeline_stages is not None or stage.pipeline_layers for stage in stages):
+    if any(stage.pipeline for stage in stages):
         claimed = set().union(*(stage.pipeline_layers for stage in stages))
-        tied = {name: shape for stage in stages for name, shape in stage.pipeline_tied.items()}
-        _resume.attempt(outcome, _pipeline.check_tied_modules, step_dir, claimed, tied, device, outcome)
+        tied: dict[str, set] = {}
+        for stage in stages:
+            for name, wanted in stage.pipeline_tied.items():
+                tied.setdefault(name, set()).add(wanted)
+        slices = max(stage.pipeline_slices for stage in stages if stage.pipeline)
+        _resume.attempt(outcome, _pipeline.check_tied_modules, step_dir, claimed, tied, slices, device, outcome)
     return facts
 
 
@@ -296,6 +313,13 @@ def _check_model_parallel_rank(step_dir: Path, mp: int, job: dict, device, outco
     for path in shards.values():
         _resume.attempt(outcome, read_optimizer_shard, path, device, outcome, facts)
     outcome.facts["zero_stage"] = facts.stage
+    if facts.bf16_optimizer:
+        outcome.facts["optimizer"] = "BF16_Optimizer"
+        if facts.configured_stage == 0:
+            outcome.fail(LOAD, f"{outcome.rel(step_dir)}: DeepSpeed's BF16_Optimizer wrote these optimizer shards "
+                               "without ZeRO (zero_optimization.stage 0), and DeepSpeed's load_checkpoint cannot "
+                               "resume from them (0.19.8: KeyError 0 in BF16_Optimizer._load_legacy_checkpoint): "
+                               "train bf16 with zero_optimization.stage 1", step_dir)
     if len(facts.flat_numel) == len(shards) and (data_parallel is None or len(shards) == data_parallel):
         _resume.attempt(outcome, check_partitions, facts, outcome, step_dir)
     if facts.optimizer_steps and facts.global_steps is not None:
