@@ -188,6 +188,33 @@ def test_bf16_optimizer_shards(zero_stage, precision, tmp_path_factory):
         assert failure == LOAD and "BF16_Optimizer" in message and "zero_optimization.stage 0" in message
 
 
+@pytest.fixture(scope="module")
+def built_pp_sliced(tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("pipeline-parallel-sliced")
+    return build(work / "checkpoint", work / "build.log", tensor_slices=2)
+
+
+def test_tensor_slices_inside_stages_each_proven_by_its_own_rank(built_pp_sliced, tmp_path):
+    """2 stages × 2 tensor slices (4 processes): 4 model-parallel ranks, layer_<NN>-model_<MM> files. Clean, it
+    passes; a missing last slice (DeepSpeed's load silently gives that rank another slice), a missing slice of
+    the tied module and a slice of another shape are each found, once."""
+    checkpoint = Path(shutil.copytree(built_pp_sliced, tmp_path / "checkpoint"))
+    assert (checkpoint / STEP / "layer_03-model_01-model_states.pt").is_file()
+    outcome = reload(checkpoint)
+    assert problems(outcome) == [] and outcome.facts["pipeline_tensor_slices"] == 2
+    assert outcome.facts["ranks"]["pipeline-stage model states"] == [0, 1, 2, 3]
+    (checkpoint / STEP / "layer_03-model_01-model_states.pt").unlink()
+    [(failure, message)] = problems(reload(checkpoint))
+    assert failure == MISSING and "layer_03-model_01-model_states.pt" in message
+    rewrite(checkpoint / STEP / "layer_02-model_01-model_states.pt", lambda s: s.update({"fc.weight": torch.zeros(3, 3)}))
+    (checkpoint / STEP / "layer_00-model_01-model_states.pt").unlink()
+    found = problems(reload(checkpoint))
+    assert len(found) == 4, found  # the last slice, the tied file's slice, the tied weight in it, the shape
+    assert any(f == INCONSISTENT and "layer_02-model_01" in m and "fc.weight [3, 3]" in m for f, m in found)
+    assert any(f == MISSING and "layer_00-model_01-model_states.pt" in m for f, m in found)
+    assert any(f == MISSING and "tied_modules.embed.weight" in m and "tensor slice 1" in m for f, m in found)
+
+
 def with_pipeline_checkpoint(package_dir: Path, built_pp: Path) -> Path:
     """The example package with the checkpoint listed as a resume checkpoint of the control run (whose params, as
     in the multi-GPU package, record no world size: its other checkpoint is from 1 process)."""
