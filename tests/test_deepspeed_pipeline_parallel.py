@@ -14,7 +14,7 @@ from fixtures.artifacts import truncate
 from fixtures.pipeline_parallel import build
 from itera_verify.reload.common import INCONSISTENT, LOAD, MISSING
 from tests import zip_forms
-from tests.test_deepspeed_tensor_parallel import problems, reload
+from tests.test_deepspeed_tensor_parallel import build_in, private_copy, problems, reload
 from tests.test_multigpu_pickles import live, payload
 
 pytestmark = pytest.mark.slow
@@ -23,13 +23,12 @@ STEP = "global_step2"
 
 @pytest.fixture(scope="module")
 def built_pp(tmp_path_factory) -> Path:
-    work = tmp_path_factory.mktemp("pipeline-parallel")
-    return build(work / "checkpoint", work / "build.log")
+    return build_in(tmp_path_factory, "pipeline-parallel", build)
 
 
 @pytest.fixture
 def checkpoint(built_pp, tmp_path) -> Path:
-    return Path(shutil.copytree(built_pp, tmp_path / "checkpoint"))
+    return private_copy(built_pp, tmp_path)
 
 
 def rewrite(path: Path, change) -> None:
@@ -137,15 +136,14 @@ def test_a_payload_in_a_layer_file_is_refused_and_never_runs(checkpoint, tmp_pat
 
 @pytest.fixture(scope="module")
 def built_pp_without_zero(tmp_path_factory) -> Path:
-    work = tmp_path_factory.mktemp("pipeline-parallel-zero0")
-    return build(work / "checkpoint", work / "build.log", zero_stage=0)
+    return build_in(tmp_path_factory, "pipeline-parallel-zero0", build, zero_stage=0)
 
 
 def test_without_zero_each_stage_holds_its_optimizer_and_the_layers_are_still_proven(built_pp_without_zero,
                                                                                       tmp_path):
     """No ZeRO: no optimizer shards, the optimizer in each stage's model states, and no param_shapes to say which
     layers a stage owns: it reloads clean, and every layer file present is still loaded and proven finite."""
-    checkpoint = Path(shutil.copytree(built_pp_without_zero, tmp_path / "checkpoint"))
+    checkpoint = private_copy(built_pp_without_zero, tmp_path)
     assert not list((checkpoint / STEP).glob("*optim_states.pt"))
     outcome = reload(checkpoint)
     assert problems(outcome) == [] and outcome.facts["zero_stage"] == 0 and outcome.facts["optimizer_step"] == 2
@@ -157,7 +155,7 @@ def test_without_zero_each_stage_holds_its_optimizer_and_the_layers_are_still_pr
 def test_without_the_recorded_dimensions_the_layers_are_still_proven(built_pp_without_zero, tmp_path):
     """Older checkpoints carry no checkpoint_parallel_dimensions (DeepSpeed's own reshape code treats it as
     optional): `module: None` and the layer files still say pipeline."""
-    checkpoint = Path(shutil.copytree(built_pp_without_zero, tmp_path / "checkpoint"))
+    checkpoint = private_copy(built_pp_without_zero, tmp_path)
     for states in (checkpoint / STEP).glob("mp_rank_*_model_states.pt"):
         data = torch.load(states, weights_only=False)  # the fixture's own file, written by DeepSpeed just now
         del data["checkpoint_parallel_dimensions"]
@@ -175,8 +173,7 @@ def test_bf16_optimizer_shards(zero_stage, precision, tmp_path_factory):
     BF16_Optimizer, whose bf16_zero_pp_rank_* shards hold no zero_stage (before: a false 'not a ZeRO optimizer
     shard' on each). With ZeRO-1 they are proven as ZeRO-1 partitions and pass (DeepSpeed's load_checkpoint
     resumes them); without ZeRO, DeepSpeed 0.19.8 cannot resume what it wrote (KeyError 0): said once, by cause."""
-    work = tmp_path_factory.mktemp(f"pipeline-{precision}")
-    checkpoint = build(work / "checkpoint", work / "build.log", zero_stage=zero_stage, precision=precision)
+    checkpoint = build_in(tmp_path_factory, f"pipeline-{precision}", build, zero_stage=zero_stage, precision=precision)
     assert sorted(p.name for p in (checkpoint / STEP).glob("bf16_*")) == [
         "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "bf16_zero_pp_rank_0_mp_rank_01_optim_states.pt"]
     outcome = reload(checkpoint)
@@ -190,15 +187,14 @@ def test_bf16_optimizer_shards(zero_stage, precision, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def built_pp_sliced(tmp_path_factory) -> Path:
-    work = tmp_path_factory.mktemp("pipeline-parallel-sliced")
-    return build(work / "checkpoint", work / "build.log", tensor_slices=2)
+    return build_in(tmp_path_factory, "pipeline-parallel-sliced", build, tensor_slices=2)
 
 
 def test_tensor_slices_inside_stages_each_proven_by_its_own_rank(built_pp_sliced, tmp_path):
     """2 stages × 2 tensor slices (4 processes): 4 model-parallel ranks, layer_<NN>-model_<MM> files. Clean, it
     passes; a missing last slice (DeepSpeed's load silently gives that rank another slice), a missing slice of
     the tied module and a slice of another shape are each found, once."""
-    checkpoint = Path(shutil.copytree(built_pp_sliced, tmp_path / "checkpoint"))
+    checkpoint = private_copy(built_pp_sliced, tmp_path)
     assert (checkpoint / STEP / "layer_03-model_01-model_states.pt").is_file()
     outcome = reload(checkpoint)
     assert problems(outcome) == [] and outcome.facts["pipeline_tensor_slices"] == 2

@@ -18,15 +18,25 @@ pytestmark = pytest.mark.slow
 STEP = "global_step2"
 
 
+def build_in(tmp_path_factory, name: str, build_checkpoint, **options) -> Path:
+    """A real multi-process checkpoint, built by a fixtures builder into a folder of its own."""
+    work = tmp_path_factory.mktemp(name)
+    return build_checkpoint(work / "checkpoint", work / "build.log", **options)
+
+
+def private_copy(built: Path, tmp_path: Path) -> Path:
+    """A copy of a built checkpoint, for one test to change."""
+    return Path(shutil.copytree(built, tmp_path / "checkpoint"))
+
+
 @pytest.fixture(scope="module")
 def built_tp(tmp_path_factory) -> Path:
-    work = tmp_path_factory.mktemp("tensor-parallel")
-    return build(work / "checkpoint", work / "build.log")
+    return build_in(tmp_path_factory, "tensor-parallel", build)
 
 
 @pytest.fixture
 def checkpoint(built_tp, tmp_path) -> Path:
-    return Path(shutil.copytree(built_tp, tmp_path / "checkpoint"))
+    return private_copy(built_tp, tmp_path)
 
 
 def reload(folder: Path, **job) -> Outcome:

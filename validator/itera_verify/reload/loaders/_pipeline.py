@@ -17,14 +17,18 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..common import INCONSISTENT, LOAD, MISSING, Outcome, Stop, nonfinite_count, safe_torch_load
+from ..common import INCONSISTENT, LOAD, MISSING, Outcome, nonfinite_count, safe_torch_load
+from . import _resume
 
 LAYER_FILE = re.compile(r"layer_(\d+)(?:-model_(\d+))?-model_states\.pt")
 TIED = "tied_modules."
 
 
-def layer_files(step_dir: Path) -> dict[int, dict[int, Path]]:
-    """layer index -> tensor slice (0 without slicing) -> file."""
+LayerFiles = dict[int, dict[int, Path]]
+
+
+def layer_files(step_dir: Path) -> LayerFiles:
+    """layer index -> tensor slice (0 without slicing) -> file; listed once per checkpoint (_zero.py)."""
     found: dict[int, dict[int, Path]] = {}
     for path in sorted(step_dir.iterdir()):
         match = LAYER_FILE.fullmatch(path.name)
@@ -33,21 +37,17 @@ def layer_files(step_dir: Path) -> dict[int, dict[int, Path]]:
     return found
 
 
-def is_pipeline(states: dict, step_dir: Path) -> bool:
+def is_pipeline(module, files: LayerFiles, stages: int | None) -> bool:
     """Model states whose module lives in layer files: `module` None, and layer files beside them or a pipeline
-    degree above 1 recorded."""
-    dimensions = states.get("checkpoint_parallel_dimensions")
-    degree = dimensions.get("pp_degree") if isinstance(dimensions, dict) else None
-    return states.get("module") is None and (bool(layer_files(step_dir)) or (isinstance(degree, int) and degree > 1))
+    degree (checkpoint_parallel_dimensions.pp_degree) above 1 recorded."""
+    return module is None and (bool(files) or (stages or 0) > 1)
 
 
-def slice_count(states: dict, step_dir: Path) -> int:
+def slice_count(recorded: int | None, files: LayerFiles) -> int:
     """Tensor slices per layer: the recorded tp_degree, else as many as the layer files show."""
-    dimensions = states.get("checkpoint_parallel_dimensions")
-    degree = dimensions.get("tp_degree") if isinstance(dimensions, dict) else None
-    if isinstance(degree, int) and not isinstance(degree, bool) and degree >= 1:
-        return degree
-    return max((max(per_slice) + 1 for per_slice in layer_files(step_dir).values()), default=1)
+    if recorded is not None and recorded >= 1:
+        return recorded
+    return max((max(per_slice) + 1 for per_slice in files.values()), default=1)
 
 
 def file_name(index: int, part: int, slices: int) -> str:
@@ -72,11 +72,10 @@ def _claimed(param_shapes: list[dict], buffer_names) -> tuple[dict[int, dict[str
 
 
 def _read_layer(path: Path, device, outcome: Outcome) -> dict | None:
-    """The layer's state dict, proven finite; None (the problem recorded) when it does not load."""
-    try:
-        state = safe_torch_load(path, outcome, device)
-    except Stop as stop:  # one unreadable layer must not hide the others
-        outcome.fail(stop.failure, stop.message, stop.file)
+    """The layer's state dict, proven finite; None (the problem recorded) when it does not load: one unreadable
+    layer must not hide the others."""
+    state = _resume.attempt(outcome, safe_torch_load, path, outcome, device)
+    if state is None:
         return None
     if not isinstance(state, dict):
         outcome.fail(LOAD, f"{outcome.rel(path)} is not a layer's state dict", path)
@@ -88,15 +87,13 @@ def _read_layer(path: Path, device, outcome: Outcome) -> dict | None:
     return state
 
 
-def check_stage_layers(step_dir: Path, states: dict, param_shapes: list[dict], mp: int, device,
-                       outcome: Outcome, states_file: Path) -> tuple[set[int], dict[str, tuple]]:
+def check_stage_layers(step_dir: Path, files: LayerFiles, slices: int, param_shapes: list[dict], buffer_names,
+                       mp: int, device, outcome: Outcome, states_file: Path) -> tuple[set[int], dict[str, tuple]]:
     """Every numbered parameter and buffer model-parallel rank `mp` lists is in its own slice of its layer file,
     which loads, finite, with the listed shape (the other slices are their own ranks' to prove). Returns (the
     layer indexes it claims, its tied parameters), for check_tied_modules once every rank is read."""
-    files = layer_files(step_dir)
-    slices = slice_count(states, step_dir)
     own = mp % slices
-    layers, tied = _claimed(param_shapes, states.get("buffer_names"))
+    layers, tied = _claimed(param_shapes, buffer_names)
     outcome.facts["pipeline_layer_files"] = sum(len(per_layer) for per_layer in files.values())
     if slices > 1:
         outcome.facts["pipeline_tensor_slices"] = slices
@@ -123,13 +120,13 @@ def check_stage_layers(step_dir: Path, states: dict, param_shapes: list[dict], m
     return set(layers), {name: (shape, own) for name, shape in tied.items()}
 
 
-def check_tied_modules(step_dir: Path, claimed: set[int], tied: dict[str, set], slices: int, device,
-                       outcome: Outcome) -> None:
+def check_tied_modules(step_dir: Path, files: LayerFiles, claimed: set[int], tied: dict[str, set], slices: int,
+                       device, outcome: Outcome) -> None:
     """A tied module is saved once, by the layer that owns it, whose index no rank's numbered parameters claim:
     each tied parameter of every rank must be in its own slice of one of those files, with its shape. Every file
     no rank claims is read (and proven finite) once."""
     held: dict[tuple[str, int], set[tuple]] = {}
-    for index, per_slice in sorted(layer_files(step_dir).items()):
+    for index, per_slice in sorted(files.items()):
         if index in claimed:
             continue
         absent = [part for part in range(slices) if part not in per_slice]

@@ -51,7 +51,6 @@ class ZeroFacts:
     configured_stage: int | None = None  # zero_optimization.stage of the ds_config the model states carry
     bf16_optimizer: bool = False  # shards of DeepSpeed's BF16_Optimizer (no zero_stage; partitioned like ZeRO-1)
     pipeline: bool = False  # pipeline parallelism: the weights are in layer files (_pipeline.py)
-    pipeline_stages: int | None = None
     pipeline_slices: int = 1  # tensor slices per layer
     pipeline_layers: set[int] = field(default_factory=set)  # the layer indexes this rank's parameters claim
     pipeline_tied: dict = field(default_factory=dict)  # its tied parameters: name -> (shape, its slice)
@@ -91,7 +90,9 @@ def model_parallel_ranks(step_dir: Path) -> dict[int, Path]:
     return found
 
 
-def read_model_states(step_dir: Path, device, outcome: Outcome, facts: ZeroFacts, mp: int = 0) -> None:
+def read_model_states(step_dir: Path, device, outcome: Outcome, facts: ZeroFacts, mp: int = 0,
+                      layers: _pipeline.LayerFiles | None = None) -> None:
+    """Model-parallel rank `mp`'s model states; `layers`: the step folder's pipeline layer files, if any."""
     files = {}
     for path in sorted(step_dir.iterdir()):
         match = MODEL_STATES.fullmatch(path.name)
@@ -115,13 +116,16 @@ def read_model_states(step_dir: Path, device, outcome: Outcome, facts: ZeroFacts
     config = states.get("ds_config")
     zero = config.get("zero_optimization") if isinstance(config, dict) else None
     facts.configured_stage = _int(zero.get("stage")) if isinstance(zero, dict) else None
-    if _pipeline.is_pipeline(states, step_dir):
-        dimensions = states.get("checkpoint_parallel_dimensions")
-        facts.pipeline, facts.pipeline_slices = True, _pipeline.slice_count(states, step_dir)
-        facts.pipeline_stages = _int(dimensions.get("pp_degree")) if isinstance(dimensions, dict) else None
-        outcome.facts["pipeline_stages"] = facts.pipeline_stages
+    dimensions = states.get("checkpoint_parallel_dimensions")
+    dimensions = dimensions if isinstance(dimensions, dict) else {}
+    layers, stages = layers or {}, _int(dimensions.get("pp_degree"))
+    if _pipeline.is_pipeline(states["module"], layers, stages):
+        facts.pipeline = True
+        facts.pipeline_slices = _pipeline.slice_count(_int(dimensions.get("tp_degree")), layers)
+        outcome.facts["pipeline_stages"] = stages
         facts.pipeline_layers, facts.pipeline_tied = _pipeline.check_stage_layers(
-            step_dir, states, facts.param_shapes, mp, device, outcome, first)
+            step_dir, layers, facts.pipeline_slices, facts.param_shapes, states.get("buffer_names"), mp, device,
+            outcome, first)
     else:
         check_module(states["module"], facts, outcome, first)
     check_lr_scheduler(states.get("lr_scheduler"), facts, outcome, first)
@@ -260,7 +264,8 @@ def check_zero_checkpoint(folder: Path, job: dict, device, outcome: Outcome, exp
     step_dir = step_folder(folder, outcome)
     if step_dir is None:
         return None
-    facts = _check_model_parallel_rank(step_dir, 0, job, device, outcome, expected_step, against)
+    layers = _pipeline.layer_files(step_dir)
+    facts = _check_model_parallel_rank(step_dir, 0, job, device, outcome, expected_step, against, layers)
     present, stages = model_parallel_ranks(step_dir), [facts]
     if (facts.mp_world_size or 1) > 1 or len(present) > 1:
         outcome.facts["mp_world_size"] = facts.mp_world_size
@@ -269,7 +274,7 @@ def check_zero_checkpoint(folder: Path, job: dict, device, outcome: Outcome, exp
         for mp in sorted(present)[1:]:
             # Its own outcome: its facts would overwrite rank 0's; its problems name its own files.
             own = Outcome(outcome.job)
-            other = _check_model_parallel_rank(step_dir, mp, job, device, own, expected_step, against)
+            other = _check_model_parallel_rank(step_dir, mp, job, device, own, expected_step, against, layers)
             stages.append(other)
             outcome.problems += [p for p in own.problems if p not in outcome.problems]  # a world size said once
             if not own.problems and other.global_steps != facts.global_steps:
@@ -282,14 +287,15 @@ def check_zero_checkpoint(folder: Path, job: dict, device, outcome: Outcome, exp
             for name, wanted in stage.pipeline_tied.items():
                 tied.setdefault(name, set()).add(wanted)
         slices = max(stage.pipeline_slices for stage in stages if stage.pipeline)
-        _resume.attempt(outcome, _pipeline.check_tied_modules, step_dir, claimed, tied, slices, device, outcome)
+        _resume.attempt(outcome, _pipeline.check_tied_modules, step_dir, layers, claimed, tied, slices, device,
+                        outcome)
     return facts
 
 
 def _check_model_parallel_rank(step_dir: Path, mp: int, job: dict, device, outcome: Outcome,
-                               expected_step: int | None, against: str) -> ZeroFacts:
+                               expected_step: int | None, against: str, layers: _pipeline.LayerFiles) -> ZeroFacts:
     facts = ZeroFacts(step_dir)
-    _resume.attempt(outcome, read_model_states, step_dir, device, outcome, facts, mp)
+    _resume.attempt(outcome, read_model_states, step_dir, device, outcome, facts, mp, layers)
     shards = {}
     for path in sorted(step_dir.iterdir()):
         match = OPTIMIZER_SHARD.fullmatch(path.name)
