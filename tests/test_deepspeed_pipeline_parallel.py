@@ -73,7 +73,8 @@ def test_the_tied_embeddings_file_missing_is_named(checkpoint):
 
 
 def test_a_nan_in_a_layer_file_is_found(checkpoint):
-    rewrite(checkpoint / STEP / "layer_02-model_states.pt", lambda s: s["fc.weight"].view(-1).__setitem__(0, float("nan")))
+    rewrite(checkpoint / STEP / "layer_02-model_states.pt",
+            lambda s: s["fc.weight"].view(-1).__setitem__(0, float("nan")))
     [(failure, message)] = problems(reload(checkpoint))
     assert failure == LOAD and "non-finite" in message and "fc.weight" in message and "layer_02" in message
 
@@ -202,7 +203,8 @@ def test_tensor_slices_inside_stages_each_proven_by_its_own_rank(built_pp_sliced
     (checkpoint / STEP / "layer_03-model_01-model_states.pt").unlink()
     [(failure, message)] = problems(reload(checkpoint))
     assert failure == MISSING and "layer_03-model_01-model_states.pt" in message
-    rewrite(checkpoint / STEP / "layer_02-model_01-model_states.pt", lambda s: s.update({"fc.weight": torch.zeros(3, 3)}))
+    rewrite(checkpoint / STEP / "layer_02-model_01-model_states.pt",
+            lambda s: s.update({"fc.weight": torch.zeros(3, 3)}))
     (checkpoint / STEP / "layer_00-model_01-model_states.pt").unlink()
     found = problems(reload(checkpoint))
     assert len(found) == 4, found  # the last slice, the tied file's slice, the tied weight in it, the shape

@@ -25,8 +25,9 @@ from itera_verify.rules import reload as reload_rules
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or not Path("/proc/self/stat").exists(),
                                 reason="the zygote forks (Linux)")
-TIMING = {"startup_seconds", "gate_wait_seconds", "load_seconds", "peak_rss_bytes", "started_at", "ended_at", "launched_at",
-          "wall_seconds", "isolation", "zygote_import_seconds", "host_rss_before_load_bytes", "fork_refused"}
+TIMING = {"startup_seconds", "gate_wait_seconds", "load_seconds", "peak_rss_bytes", "started_at", "ended_at",
+          "launched_at", "wall_seconds", "isolation", "zygote_import_seconds", "host_rss_before_load_bytes",
+          "fork_refused"}
 
 
 def reload(package_dir, hf_cache, *only, **options):
