@@ -235,8 +235,8 @@ def check_engine_optimizer(facts: ZeroFacts, outcome: Outcome, step_dir: Path) -
 def check_partitions(facts: ZeroFacts, outcome: Outcome, step_dir: Path) -> None:
     """The fp32 partitions of all ranks together hold exactly the parameters param_shapes lists."""
     world, groups = len(facts.flat_numel), facts.param_shapes
-    if not world or facts.stage is None or not any(groups):
-        return  # no partitions, or no param_shapes (none saved, or model states that did not load): nothing to compare
+    if not world or facts.stage is None or not groups:
+        return  # no partitions, or model states that did not load (already a failure): nothing to compare
     if any(len(per_rank) != len(groups) for per_rank in facts.flat_numel):
         raise Stop(INCONSISTENT, f"{outcome.rel(step_dir)}: {len(groups)} parameter group(s) in param_shapes, "
                                  f"{sorted({len(p) for p in facts.flat_numel})} fp32 partition(s) per shard", step_dir)
@@ -319,14 +319,16 @@ def _check_model_parallel_rank(step_dir: Path, mp: int, job: dict, device, outco
     for path in shards.values():
         _resume.attempt(outcome, read_optimizer_shard, path, device, outcome, facts)
     outcome.facts["zero_stage"] = facts.stage
+    unresumable = facts.bf16_optimizer and facts.configured_stage == 0
     if facts.bf16_optimizer:
         outcome.facts["optimizer"] = "BF16_Optimizer"
-        if facts.configured_stage == 0:
+        if unresumable:  # said once, by cause: its shards have no param_shapes to be compared with either
             outcome.fail(LOAD, f"{outcome.rel(step_dir)}: DeepSpeed's BF16_Optimizer wrote these optimizer shards "
                                "without ZeRO (zero_optimization.stage 0), and DeepSpeed's load_checkpoint cannot "
                                "resume from them (0.19.8: KeyError 0 in BF16_Optimizer._load_legacy_checkpoint): "
                                "train bf16 with zero_optimization.stage 1", step_dir)
-    if len(facts.flat_numel) == len(shards) and (data_parallel is None or len(shards) == data_parallel):
+    if len(facts.flat_numel) == len(shards) and (data_parallel is None or len(shards) == data_parallel) \
+            and not unresumable:
         _resume.attempt(outcome, check_partitions, facts, outcome, step_dir)
     if facts.optimizer_steps and facts.global_steps is not None:
         step = int(max(facts.optimizer_steps))
