@@ -122,7 +122,8 @@ def parse_config(table: Any, source: Path | None = None) -> Config:
 def _tariffs(tariffs: Any, where: str) -> dict[str, Any]:
     """GPU -> {days: USD}. TOML has nan and inf: a price the budget rules cannot compare would switch IV602 off
     for that lot in silence, so each price must be a finite amount within the manifest's own bounds."""
-    from ..package.campaign import MAX_DAYS, MAX_USD
+    from ..format.money import MAX_USD
+    from ..package.campaign import MAX_DAYS
 
     if not isinstance(tariffs, dict):
         raise UsageError(f"{where}: tariffs must be a table")

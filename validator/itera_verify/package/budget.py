@@ -1,6 +1,6 @@
-"""The campaign's money and hours, as SPEC §6 reads them: lots, rental, included expenses, total, the lots'
-window, and the rental catalog. Exact to the cent (decimal, not float). Shared by the budget rules
-(rules/budget.py) and the report's budget summary (report/summary.py).
+"""The campaign's hours and the rental catalog, as SPEC §6 reads them: the lots' window, catalog prices,
+the configuration's tariffs. Shared by the budget rules (rules/budget.py) and the report's budget summary
+(report/summary.py); the money arithmetic itself is format/money.py, which the recorder writes with.
 """
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from decimal import Decimal
 from functools import lru_cache
 from importlib import resources
 
-from .campaign import is_number, listed, shown, usd
+from ..format.money import lots, usd
+from ..format.values import is_number
+from .campaign import shown
 
 
 @lru_cache(maxsize=1)
@@ -58,35 +60,12 @@ def longer_lot(catalog: dict, lot: dict, hours: float) -> tuple[float, Decimal] 
     return min(options, key=lambda o: o[0]) if options else None
 
 
-def lots(plan: dict) -> list[tuple[int, dict]]:
-    return [(index, lot) for index, lot in enumerate(listed(plan, "lots")) if isinstance(lot, dict)]
 
 
-def rental_usd(plan: dict) -> Decimal | None:
-    """The sum of the lots' prices; None when there is no lot or a price cannot be read."""
-    prices = [usd(lot.get("price_usd")) for _, lot in lots(plan)]
-    if not prices or any(p is None for p in prices):
-        return None
-    return sum(prices, Decimal(0))
 
 
-def other_expenses(plan: dict, included: bool) -> list[tuple[str, Decimal]]:
-    out = []
-    for expense in listed(plan, "other_expenses"):
-        if isinstance(expense, dict) and expense.get("included") is included and usd(expense.get("usd")) is not None:
-            label = expense.get("label") if isinstance(expense.get("label"), str) else "other expense"
-            out.append((label, usd(expense.get("usd"))))
-    return out
 
 
-def total_usd(plan: dict) -> Decimal | None:
-    """Rental + included other expenses. Falls back on the stated rental total when the lots cannot be read."""
-    rental = rental_usd(plan)
-    if rental is None:
-        rental = usd(plan.get("rental_total_usd"))
-    if rental is None:
-        return None
-    return rental + sum((amount for _, amount in other_expenses(plan, True)), Decimal(0))
 
 
 def lots_window_hours(plan: dict) -> tuple[float, dict] | None:

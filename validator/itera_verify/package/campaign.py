@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timezone
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any, Iterator
 
+from ..format.money import MAX_USD
+from ..format.values import is_number, listed
 from . import readers
 from .template import is_placeholder
-
-CENT = Decimal("0.01")
 
 # What a sane number in the manifest is. Beyond these a value is a typo or a probe, and arithmetic on it proves
 # nothing: the structure rules report it (IV105, with the sane range), and the budget rules compute only on
 # values within them (NaN compares false everywhere, so it must never reach a comparison that could pass).
-MAX_USD = 10_000_000  # a rental campaign's money: lot prices, totals, expenses, cost per run
 MAX_HOURS = 100_000  # window, reserved, observed and deviation hours (about 11 years)
 MAX_DAYS = 3650  # a lot's length
 MAX_GPUS = 100_000  # GPUs in one lot
@@ -62,14 +60,6 @@ def _finite(value: int | float) -> bool:
         return True
 
 
-def is_number(value: Any) -> bool:
-    """A finite int or float that arithmetic with floats can use (10**400 cannot)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:
-        return False
 
 
 def filled_text(value: Any) -> str | None:
@@ -106,9 +96,6 @@ def section(manifest: dict, key: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def listed(container: dict, key: str) -> list:
-    value = container.get(key)
-    return value if isinstance(value, list) else []
 
 
 def indexed_runs(package) -> Iterator[tuple[int, dict, str | None]]:
@@ -159,26 +146,12 @@ def first_run_start(package) -> tuple[datetime, str | None, int] | None:
     return min(starts, key=lambda s: s[0]) if starts else None
 
 
-def usd(value: Any) -> Decimal | None:
-    """A money amount as an exact decimal (47.14 stays 47.14), or None when it is not a finite number."""
-    if not is_number(value) or abs(value) > MAX_USD:
-        return None  # beyond any rental budget (IV105 says so): nothing to compute on
-    try:
-        return Decimal(str(value))
-    except InvalidOperation:
-        return None
 
 
-def to_cent(amount: Decimal) -> Decimal:
-    return amount.quantize(CENT, rounding=ROUND_HALF_UP)
 
 
-def money(amount: Decimal | None) -> float | None:
-    return None if amount is None else float(to_cent(amount))
 
 
-def fmt_usd(amount: Decimal | float | None) -> str:
-    return "?" if amount is None else f"{to_cent(Decimal(str(amount))):.2f} USD"
 
 
 def fmt_hours(hours: float) -> str:

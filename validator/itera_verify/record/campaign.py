@@ -9,6 +9,8 @@ import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from ..format import money as money_rules
+from ..format.money import money
 from .errors import RecordError
 from .files import remove_stale_temps, sha256_file, write_atomic
 from .ids import check_id
@@ -130,6 +132,8 @@ class Campaign:
             return
         if not lots or not all(isinstance(lot, dict) and {"gpu", "days", "price_usd"} <= lot.keys() for lot in lots):
             raise RecordError("plan lots: a non-empty list of {gpu, days, price_usd, gpus?}")
+        if any(money_rules.usd(lot["price_usd"]) is None for lot in lots):
+            raise RecordError(f"plan lots: every price_usd is an amount between 0 and {money_rules.MAX_USD:,} USD")
         if not all(isinstance(e, dict) and {"label", "usd", "included"} <= e.keys() for e in other_expenses):
             raise RecordError("other expenses: a list of {label, usd, included}")
         # Lots bought together run side by side: the window is the longest lot (SPEC §6).
@@ -141,7 +145,7 @@ class Campaign:
             raise RecordError(f"reserved_hours {reserved_hours} exceed the window of {window_hours} h (IV606)")
         plan = {"window_hours": window_hours,
                 "reserved_hours": reserved_hours, "lots": [dict(lot) for lot in lots],
-                "rental_total_usd": round(sum(lot["price_usd"] for lot in lots), 2),
+                "rental_total_usd": money(money_rules.rental_usd({"lots": lots})),
                 "other_expenses": [dict(e) for e in other_expenses]}
         self._declare("plan", plan)
 
@@ -247,12 +251,9 @@ class Campaign:
 
 
 def cost_per_accepted(plan: dict, accepted: list[str]) -> float | None:
-    """(rental total + included other expenses) / distinct accepted runs, to the cent; None at zero (SPEC §6)."""
-    n = len(set(accepted))
-    if n == 0:
-        return None
-    total = plan["rental_total_usd"] + sum(e["usd"] for e in plan.get("other_expenses", []) if e.get("included"))
-    return round(total / n, 2)
+    """(rental + included other expenses) / distinct accepted runs, to the cent; None at zero (SPEC §6). The
+    arithmetic is format/money.py's, the one the budget rules check with."""
+    return money(money_rules.cost_per_accepted(money_rules.total_usd(plan), len(set(accepted))))
 
 
 __all__ = ["Campaign", "cost_per_accepted", "open_campaign"]

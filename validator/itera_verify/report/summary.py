@@ -11,9 +11,10 @@ from decimal import Decimal
 from typing import Any
 
 from ..model import Finding, Severity
-from ..package.campaign import (accepted_declared, filled_text, first_run_start, fmt_usd, indexed_runs, is_number,
-                                listed, money, parse_time, runs_by_id, section, stopped_by_record, metrics_of)
-from ..package.budget import lots, lots_window_hours, other_expenses, rental_usd, total_usd
+from ..package.campaign import (accepted_declared, filled_text, first_run_start, indexed_runs, is_number,
+                                listed, parse_time, runs_by_id, section, stopped_by_record, metrics_of)
+from ..format.money import cost_per_accepted, fmt_usd, lots, money, other_expenses, rental_usd, total_usd
+from ..package.budget import lots_window_hours
 
 
 # ---------------------------------------------------------------------------------------------- budget
@@ -62,7 +63,7 @@ def budget_summary(package, blocking_findings: list[Finding]) -> dict[str, Any]:
         "accepted_declared_runs": declared,
         "accepted": len(accepted),
         "accepted_runs": accepted,
-        "cost_per_accepted_usd": money(total / len(accepted)) if total is not None and accepted else None,
+        "cost_per_accepted_usd": money(cost_per_accepted(total, len(accepted))),
         "stopped_runs": stopped,
         "rejected": rejected,
     }

@@ -9,10 +9,10 @@ from typing import Iterator
 
 from ..model import Finding, Rule, Severity
 from ..package import MANIFEST, Package, pointer_of
-from ..package.budget import (catalog_price, longer_lot, lot_name, lots, lots_window_hours, rental_usd, tariffs,
-                              total_usd)
-from ..package.campaign import (accepted_entries, accepted_declared, filled_text, first_run_start, fmt_hours, fmt_usd,
-                                is_number, listed, parse_time, runs_by_id, section, shown, to_cent, usd)
+from ..format.money import cost_per_accepted, fmt_usd, lots, rental_usd, to_cent, total_usd, usd
+from ..package.budget import catalog_price, longer_lot, lot_name, lots_window_hours, tariffs
+from ..package.campaign import (accepted_entries, accepted_declared, filled_text, first_run_start, fmt_hours,
+                                is_number, listed, parse_time, runs_by_id, section, shown)
 
 RULES = [
     Rule("IV601", Severity.ERROR, "rental total is not the sum of the lots",
@@ -162,7 +162,7 @@ def _cost_per_accepted(package: Package, plan: dict) -> Iterator[Finding]:
                       message=f"cost_per_accepted_usd is {fmt_usd(stated)} but nothing was accepted: the ratio is "
                               f"undefined; remove it and report the cost incurred{incurred} and why nothing was "
                               f"accepted")
-    elif usd(stated) == 0:
+    elif usd(stated) == 0 and cost_per_accepted(total, len(accepted)) != 0:  # a total under half a cent per run
         yield Finding("IV604", MANIFEST, pointer=pointer,
                       message="cost_per_accepted_usd is 0: a campaign is never free; state (rental + included "
                               "other expenses) / accepted runs")
@@ -171,7 +171,7 @@ def _cost_per_accepted(package: Package, plan: dict) -> Iterator[Finding]:
                       message=f"cost_per_accepted_usd is {stated!r}: not a usable amount in USD; state (rental + "
                               f"included other expenses) / accepted runs")
     elif total is not None:
-        expected = to_cent(total / len(accepted))
+        expected = cost_per_accepted(total, len(accepted))
         if to_cent(usd(stated)) != expected:
             yield Finding("IV604", MANIFEST, pointer=pointer,
                           message=f"cost_per_accepted_usd is {fmt_usd(stated)} but {fmt_usd(total)} (rental + "
