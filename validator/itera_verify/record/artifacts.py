@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import RecordError
-from .files import write_json
+from .files import exists, read_bytes, write_json
 from .lock import package_lock
 from .hub import COMMIT, loaded_commit, resolve_commit
 from .ids import check_id
-from .store import MANIFEST, RELOAD, transaction
+from .store import EVAL_IDS, MANIFEST, RELOAD, transaction
 
 if TYPE_CHECKING:
     from .run import Run
@@ -93,8 +93,8 @@ def forget_missing(run: Run, kind: str) -> list[str]:
 def register_adapter(run: Run, path, base: str, model, revision: str | None, cache_dir,
                      artifact_id: str | None, reload_fields: dict) -> str:
     rel = package_path(run.root, path)
-    config_path = run.root / rel / "adapter_config.json"
-    if not config_path.is_file():
+    config_rel = f"{rel}/adapter_config.json"
+    if not exists(run.root, config_rel):
         raise RecordError(f"{rel} holds no adapter_config.json: save the adapter (model.save_pretrained) first")
     commit = loaded_commit(model) if model is not None else None
     if commit is not None and revision is not None and COMMIT.match(revision) and revision != commit:
@@ -102,29 +102,29 @@ def register_adapter(run: Run, path, base: str, model, revision: str | None, cac
     pinned = resolve_commit(base, commit or revision, cache_dir)
     if run.writer:
         with package_lock(run.root):  # every atomic write holds the lock (a reopen removes stale temporaries)
-            config = json.loads(config_path.read_text(encoding="utf-8"))
+            config = json.loads(read_bytes(run.root, config_rel))  # as it is now, under the lock
             if config.get("base_model_name_or_path") != base or config.get("revision") != pinned:
                 # PEFT writes revision null (and a local path when the base was loaded from one): IV501-IV503.
                 config.update(base_model_name_or_path=base, revision=pinned)
-                write_json(config_path, config)
+                write_json(run.root, config_rel, config)
     return register(run, rel, "peft-adapter", artifact_id, "peft", reload_fields,
                     base={"name": base, "revision": pinned})
 
 
 def missing_predictions(root: Path, rel: str) -> str | None:
     """What keeps a predictions file from covering the frozen eval ids exactly once, or None (IV303)."""
-    frozen = set((root / "corpus/eval_ids.txt").read_text(encoding="utf-8").splitlines())
-    path = root / rel
-    if not path.exists():
+    frozen = set(read_bytes(root, EVAL_IDS).decode("utf-8").splitlines())
+    try:
+        written = read_bytes(root, rel)
+    except FileNotFoundError:
         return f"no predictions written ({len(frozen)} eval ids)"
     seen: set[str] = set()
-    with open(path, "rb") as f:
-        for line in f:
-            if line.strip():
-                try:
-                    seen.add(json.loads(line)["id"])
-                except (ValueError, KeyError, TypeError):
-                    return f"{rel} holds a line that is no prediction record"
+    for line in written.splitlines():
+        if line.strip():
+            try:
+                seen.add(json.loads(line)["id"])
+            except (ValueError, KeyError, TypeError):
+                return f"{rel} holds a line that is no prediction record"
     missing = sorted(frozen - seen)
     if missing:
         return f"{len(missing)} eval ids have no prediction (first: {', '.join(missing[:3])})"

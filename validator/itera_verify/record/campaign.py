@@ -4,6 +4,7 @@ it under the lock, changes it and writes it back atomically, so a crash, a reope
 same campaign all continue from what was written."""
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
 from collections.abc import Callable, Iterable
@@ -12,14 +13,13 @@ from pathlib import Path
 from ..format import money as money_rules
 from ..format.money import money
 from .errors import RecordError
-from .files import remove_stale_temps, sha256_file, write_atomic
+from .files import read_bytes, remove_stale_temps, write_atomic
 from .ids import check_id
 from .run import Run
 from .stoprules import validate_rules
-from .store import MANIFEST, RELOAD, STOPS, now, parse_time, read, transaction
+from .store import EVAL_IDS, MANIFEST, RELOAD, STOPS, now, parse_time, read, transaction
 
 FORMAT = "itera-output/1"
-EVAL_IDS = "corpus/eval_ids.txt"
 
 
 def is_main_process() -> bool:
@@ -69,11 +69,11 @@ def open_campaign(path: str | os.PathLike, campaign_id: str, question: str, corp
     with transaction(root) as tx:
         manifest = tx.get(MANIFEST)
         if manifest is None:
-            write_atomic(root / EVAL_IDS, ids)
+            write_atomic(root, EVAL_IDS, ids)
             tx.set(MANIFEST, {
                 "format": FORMAT, "campaign_id": campaign_id, "question": question, "created_at": campaign.now(),
                 "corpus": {"name": corpus_name, "revision": corpus_revision, "eval_ids": EVAL_IDS,
-                           "eval_ids_sha256": sha256_file(root / EVAL_IDS)},
+                           "eval_ids_sha256": hashlib.sha256(ids).hexdigest()},
                 "runs": [], "artifacts": [], "timeline": {"deviations": [], "decisions": []}})
             tx.get(STOPS), tx.get(RELOAD)  # written as {"stops": []} and {"artifacts": {}}
         else:
@@ -109,7 +109,7 @@ class Campaign:
                 raise RecordError(f"{self.root} is campaign {manifest.get('campaign_id')!r} with {what} "
                                   f"{value!r}, not {given[what]!r}: a campaign's question and corpus "
                                   "are frozen; open a new folder for another campaign")
-        if (self.root / EVAL_IDS).read_bytes() != ids:
+        if read_bytes(self.root, EVAL_IDS) != ids:
             raise RecordError(f"the eval ids differ from the frozen {EVAL_IDS}: the corpus is frozen once the "
                               "campaign is opened; open a new folder for another corpus")
 
@@ -235,7 +235,7 @@ class Campaign:
                                       f"{status or 'not a run of this campaign'}; only completed runs are "
                                       "deliverables (a stopped run stays in the cost)")
             if error_analysis is not None:  # after the refusals: a refused close writes nothing
-                write_atomic(self.root / "analysis/errors.md", error_analysis.encode("utf-8"))
+                write_atomic(self.root, "analysis/errors.md", error_analysis.encode("utf-8"))
             if observed_hours is None:
                 elapsed = parse_time(self.now()) - parse_time(manifest["created_at"])
                 observed_hours = round(elapsed.total_seconds() / 3600, 2)

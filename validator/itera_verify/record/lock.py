@@ -7,7 +7,8 @@ process holding their own lock exclude each other too. The lock is advisory and 
 its process dies (a SIGKILL never leaves the campaign locked).
 
 Where a folder cannot be locked (NFS emulates flock with byte-range locks, which need a file open for writing),
-the lock falls back to a file beside the package, `.<package name>.itera-lock`, never inside it."""
+the lock falls back to a file beside the package, `.<package name>.itera-lock`, never inside it, and never
+opened through a link."""
 from __future__ import annotations
 
 import contextlib
@@ -17,6 +18,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from .files import ROOT_FLAGS, open_at
+
 UNLOCKABLE = {errno.EBADF, errno.EINVAL, errno.ENOLCK, errno.EOPNOTSUPP}
 
 
@@ -24,9 +27,19 @@ def beside(root: Path) -> Path:
     return root.parent / f".{root.name}.itera-lock"
 
 
+def _open_beside(root: Path) -> int:
+    """The fallback lock file, opened (or created) in the package's parent folder never through a link: a link
+    planted under its name would have the recorder create a file wherever it points."""
+    parent_fd = os.open(root.parent, ROOT_FLAGS)
+    try:
+        return open_at(parent_fd, beside(root).name, os.O_RDWR | os.O_CREAT, str(beside(root)))
+    finally:
+        os.close(parent_fd)
+
+
 @contextlib.contextmanager
 def package_lock(root: Path, folder_lock: bool = True) -> Iterator[None]:
-    fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    fd = os.open(root, ROOT_FLAGS)
     try:
         try:
             if not folder_lock:
@@ -36,8 +49,10 @@ def package_lock(root: Path, folder_lock: bool = True) -> Iterator[None]:
             if exc.errno not in UNLOCKABLE:
                 raise
             os.close(fd)
-            fd = os.open(beside(root), os.O_RDWR | os.O_CREAT, 0o644)
+            fd = -1  # closed: a refused fallback must not close it twice
+            fd = _open_beside(root)
             fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        os.close(fd)  # closing the last descriptor releases the lock
+        if fd >= 0:
+            os.close(fd)  # closing the last descriptor releases the lock

@@ -8,13 +8,12 @@ here only when a file is written: importing itera_verify never imports it.
 """
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import RecordError
-from .files import replace_atomically
+from .files import package_relative, replace_atomically
 from .lock import package_lock
 
 if TYPE_CHECKING:
@@ -81,26 +80,17 @@ def resume_state(*, model, optimizer, scheduler, step: int, data_state, scaler=N
     return state
 
 
-def resume_target(run: Run, path) -> Path:
-    """The file `path` names: a `.pt` inside the package."""
-    target = Path(path) if Path(path).is_absolute() else run.root / path
-    if target.suffix != ".pt":
+def resume_target(run: Run, path) -> str:
+    """The file `path` names, package-relative: a `.pt` inside the package."""
+    if Path(path).suffix != ".pt":
         raise RecordError(f"{path}: a torch-resume file is named *.pt")
-    if not os.path.realpath(target).startswith(os.path.realpath(run.root) + os.sep):
-        raise RecordError(f"{path} lies outside the package {run.root}: save it inside (e.g. checkpoints/<run>/)")
-    return target
+    return package_relative(run.root, path)
 
 
-def save_resume(run: Run, target: Path, state: dict) -> None:
-    """torch.save `state` to `target` (resume_target's), atomically, under the package lock (the writing process,
-    rank 0, calls it)."""
+def save_resume(run: Run, target: str, state: dict) -> None:
+    """torch.save `state` to the package file `target` (resume_target's), atomically, under the package lock (the
+    writing process, rank 0, calls it)."""
     import torch
 
-    def write(tmp: Path) -> None:
-        with open(tmp, "wb") as handle:
-            torch.save(state, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-
     with package_lock(run.root):  # a reopen's sweep of stale temporaries runs under it too
-        replace_atomically(target, write)
+        replace_atomically(run.root, target, lambda handle: torch.save(state, handle))

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from . import artifacts, resume
 from .errors import RecordError
-from .files import append_lines, cut_partial_line, dumps, json_line, write_atomic
+from .files import append_lines, cut_partial_line, dumps, json_line, read_bytes, write_atomic
 from .ids import check_id
 from .stoprules import Violation, check
-from .store import MANIFEST, STOPS, read, transaction
+from .store import EVAL_IDS, MANIFEST, STOPS, read, transaction
 
 if TYPE_CHECKING:
     from .campaign import Campaign
@@ -98,7 +98,7 @@ class Run:
             if self.role == "control" and any(r.get("role") == "control" for r in manifest["runs"]):
                 raise RecordError(f"run {self.id!r}: the campaign already has its control (IV302); "
                                   "start it as a variant")
-            write_atomic(self.root / params_rel, data)
+            write_atomic(self.root, params_rel, data)
             manifest["runs"].append({
                 "id": self.id, "role": self.role, "category": self.category, "status": "running",
                 "started_at": self.campaign.now(), "params": params_rel, "config_sha256": digest,
@@ -112,12 +112,12 @@ class Run:
 
     def _append(self, rel: str, data: bytes) -> None:
         if rel not in self._appending:
-            dropped = cut_partial_line(self.root / rel)
+            dropped = cut_partial_line(self.root, rel)
             if dropped:
                 warnings.warn(f"{rel}: dropped {dropped} bytes of a line an interrupted write left unfinished",
                               stacklevel=3)
             self._appending.add(rel)
-        append_lines(self.root / rel, data)
+        append_lines(self.root, rel, data)
 
     # ---- metrics ------------------------------------------------------------------------------------
     def log(self, step: int, name: str, value: float) -> Violation | None:
@@ -255,14 +255,16 @@ class PredictionStream:
 
     def __init__(self, run: Run):
         self.run = run
-        self.frozen = set((run.root / "corpus/eval_ids.txt").read_text(encoding="utf-8").splitlines())
+        self.frozen = set(read_bytes(run.root, EVAL_IDS).decode("utf-8").splitlines())
         self.seen: set[str] = set()
-        path = run.root / run.predictions_path
-        if run.writer and path.exists():
-            cut_partial_line(path)
+        if run.writer:
+            cut_partial_line(run.root, run.predictions_path)  # refuses a linked file before anything is written
             run._appending.add(run.predictions_path)
-            with open(path, "rb") as f:
-                self.seen = {json.loads(line)["id"] for line in f if line.strip()}
+            try:
+                written = read_bytes(run.root, run.predictions_path)
+            except FileNotFoundError:
+                written = b""
+            self.seen = {json.loads(line)["id"] for line in written.splitlines() if line.strip()}
 
     def __enter__(self):
         return self

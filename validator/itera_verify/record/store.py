@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from .errors import RecordError
-from .files import dumps, write_atomic
+from .files import dumps, read_bytes, write_atomic
 from .lock import package_lock
 
 MANIFEST, STOPS, RELOAD = "manifest.json", "stops.json", "reload.json"
+EVAL_IDS = "corpus/eval_ids.txt"
 EMPTY = {STOPS: {"stops": []}, RELOAD: {"artifacts": {}}}
 # Written last: the manifest names what the other two hold.
 WRITE_ORDER = (STOPS, RELOAD, MANIFEST)
@@ -36,9 +37,8 @@ class Transaction:
 
     def get(self, name: str) -> Any:
         if name not in self._docs:
-            path = self.root / name
             try:
-                raw = path.read_bytes()
+                raw = read_bytes(self.root, name)
             except FileNotFoundError:
                 self._original[name] = None
                 self._docs[name] = json.loads(json.dumps(EMPTY.get(name))) if name in EMPTY else None
@@ -47,7 +47,7 @@ class Transaction:
                 try:
                     self._docs[name] = json.loads(raw)
                 except ValueError as exc:
-                    raise RecordError(f"{path} is not JSON ({exc}): it was edited by hand; repair it "
+                    raise RecordError(f"{self.root / name} is not JSON ({exc}): it was edited by hand; repair it "
                                       "before recording more") from None
         return self._docs[name]
 
@@ -60,7 +60,7 @@ class Transaction:
             if name in self._docs and self._docs[name] is not None:
                 data = dumps(self._docs[name])
                 if data != self._original[name]:
-                    write_atomic(self.root / name, data)
+                    write_atomic(self.root, name, data)
 
 
 @contextlib.contextmanager
