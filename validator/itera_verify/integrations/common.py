@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..record.errors import RecordError
+from ..record.files import prepare_target
 from ..record.hub import COMMIT, loaded_commit, resolve_commit
 from ..record.run import Run
 
@@ -63,7 +64,7 @@ def numeric_logs(logs: dict) -> dict[str, float]:
 def save_final_model(run: Run, model, rel_path: str, hf_cache=None) -> str:
     """Save `model` into the package at `rel_path` as safetensors and register it: a PeftModel as an adapter
     pinned to its base's commit, any other transformers model as a model folder."""
-    target = run.root / rel_path
+    target = prepare_target(run.root, rel_path, is_folder=True)
     if hasattr(model, "peft_config"):
         # save_embedding_layers=False: "auto" would look the base config up on the hub.
         model.save_pretrained(target, safe_serialization=True, save_embedding_layers=False)

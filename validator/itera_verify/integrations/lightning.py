@@ -20,6 +20,7 @@ except ImportError:  # the standalone package
     import pytorch_lightning as pl
 
 from ..record.artifacts import forget_missing
+from ..record.files import prepare_target
 from ..record.run import Run
 from .common import json_value, package_relative
 
@@ -106,8 +107,7 @@ class LightningRecorder(pl.Callback):
         if trainer.is_global_zero and self.save_weights_to and not self.stopped:
             from safetensors.torch import save_model
 
-            target = self.run.root / self.save_weights_to
-            target.parent.mkdir(parents=True, exist_ok=True)
+            target = prepare_target(self.run.root, self.save_weights_to, is_folder=False)
             save_model(pl_module, str(target))  # handles tied weights, unlike save_file
             self.run.artifact(target, "safetensors")
 

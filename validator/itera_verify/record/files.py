@@ -248,10 +248,12 @@ def _cut(fd: int) -> int:
 
 
 # ---- folders for other writers ------------------------------------------------------------------------------
-def prepare_target(root: Path, rel: str, is_folder: bool) -> Path:
-    """Make ready the package path `rel` that a library (save_pretrained, safetensors) will write by name: its
-    folders created without following links, and no link where it writes (for a folder: none directly inside
-    it). Returns the path to give the library. A link planted afterwards is not seen: the library opens names."""
+def prepare_target(root: Path, path, is_folder: bool) -> Path:
+    """Make ready the package path `path` (see package_relative) that a library (save_pretrained, safetensors)
+    will write by name: its folders created without following links, and no link where it writes (for a folder:
+    none directly inside it). Returns the path to give the library. A link planted afterwards is not seen: the
+    library opens names."""
+    rel = package_relative(root, path)
     if is_folder:
         with folder(root, rel, create=True) as dir_fd:
             for entry in os.listdir(dir_fd):
