@@ -227,11 +227,11 @@ def test_hard_link_leaving_the_package_is_IV703(sealed, hostile_dir, tmp_path):
     assert victim.stat().st_nlink == 1 and victim.read_text() == "keep me\n"
 
 
-def test_hard_link_inside_the_package_is_accepted(sealed, hostile_dir):
+def test_hard_link_inside_the_package_is_IV703_the_seal_writes_none(sealed, hostile_dir):
     entries = with_extra(sealed, member(f"{CAMPAIGN}/analysis/copy.md", tarfile.LNKTYPE,
                                         linkname=f"{CAMPAIGN}/analysis/errors.md"))
     report = audit_leaving_nothing_behind(write_archive(hostile_dir / "a.tar.zst", entries, resum=True))
-    assert archive_findings(report) == []
+    assert archive_findings(report) == [("IV703", f"{CAMPAIGN}/analysis/copy.md")]
 
 
 @pytest.mark.parametrize("kind", [tarfile.CHRTYPE, tarfile.BLKTYPE, tarfile.FIFOTYPE])
@@ -252,6 +252,9 @@ def test_member_outside_the_package_folder_or_twice_is_IV703(sealed, hostile_dir
 def bomb(path: Path, expanded: int) -> Path:
     """A valid-looking archive whose one member is `expanded` bytes of zeros, in a few KiB."""
     with open(path, "wb") as out, zstandard.ZstdCompressor(level=3).stream_writer(out) as stream:
+        top = tarfile.TarInfo(CAMPAIGN)
+        top.type, top.mode = tarfile.DIRTYPE, 0o755  # the top folder first, as the seal writes it
+        stream.write(top.tobuf(tarfile.PAX_FORMAT))
         info = tarfile.TarInfo(f"{CAMPAIGN}/weights.bin")
         info.size = expanded
         stream.write(info.tobuf(tarfile.PAX_FORMAT))

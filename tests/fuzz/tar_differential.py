@@ -123,12 +123,14 @@ def audit_view(archive: Path, work: Path) -> tuple[list[str], dict[str, tuple]] 
     refuses anything (a stream error, a refused member, a SEAL/ member the seal never writes)."""
     from itera_verify.archive import ArchiveError, ArchiveReader
     from itera_verify.archive.extract import safe_extract
+    from itera_verify.seal.plan import SEAL_LAYOUT
 
     root, side = work / "ours", work / "seal-side"
     root.mkdir()
     side.mkdir()
     with open(archive, "rb") as source:
-        extraction = safe_extract(source, str(root), max_expanded=64 << 20, seal_side=str(side))
+        extraction = safe_extract(source, str(root), max_expanded=64 << 20, seal_side=str(side),
+                                  reserved=SEAL_LAYOUT)
     if extraction.error is not None or extraction.refused or extraction.seal_extras:
         return None
     view = tf.tree(root)

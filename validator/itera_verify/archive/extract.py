@@ -3,17 +3,22 @@
 Returns facts (what was extracted, what was refused and why, the digests, the stream's fate); the audit
 workflow turns them into findings. Defences:
 
+- the archive starts with its top folder, named as the seal names it (canonical.py: never `.local`, `.ssh`,
+  `.git`...), or nothing at all is extracted (NotCanonical); every other member lies beneath it;
+- every header is the one the seal writes for its member (canonical.py: modes, owners, times, types, encoding),
+  or the member is refused before anything is written for it: no setuid bit, foreign owner, 0777 folder,
+  hard link, device or fifo;
 - names: absolute, `..`, empty or NUL-bearing names are refused, as is anything outside the one top folder;
 - every file is created through folder descriptors opened with O_NOFOLLOW, with O_EXCL: a write can never go
   through a symbolic link or replace something already extracted, whatever order members come in;
 - links: a symlink whose target is absolute or climbs out of the top folder is refused; once everything is
   extracted each symlink is resolved for real and removed if it lands outside (chains of inside-looking links);
-  a hard link must name a regular file extracted earlier, and is made with descriptors too;
-- devices, fifos, names seen twice, names with empty or `.` components: refused (the reader has already
-  refused every header outside the seal's profile, archive/profile.py, and the whole stream with it);
-- the top folder's `SEAL/` is never written into the tree: SHA256SUMS and verification.json are kept in memory
-  (bounded); any other SEAL/ file is hashed and, when the caller gives a `seal_side` folder, written there
-  (outside the tree) so it can be scanned; the extracted tree is the package as it was sealed.
+- names seen twice, names with empty or `.` components: refused (the reader has already refused every header
+  outside the seal's profile, archive/profile.py, and the whole stream with it);
+- the caller's reserved folder (`Reserved`: the seal's `SEAL/`) is never written into the tree: the members it
+  names as kept are held in memory (bounded); any other file there is hashed and, when the caller gives a
+  `seal_side` folder, written there (outside the tree) so it can be scanned; the extracted tree is the package
+  as it was sealed.
 """
 from __future__ import annotations
 
@@ -22,21 +27,29 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .canonical import NotCanonical, top_folder_problem
 from .errors import ArchiveError
 from .reader import ArchiveReader, Member
 
-SEAL_PREFIX = "SEAL/"
-KEPT = {"SEAL/SHA256SUMS": 64 << 20, "SEAL/verification.json": 64 << 20}
-SEAL_WRITTEN = {*KEPT, "SEAL/report.html"}  # every SEAL/ member the seal writes (flows/verify.py hands them over)
+
+@dataclass(frozen=True)
+class Reserved:
+    """A folder under the top folder that the caller's format reserves (the audit: the seal's `SEAL/`), with
+    names relative to the top folder: `kept` members are held in memory up to their size limit, `written` are
+    all the members the format puts there; anything else there is reported in Extraction.seal_extras."""
+
+    folder: str
+    kept: dict[str, int]
+    written: frozenset[str]
 
 
 @dataclass
 class Extraction:
     top: str | None = None
     files: dict[str, str] = field(default_factory=dict)  # name under the top folder -> sha256 (regular files)
-    seal_files: dict[str, bytes] = field(default_factory=dict)  # kept SEAL/ members
-    seal_side: dict[str, str] = field(default_factory=dict)  # other SEAL/ files -> where they were written
-    seal_extras: list[tuple[str, str]] = field(default_factory=list)  # (SEAL/ member the seal never writes, what)
+    seal_files: dict[str, bytes] = field(default_factory=dict)  # the reserved folder's kept members
+    seal_side: dict[str, str] = field(default_factory=dict)  # its other files -> where they were written
+    seal_extras: list[tuple[str, str]] = field(default_factory=list)  # (a member there it never holds, what)
     refused: list[tuple[str, str]] = field(default_factory=list)  # (member name, why)
     members: int = 0
     error: ArchiveError | None = None
@@ -131,8 +144,10 @@ KeepPrefix = Callable[[str, int, bytes], "int | None"]
 
 class _Extractor:
     def __init__(self, root: str, result: Extraction, on_bytes: Callable[[int], None],
-                 keep_prefix: KeepPrefix | None = None, seal_side: str | None = None):
+                 keep_prefix: KeepPrefix | None = None, seal_side: str | None = None,
+                 reserved: Reserved | None = None):
         self.tree = _Tree(root)
+        self.reserved = reserved
         self.seal_side = seal_side
         self.root = root
         self.result = result
@@ -146,11 +161,17 @@ class _Extractor:
         self.result.refused.append((member.name, why))
 
     def add(self, reader: ArchiveReader, member: Member) -> None:
+        if self.result.top is None:  # the first member: the top folder itself, or nothing is extracted
+            problem = top_folder_problem(member.name, member.typeflag) or member.not_canonical
+            if problem:
+                raise NotCanonical(problem, member.name)
+            self.result.top = member.name[:-1]
+            self.seen.add("")
+            self.tree.folder([self.result.top], create=True)
+            return
         parts = member_parts(member.name)
         if isinstance(parts, str):
             return self.refuse(member, parts)
-        if self.result.top is None:
-            self.result.top = parts[0]
         if parts[0] != self.result.top:
             return self.refuse(member, f"outside the package folder {self.result.top}/")
         rel = "/".join(parts[1:])
@@ -159,9 +180,12 @@ class _Extractor:
         if rel in self.seen:
             return self.refuse(member, "a second member with this name (which one a tool keeps is ambiguous)")
         self.seen.add(rel)
+        if member.not_canonical:  # nothing is written for it; nothing is written beneath it if it is a link
+            self.refused_links.add(rel)
+            return self.refuse(member, f"{member.not_canonical} (a header the seal never writes)")
         if member.kind != "file" and member.size:
             return self.refuse(member, f"a {member.kind} announcing {member.size} bytes of data")
-        if rel == "SEAL" or rel.startswith(SEAL_PREFIX):
+        if self.reserved is not None and (rel == self.reserved.folder or rel.startswith(self.reserved.folder + "/")):
             return self._seal_member(reader, member, rel)
         try:
             getattr(self, "_" + member.kind.replace("-", "_"), self._unsupported)(reader, member, parts, rel)
@@ -202,37 +226,22 @@ class _Extractor:
         os.symlink(member.linkname, parts[-1], dir_fd=self.tree.folder(parts[:-1], create=True))
         self.symlinks.append(parts)
 
-    def _hardlink(self, reader, member: Member, parts: list[str], rel: str) -> None:
-        target = member_parts(member.linkname)
-        if isinstance(target, str) or target[0] != self.result.top:
-            self.refused_links.add(rel)
-            return self.refuse(member, f"a hard link leaving the package ({member.linkname})")
-        target_rel = "/".join(target[1:])
-        if target_rel not in self.result.files:
-            return self.refuse(member, f"a hard link to {member.linkname}, which is not a file extracted before it")
-        source_fd = os.dup(self.tree.folder(target[:-1], create=False))
-        try:
-            os.link(target[-1], parts[-1], src_dir_fd=source_fd, dst_dir_fd=self.tree.folder(parts[:-1], True),
-                    follow_symlinks=False)
-        finally:
-            os.close(source_fd)
-        self.result.files[rel] = self.result.files[target_rel]
-
     def _unsupported(self, reader, member: Member, parts: list[str], rel: str) -> None:
         what = {"fifo": "a fifo", "char-device": "a character device", "block-device": "a block device"}
         self.refuse(member, what.get(member.kind, f"an unsupported member type {member.typeflag!r}"))
 
     def _seal_member(self, reader: ArchiveReader, member: Member, rel: str) -> None:
-        if rel == "SEAL" and member.kind == "directory":
+        reserved = self.reserved
+        if rel == reserved.folder and member.kind == "directory":
             return
         if member.kind not in ("file", "directory"):
-            return self.refuse(member, f"a {member.kind} inside SEAL/")
-        if rel not in SEAL_WRITTEN or member.kind == "directory":
+            return self.refuse(member, f"a {member.kind} inside {reserved.folder}/")
+        if rel not in reserved.written or member.kind == "directory":
             # Never trusted, whatever SHA256SUMS says; a file is still hashed (and scanned by the caller) below.
             self.result.seal_extras.append((member.name, f"a {member.kind} the seal never writes"))
             if member.kind == "directory":
                 return
-        limit = KEPT.get(rel)
+        limit = reserved.kept.get(rel)
         if limit is not None and member.size > limit:
             return self.refuse(member, f"{member.size} bytes, more than a seal record can be ({limit})")
         digest, kept, fd = hashlib.sha256(), [], None
@@ -273,14 +282,16 @@ def _within(path: str, top: str) -> bool:
 
 def safe_extract(fileobj, root: str, *, max_expanded: int | None,
                  on_bytes: Callable[[int], None] = lambda n: None, keep_prefix: KeepPrefix | None = None,
-                 hash_archive: bool = True, seal_side: str | None = None) -> Extraction:
+                 hash_archive: bool = True, seal_side: str | None = None,
+                 reserved: Reserved | None = None) -> Extraction:
     """Extract into `root` (an empty private folder). Never raises for a bad archive: see Extraction.error.
 
     `keep_prefix` lets the caller write only the leading bytes of members it will not read in full;
     `hash_archive=False` leaves the archive's own SHA-256 to the caller (archive_sha256 stays "");
-    `seal_side`: an empty private folder outside `root` for the SEAL/ files other than the two records."""
+    `reserved`: the folder kept out of the tree (the seal's SEAL/); `seal_side`: an empty private folder
+    outside `root` for its files other than the kept ones."""
     result = Extraction()
-    extractor = _Extractor(root, result, on_bytes, keep_prefix, seal_side)
+    extractor = _Extractor(root, result, on_bytes, keep_prefix, seal_side, reserved)
     reader = None
     try:
         reader = ArchiveReader(fileobj, max_expanded=max_expanded, frames="scan", hash_archive=hash_archive)

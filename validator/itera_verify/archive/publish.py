@@ -52,6 +52,8 @@ def read_back(path: Path, expected: list[tuple], frames: list[tuple[int, int]] |
         members = iter(expected)
         for member in reader:
             want = next(members, None)
+            if member.not_canonical:  # the audit would refuse it: the writer and canonical.py disagree
+                raise ReadBackMismatch(f"{member.name} reads back with {member.not_canonical}")
             if member.kind == "file":
                 digest = hashlib.sha256()
                 for piece in reader.data(member):

@@ -24,7 +24,7 @@ from typing import Iterator
 
 import zstandard
 
-from . import profile
+from . import canonical, profile
 from .errors import ArchiveError, Corrupt, NotZstd, TooLarge, Truncated  # noqa: F401 (ArchiveError re-exported)
 from .parallel import FrameParallelExpanded
 from .profile import OutsideProfile, parse_pax  # noqa: F401 (parse_pax re-exported)
@@ -46,6 +46,7 @@ class Member:
     linkname: str = ""
     typeflag: bytes = b"0"
     offset: int = 0  # position of the header in the expanded stream
+    not_canonical: str | None = None  # why its header is not the one the seal writes for it (canonical.py)
 
 
 # ---- stage 1: the compressed bytes ---------------------------------------------------------------------
@@ -256,6 +257,7 @@ class ArchiveReader:
     # ---- members ---------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Member]:
         records: dict[str, str] | None = None  # the PAX records of the header just read, for the next member
+        extended = b""  # that extended header as read (block, records, padding): compared with the seal's
         while True:
             if self._unread:
                 self._skip(self._unread, "a member's data")
@@ -278,22 +280,25 @@ class ArchiveReader:
                 if records is not None:  # GNU tar and other readers keep different ones of the two
                     raise OutsideProfile("two extended headers in a row",
                                          records.get("path") or self._next_name(header), offset)
-                records = self._pax(size, offset)
+                records, extended = self._pax(size, offset)
+                extended = header + extended
                 continue
             member = self._member(header, typeflag, size, records or {}, offset)
-            records = None
+            member.not_canonical = canonical.difference(extended + header, member.name, typeflag, member.size,
+                                                        member.mode, member.mtime, member.linkname)
+            records, extended = None, b""
             self._data_left = member.size if member.kind == "file" else 0
             self._unread = self._data_left + (-self._data_left % BLOCK)
             self.members += 1
             yield member
 
-    def _pax(self, size: int, offset: int) -> dict[str, str]:
+    def _pax(self, size: int, offset: int) -> tuple[dict[str, str], bytes]:
+        """The records of an extended header, and its data as read (padding included)."""
         if size > MAX_META:
             raise Corrupt(f"a {size}-byte tar extended header (more than {MAX_META})")
-        data = self._read_exact(size, "an extended header")
-        self._skip(-size % BLOCK, "an extended header")
+        data = self._read_exact(size + (-size % BLOCK), "an extended header")
         try:
-            return profile.parse_pax(data, offset)
+            return profile.parse_pax(data[:size], offset), data
         except OutsideProfile as exc:
             if not exc.member:
                 exc.member = self._next_name()

@@ -1,18 +1,18 @@
-"""The header block(s) of a tar member, built directly: ustar when the member fits, `tarfile`'s PAX encoding
-otherwise (long or non-ASCII names, sizes of 8 GiB and more). The ustar header is byte for byte the one tarfile
-writes for the same member, at a tenth of the cost; ownership is normalised (uid/gid 0, no names).
+"""The header block(s) of a tar member, built directly: ustar when the member fits, a PAX extended header before
+it otherwise (long or non-ASCII names, sizes of 8 GiB and more, times outside 0..8**11-1). The bytes are those
+Python's `tarfile` writes with PAX_FORMAT (3.11.4 and later) for the same member, but built here: the audit
+compares every header it reads with this function's output (canonical.py), so it must not change with the
+Python version that sealed or audits the archive. Ownership is normalised (uid/gid 0, no names).
 """
 from __future__ import annotations
 
-import tarfile
-
 BLOCK = 512
 END_OF_ARCHIVE = bytes(2 * BLOCK)
-USTAR_MAX_SIZE = 0o77777777777  # 11 octal digits: anything larger needs a PAX size record
+USTAR_MAX = 8 ** 11  # 11 octal digits: a size or time outside 0..USTAR_MAX-1 needs a PAX record
+USTAR_MAX_SIZE = USTAR_MAX - 1
+PAX_NAME = b"././@PaxHeader"  # tarfile's (and star's) name for an extended header
 
-REGULAR, DIRECTORY, SYMLINK, HARDLINK = b"0", b"5", b"2", b"1"
-_TARFILE_TYPES = {REGULAR: tarfile.REGTYPE, DIRECTORY: tarfile.DIRTYPE, SYMLINK: tarfile.SYMTYPE,
-                  HARDLINK: tarfile.LNKTYPE}
+REGULAR, DIRECTORY, SYMLINK, HARDLINK, PAX = b"0", b"5", b"2", b"1", b"x"
 
 
 def _octal(value: int, width: int) -> bytes:
@@ -20,29 +20,66 @@ def _octal(value: int, width: int) -> bytes:
 
 
 def _ustar_header(name: bytes, kind: bytes, size: int, mode: int, mtime: int, linkname: bytes) -> bytes:
-    """A ustar header identical to what tarfile writes for the same member, at a tenth of the cost."""
+    """A ustar header: name and link name NUL-padded, uid/gid 0, no user or group names, no device numbers."""
     header = b"".join([
-        name.ljust(100, b"\0"), _octal(mode, 8), _octal(0, 8), _octal(0, 8), _octal(size, 12),
-        _octal(mtime, 12), b"        ", kind, linkname.ljust(100, b"\0"), b"ustar\x0000",
+        name[:100].ljust(100, b"\0"), _octal(mode & 0o7777, 8), _octal(0, 8), _octal(0, 8), _octal(size, 12),
+        _octal(mtime, 12), b"        ", kind, linkname[:100].ljust(100, b"\0"), b"ustar\x0000",
         bytes(64 + 16 + 155 + 12),  # uname, gname (ownership normalised), devmajor, devminor, prefix, padding
     ])
     checksum = b"%06o\0 " % sum(header)
     return header[:148] + checksum + header[156:]
 
 
+def _record(key: bytes, value: bytes) -> bytes:
+    """`<length> <key>=<value>\\n`, the length counting its own digits."""
+    body = len(key) + len(value) + 3
+    length = previous = 0
+    while True:
+        length = body + len(str(previous))
+        if length == previous:
+            return b"%d %s=%s\n" % (length, key, value)
+        previous = length
+
+
+def _needs_pax(text: str, limit: int = 100) -> bool:
+    return not text.isascii() or len(text) > limit
+
+
+def pax_records(name: str, size: int, mtime: int, linkname: str) -> list[tuple[bytes, bytes]]:
+    """The PAX records of a member, in tarfile's order: hdrcharset=BINARY first when a value is not valid UTF-8
+    (a name os.listdir decoded with surrogate escapes), then path, linkpath, size, mtime."""
+    wanted = []
+    if _needs_pax(name):
+        wanted.append(("path", name))
+    if _needs_pax(linkname):
+        wanted.append(("linkpath", linkname))
+    if not 0 <= size < USTAR_MAX:
+        wanted.append(("size", str(size)))
+    if not 0 <= mtime < USTAR_MAX:
+        wanted.append(("mtime", str(mtime)))
+    try:
+        for _, value in wanted:
+            value.encode("utf-8")
+        binary = False
+    except UnicodeEncodeError:
+        binary = True
+    records = [(b"hdrcharset", b"BINARY")] if binary else []
+    return records + [(key.encode(), value.encode("utf-8", "surrogateescape")) for key, value in wanted]
+
+
 def tar_header(name: str, kind: bytes, *, size: int = 0, mode: int = 0o644, mtime: int = 0,
                linkname: str = "") -> bytes:
     """The header block(s) of one member: ustar when it fits, a PAX extended header before it otherwise."""
-    raw_name = name.encode("utf-8", "surrogateescape")
-    raw_link = linkname.encode("utf-8", "surrogateescape")
-    if (len(raw_name) <= 100 and len(raw_link) <= 100 and raw_name.isascii() and raw_link.isascii()
-            and 0 <= size <= USTAR_MAX_SIZE and 0 <= mtime <= USTAR_MAX_SIZE):
-        return _ustar_header(raw_name, kind, size, mode, mtime, raw_link)
-    info = tarfile.TarInfo(name)
-    info.type, info.size, info.mode, info.mtime, info.linkname = _TARFILE_TYPES[kind], size, mode, mtime, linkname
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    records = pax_records(name, size, mtime, linkname)
+    if not records:
+        return _ustar_header(name.encode("ascii"), kind, size, mode, mtime, linkname.encode("ascii"))
+    data = b"".join(_record(key, value) for key, value in records)
+    extended = _ustar_header(PAX_NAME, PAX, len(data), 0, 0, b"") + data + padding(len(data))
+    # In the ustar block after it: the names as ASCII with `?` for the rest, cut at 100 bytes; a size or
+    # time that needs a record is 0 there.
+    return extended + _ustar_header(name.encode("ascii", "replace"), kind, size if 0 <= size < USTAR_MAX else 0,
+                                    mode, mtime if 0 <= mtime < USTAR_MAX else 0,
+                                    linkname.encode("ascii", "replace"))
 
 
 def padding(size: int) -> bytes:

@@ -24,8 +24,9 @@ from typing import Iterable, Iterator
 
 import zstandard
 
+from .canonical import DIRECTORY_MODE, FILE_MODES, header as canonical_header
 from .output import ArchiveOutput
-from .tarheader import DIRECTORY, END_OF_ARCHIVE, REGULAR, SYMLINK, padding, tar_header
+from .tarheader import DIRECTORY, END_OF_ARCHIVE, REGULAR, SYMLINK, padding
 
 FAST_MIN_SIZE = 8 << 20  # smaller files are not worth a frame of their own
 SAMPLE = 1 << 20
@@ -161,17 +162,17 @@ class ArchiveWriter:
             if self._filled == len(self._buffer):
                 self._end_frame()
 
-    # ---- members -------------------------------------------------------------------------------------
-    def add_directory(self, name: str, *, mode: int = 0o755, mtime: int = 0) -> None:
-        self._write(tar_header(name.rstrip("/") + "/", DIRECTORY, mode=mode, mtime=mtime))
+    # ---- members: every header is canonical.header(), the one the audit expects (ValueError for another mode)
+    def add_directory(self, name: str, *, mode: int = DIRECTORY_MODE, mtime: int = 0) -> None:
+        self._write(canonical_header(name.rstrip("/") + "/", DIRECTORY, mode=mode, mtime=mtime))
 
     def add_symlink(self, name: str, target: str, *, mtime: int = 0) -> None:
-        self._write(tar_header(name, SYMLINK, mode=0o777, mtime=mtime, linkname=target))
+        self._write(canonical_header(name, SYMLINK, mtime=mtime, linkname=target))
 
-    def add_bytes(self, name: str, data: bytes, *, mode: int = 0o644, mtime: int = 0) -> str:
+    def add_bytes(self, name: str, data: bytes, *, mode: int = FILE_MODES[0], mtime: int = 0) -> str:
         return self.add_file(name, len(data), [data], mode=mode, mtime=mtime)
 
-    def add_file(self, name: str, size: int, chunks: Iterable, *, mode: int = 0o644, mtime: int = 0,
+    def add_file(self, name: str, size: int, chunks: Iterable, *, mode: int = FILE_MODES[0], mtime: int = 0,
                  hash_data: bool = True) -> str | None:
         """Header, data, padding; the SHA-256 is computed on exactly the bytes handed to the compressor.
         hash_data=False when the pieces come from a FileFeeder, which hashed these very buffers already."""
@@ -183,7 +184,7 @@ class ArchiveWriter:
         if self._profile != profile:
             self._use(profile)
         digest = hashlib.sha256() if hash_data else None
-        header = tar_header(name, REGULAR, size=size, mode=mode, mtime=mtime)
+        header = canonical_header(name, REGULAR, size=size, mode=mode, mtime=mtime)
         if first is None:
             first = b""
         if len(first) == size and size <= 65536:  # a small file: one compressor call for the whole member

@@ -36,6 +36,7 @@ from ..report import Report
 from ..rules import Selection
 from ..rules.archive import RECORD, AuditFacts, audit_findings
 from ..seal import termination_unwinds
+from ..seal.plan import SEAL_LAYOUT
 from .verify import build_report, check_package, check_processes
 
 GiB = 1 << 30
@@ -78,6 +79,8 @@ def audit(archive, *, reload: bool = False, max_size: int | None = None, device:
                                               tmp_patterns=tmp_patterns, tariffs=tariffs)
                 facts = AuditFacts(path.name, limit, extraction, seal_scans=_scan_seal_files(extraction),
                                    detached=_detached_checksum(path, extraction), unwalkable=unwalkable)
+                # The top folder is the manifest's campaign_id (the seal names it so): compared once re-checked.
+                facts.rechecked, facts.campaign_id = bool(report.audit.get("rechecked")), report.campaign_id
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
                 shutil.rmtree(seal_side, ignore_errors=True)
@@ -197,6 +200,7 @@ def _extract(path: Path, fd: int, workdir: str, limit: int, progress: Progress, 
         with os.fdopen(os.dup(fd), "rb", buffering=0) as source:
             source.seek(0)
             return safe_extract(source, workdir, max_expanded=limit, keep_prefix=keep_prefix, seal_side=seal_side,
+                                reserved=SEAL_LAYOUT,
                                 on_bytes=lambda n: progress.advance("audit", n))
     except PermissionError as exc:
         raise UsageError(f"{path}: permission denied") from exc

@@ -34,12 +34,17 @@ RULES = [
     Rule("IV703", Severity.ERROR, "audit: an unsafe member",
          explain="A member with an absolute name or `..`, outside the package folder, a symbolic or hard link "
                  "leaving the package, a device node, a fifo or an unknown member type could write outside "
-                 "the folder it is extracted into, or shadow another file. It is never extracted. A header "
-                 "outside the tar profile the seal writes (GNU long names, global or sparse headers, unknown PAX "
-                 "keys, a file named like a folder: docs/format.md) refuses the whole archive, since GNU tar may "
-                 "extract other members than the audit reads. The seal refuses to produce such members too (a "
-                 "fifo or device inside the package, a link that leaves it or is broken).",
-         bad="../../home/reviewer/.bashrc   or   artifacts/base -> /etc",
+                 "the folder it is extracted into, or shadow another file. It is never extracted. Every header "
+                 "must be the one the seal writes for its member (docs/format.md): modes 0644/0755 for files, "
+                 "0755 for folders, 0777 for links, owner 0 and no owner names, no hard link; a setuid bit, a "
+                 "foreign owner or a world-writable folder is refused before anything is written for it. The "
+                 "archive starts with its top folder, the manifest's campaign_id (never `.local`, `.ssh`, "
+                 "`.git`...), or nothing is extracted. A header outside the tar profile the seal writes (GNU long "
+                 "names, global or sparse headers, unknown PAX keys, a file named like a folder) refuses the "
+                 "whole archive, since GNU tar may extract other members than the audit reads. The seal refuses "
+                 "to produce such members too (a fifo or device inside the package, a link that leaves it or is "
+                 "broken).",
+         bad="../../home/reviewer/.bashrc  or  artifacts/base -> /etc  or  .local/lib/python3.11/site-packages/x.pth",
          good="reviews-lora-2026-11/artifacts/latest -> checkpoint-400"),
     Rule("IV704", Severity.ERROR, "seal: a file changed between check and seal",
          explain="The seal reads each file once and compares its size, modification time and inode with what "
@@ -101,7 +106,7 @@ def seal_findings(problems: list[tuple[str, str, str]]) -> list[Finding]:
 
 # ---- the audit ---------------------------------------------------------------------------------------------
 STREAM_CODES = {"truncated": "IV702", "too-large": "IV705", "not-zstd": "IV701", "corrupt": "IV701",
-                "profile": "IV703"}
+                "profile": "IV703", "canonical": "IV703"}
 
 
 @dataclass
@@ -114,6 +119,8 @@ class AuditFacts:
     unwalkable: str | None = None  # why the extracted package could not be walked
     record_contradicted: bool = False  # the recorded verdict is pass, the re-check fails
     record_unreadable: str | None = None  # why SEAL/verification.json is not a report (a pickle, not JSON...)
+    rechecked: bool = False  # the extracted package was checked again: its manifest was read
+    campaign_id: str | None = None  # the manifest's campaign_id, which the top folder must be
 
 
 def audit_findings(facts: AuditFacts) -> list[Finding]:
@@ -127,11 +134,18 @@ def audit_findings(facts: AuditFacts) -> list[Finding]:
                 "truncated": f"the archive is truncated: {error}; the members after that point are missing",
                 "not-zstd": f"not a sealed archive: {error}",
                 "profile": f"outside the tar profile the seal writes: {error}; GNU tar may extract other "
-                           "members than the audit reads, so the whole archive is refused and nothing re-checked"
+                           "members than the audit reads, so the whole archive is refused and nothing re-checked",
+                "canonical": f"{error}; tar would write it where the reviewer extracts the archive, so nothing is "
+                             "extracted or re-checked"
                 }.get(error.kind, f"the archive is corrupt: {error}")
         findings.append(Finding(STREAM_CODES[error.kind], getattr(error, "member", "") or facts.archive_name,
                                 message=what))
         return findings
+    if facts.rechecked and facts.campaign_id != extraction.top:
+        findings.append(Finding("IV703", f"{extraction.top}/", message=(
+            f"the archive's top folder is not the manifest's campaign_id ({facts.campaign_id!r}): the seal "
+            "writes the package under <campaign_id>/" if facts.campaign_id is not None else
+            "the manifest names no campaign_id: the seal writes the package under <campaign_id>/")))
     if facts.unwalkable:
         findings.append(Finding("IV703", extraction.top, message=f"the extracted package cannot be walked "
                                                                  f"({facts.unwalkable}): unsafe member names"))

@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..archive import ArchiveError, ArchiveWriter, worker_count
+from ..archive.canonical import TOP_FOLDER
 from ..archive.direct import DirectWriter
 from ..archive.publish import (fsync_folder, partial_path, publish, read_back, remove_stale_partials,
                               write_checksum_file)
@@ -101,8 +102,9 @@ class Sealing:
     def __init__(self, package: Package, campaign_id: str, destination: Path, *, overwrite: bool = False,
                  level: int = 3, threads: int = 0, progress: Progress = NULL_PROGRESS):
         destination = Path(destination)
-        if not campaign_id or campaign_id in (".", "..") or any(c in campaign_id for c in "/\\\0"):
-            raise UsageError(f"{campaign_id!r} cannot name the archive's top folder")
+        if not TOP_FOLDER.fullmatch(campaign_id):  # the only top folders the audit accepts
+            raise UsageError(f"{campaign_id!r} cannot name the archive's top folder (use letters, digits, '.', "
+                             "'_' and '-', not starting with a dot)")
         _check_destination(package, destination, overwrite)
         self.package, self.campaign_id, self.destination = package, campaign_id, destination
         self.overwrite, self.level, self.threads, self.progress = overwrite, level, threads, progress

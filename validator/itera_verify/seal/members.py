@@ -8,6 +8,7 @@ import threading
 import time
 
 from ..archive import FileFeeder, SizeChanged, format_sums
+from ..archive.canonical import file_mode
 from ..model import UsageError
 from ..package import Package
 from ..runtime.progress import Progress
@@ -31,7 +32,7 @@ def _open_file(package: Package, entry: MemberEntry, feed, progress: Progress, s
     opened = piece.opened
     if not same_file(recorded, opened):
         raise Changed(entry.rel, what_changed(recorded, opened))
-    entry.mode = 0o755 if opened.st_mode & 0o111 else 0o644
+    entry.mode = file_mode(opened.st_mode)
     return _pieces(entry, piece, feed, progress, stop)
 
 

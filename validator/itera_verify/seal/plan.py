@@ -12,10 +12,16 @@ import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..archive.canonical import DIRECTORY_MODE, FILE_MODES, SYMLINK_MODE
+from ..archive.extract import Reserved
 from ..package import Package
 
 SEAL_DIR = "SEAL"
 SUMS = "SEAL/SHA256SUMS"
+RECORD, REPORT_PAGE = "SEAL/verification.json", "SEAL/report.html"  # handed over by flows/verify.py
+# What the audit keeps out of the extracted tree: SEAL/ holds these three members and nothing else; the two
+# records are read in memory, up to 64 MiB each.
+SEAL_LAYOUT = Reserved(SEAL_DIR, {SUMS: 64 << 20, RECORD: 64 << 20}, frozenset({SUMS, RECORD, REPORT_PAGE}))
 
 
 class SealRefused(Exception):
@@ -66,12 +72,13 @@ def plan_members(package: Package) -> list[MemberEntry]:
             refused.append(("broken-link" if link.broken else "leaving-link", rel, link.target))
     if refused:
         raise SealRefused("the package holds entries that cannot be sealed", refused)
-    entries = [MemberEntry("", "directory", 0o755, _mtime(package.root))]
-    entries += [MemberEntry(rel, "directory", 0o755, _mtime(package.abspath(rel))) for rel in package.dirs]
-    entries += [MemberEntry(rel, "file", 0o644, f.mtime_ns // 1_000_000_000, f.size)
+    # Modes as canonical.py says the seal writes them; a file's becomes 0755 when it is opened executable.
+    entries = [MemberEntry("", "directory", DIRECTORY_MODE, _mtime(package.root))]
+    entries += [MemberEntry(rel, "directory", DIRECTORY_MODE, _mtime(package.abspath(rel))) for rel in package.dirs]
+    entries += [MemberEntry(rel, "file", FILE_MODES[0], f.mtime_ns // 1_000_000_000, f.size)
                 for rel, f in package.files.items()]
-    entries += [MemberEntry(rel, "symlink", 0o777, _mtime(package.abspath(rel)), target=_link_target(package, rel))
-                for rel in package.links]
+    entries += [MemberEntry(rel, "symlink", SYMLINK_MODE, _mtime(package.abspath(rel)),
+                            target=_link_target(package, rel)) for rel in package.links]
     return sorted(entries, key=lambda e: archive_order(e.rel))
 
 
