@@ -2,7 +2,8 @@
 the zygote forked (zygote.py: the libraries already imported, the same job and result files).
 
 One fresh process per artifact, so a crash, a leak or a hang costs one artifact and nothing else. It reads the
-job, cuts itself off the network, runs one loader and writes what it proved as JSON. It never prints findings.
+job, sets its host memory limit on itself (limits.py), cuts itself off the network, runs one loader and writes
+what it proved as JSON; an allocation its limit refused is reported as that limit. It never prints findings.
 A gated child (spawned GPU reloads, one at a time) imports its libraries, then waits for one byte on its
 standard input before it touches the device: the parent starts the next child while the current one loads,
 so library start-up overlaps the previous reload instead of adding to it.
@@ -97,9 +98,10 @@ def run(job: dict, started: float = STARTED, started_at: float = STARTED_AT) -> 
     except torch.cuda.OutOfMemoryError as exc:
         outcome.fail("crash", f"out of device memory on {device}: {short(exc, 200)}")
     except MemoryError:
-        outcome.fail("crash", "out of memory")
+        outcome.fail("crash", "out of memory (MemoryError)")
     except Exception as exc:  # noqa: BLE001 - a library error we did not foresee is still a failed reload, with its words
         outcome.fail("load", f"{type(exc).__name__}: {short(exc)}")
+    _name_the_limit(outcome, job)
     loaded = time.monotonic()
     device_peak = sum(torch.cuda.max_memory_allocated(gpu) for gpu in gpus) if gpus else None
     peak = device_peak if gpus else rss_peak_bytes()
@@ -118,10 +120,26 @@ def run(job: dict, started: float = STARTED, started_at: float = STARTED_AT) -> 
     }
 
 
+def _name_the_limit(outcome, job: dict) -> None:
+    """An allocation refused under the job's limit (RLIMIT_DATA) says so, with the words the library used."""
+    from .common import short
+    from .limits import over_limit, refused_by_limit
+
+    limit = job.get("memory_limit")
+    for problem in outcome.problems:
+        if limit and refused_by_limit(problem.get("message") or "", limit):
+            problem["failure"] = "load"
+            problem["message"] = (f"{over_limit(limit, job.get('memory_limit_source') or '')} "
+                                  f"({short(problem['message'], 200)})")
+
+
 def main(argv: list[str], started: float = STARTED, started_at: float = STARTED_AT) -> int:
+    from .limits import apply_in_child
+
     job_path, result_path = Path(argv[1]), Path(argv[2])
-    cut_network()
     job = json.loads(job_path.read_text(encoding="utf-8"))
+    apply_in_child(job)  # first: nothing of the artifact has been opened yet
+    cut_network()
     result = run(job, started, started_at)
     if result is None:
         return 0

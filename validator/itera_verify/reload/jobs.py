@@ -11,6 +11,7 @@ from ..package import Package
 from ..package.campaign import fp16_run, recorded_world_size
 from ..package.pickles import scan_package
 from .loaders import LOADERS
+from .limits import memory_limit
 from .placement import weight_bytes
 
 
@@ -51,8 +52,10 @@ def reload_entry(package: Package, artifact: dict) -> tuple[dict | None, str | N
     return (entry, _text(entry.get("loader"))) if isinstance(entry, dict) else (None, None)
 
 
-def plan(package: Package, artifact: dict, device: str, threads: int) -> dict | ReloadResult:
-    """The child's job for one artifact, or the result already known when there is nothing to run."""
+def plan(package: Package, artifact: dict, device: str, threads: int,
+         configured_limit: int | None = None) -> dict | ReloadResult:
+    """The child's job for one artifact, or the result already known when there is nothing to run.
+    `configured_limit`: the host memory limit of every child (ITERA_RELOAD_HOST_MEMORY), else one from its size."""
     artifact_id = _text(artifact.get("id")) or "?"
     entry, loader = reload_entry(package, artifact)
     result = ReloadResult(artifact_id, loader or "", kind=_text(artifact.get("kind")) or "",
@@ -74,14 +77,17 @@ def plan(package: Package, artifact: dict, device: str, threads: int) -> dict | 
     if refusal:
         result.failure, result.error = "load", refusal
         return result
+    hf_cache = os.path.abspath(package.hf_cache) if package.hf_cache else None
+    limit, limit_source = memory_limit(Path(real), device, hf_cache, configured_limit)
     return {
         "artifact": artifact_id, "loader": loader, "kind": result.kind, "rel": rel, "path": real,
         "package_root": root, "device": device, "dtype": _text(entry.get("dtype")), "class": _text(entry.get("class")),
-        "hf_cache": os.path.abspath(package.hf_cache) if package.hf_cache else None,  # the child runs elsewhere
+        "hf_cache": hf_cache,  # absolute: the child runs elsewhere
         "base": artifact.get("base") if isinstance(artifact.get("base"), dict) else None,
         "num_labels": entry.get("num_labels"),  # the loader checks it: a task head's size (peft, SPEC reload.json)
         "fp16": fp16_run(package, _text(artifact.get("run"))), "threads": threads,
         "config": _config_folder(package, entry), "config_ref": _text(entry.get("config")),
         "world_size": recorded_world_size(package, _text(artifact.get("run"))),
         "weight_bytes": weight_bytes(Path(real)),  # largest first; one GPU or all of them
+        "memory_limit": limit, "memory_limit_source": limit_source,  # limits.py: the child's host memory bound
     }

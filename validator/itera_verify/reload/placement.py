@@ -65,14 +65,20 @@ def capped(free: dict[int, int], cap: int | None) -> dict[int, int]:
     return {gpu: min(amount, cap) if cap else amount for gpu, amount in free.items()}
 
 
-def safetensors_bytes(path: Path) -> int:
-    """Tensor bytes a safetensors file holds, read from its header alone (no data read)."""
+def safetensors_header(path: Path) -> dict[str, dict]:
+    """The tensor entries of a safetensors file (name -> {"dtype", "shape", "data_offsets"}), read from its
+    header alone (no data read); the loaders validate a file with safetensors itself before trusting these."""
     with open(path, "rb") as handle:
         (length,) = struct.unpack("<Q", handle.read(8))
         header = json.loads(handle.read(min(length, 100_000_000)))
+    return {name: entry for name, entry in header.items() if name != "__metadata__" and isinstance(entry, dict)}
+
+
+def safetensors_bytes(path: Path) -> int:
+    """Tensor bytes a safetensors file holds, read from its header alone (no data read)."""
     total = 0
-    for name, entry in header.items():
-        if name != "__metadata__" and isinstance(entry, dict) and "data_offsets" in entry:
+    for entry in safetensors_header(path).values():
+        if "data_offsets" in entry:
             start, end = entry["data_offsets"]
             total += int(end) - int(start)
     return total
@@ -87,7 +93,7 @@ def weight_bytes(path: Path) -> int:
     for file in files:
         try:
             total += safetensors_bytes(file) if file.suffix == ".safetensors" else file.stat().st_size
-        except (OSError, ValueError, struct.error, TypeError):
+        except (OSError, ValueError, struct.error, TypeError, AttributeError):
             total += file.stat().st_size if file.exists() else 0
     return total
 

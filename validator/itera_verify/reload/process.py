@@ -1,6 +1,7 @@
 """Reload children as operating-system processes: each in its own session, waited for with a timeout, its whole
 process group swept when it ends, and every live one ended at once when the tool is interrupted. A child is
-either spawned (a new interpreter) or forked by the zygote (zygote.py; zygote_client.py talks to it)."""
+either spawned (a new interpreter) or forked by the zygote (zygote.py; zygote_client.py talks to it). While it is
+waited for, its anonymous resident memory is read at every poll and the child killed past its limit (limits.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -13,12 +14,17 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from .limits import anonymous_bytes
+
+POLL_SECONDS = 0.05  # the longest pause between two looks at a child: its exit, its memory
+
 
 @dataclass
 class Exit:
     code: int | None = None
     timed_out: bool = False
     interrupted: bool = False
+    over_limit: bool = False  # killed by the watcher: its anonymous memory passed its limit
     usage: Any = None  # resource usage of the child alone (os.wait4), when known
 
 
@@ -61,20 +67,24 @@ class ChildProcesses:
             self._live.add(proc.pid)
         return proc
 
-    def wait(self, proc, timeout: float) -> Exit:
-        """Wait until the child exits, the timeout passes or the run stops; then sweep its group and reap it."""
+    def wait(self, proc, timeout: float, memory_limit: int | None = None) -> Exit:
+        """Wait until the child exits, the timeout passes, its memory passes `memory_limit` (bytes) or the run
+        stops; then sweep its group and reap it."""
         if hasattr(proc, "ended"):  # a ForkedChild (zygote_client.py)
-            return self._wait_forked(proc, timeout)
+            return self._wait_forked(proc, timeout, memory_limit)
         deadline, pause, result = time.monotonic() + timeout, 0.01, Exit()
-        while not _exited(proc):
+        while not _exited(proc):  # not reaped yet: its pid cannot be another process's when its memory is read
             if self.stopping.is_set():
                 result.interrupted = True
                 break
             if time.monotonic() >= deadline:
                 result.timed_out = True
                 break
+            if _over(proc.pid, memory_limit):
+                result.over_limit = True
+                break
             time.sleep(pause)
-            pause = min(pause * 2, 0.2)
+            pause = min(pause * 2, POLL_SECONDS)
         with self._lock:
             _sweep_group(proc.pid)  # a timeout's victim, or whatever the child left running
             self._live.discard(proc.pid)
@@ -84,9 +94,10 @@ class ChildProcesses:
         result.code = proc.returncode
         return result
 
-    def _wait_forked(self, proc, timeout: float) -> Exit:
+    def _wait_forked(self, proc, timeout: float, memory_limit: int | None = None) -> Exit:
         """The same for a child of the zygote, which reaps it: the zygote sweeps its group before it reaps (no pid
-        reuse race) and reports the exit status and peak memory."""
+        reuse race) and reports the exit status and peak memory. A pid read after the child ended may be
+        another process's: only the zygote's kill, which knows its own children, acts on what is read."""
         deadline, result = time.monotonic() + timeout, Exit()
         while proc.ended(wait=0.02) is None:  # wakes as soon as the zygote reports
             if self.stopping.is_set():
@@ -95,8 +106,13 @@ class ChildProcesses:
             if time.monotonic() >= deadline:
                 result.timed_out = True
                 break
+            if _over(proc.pid, memory_limit):
+                result.over_limit = True
+                break
         if proc.ended() is None:
             proc.kill()
+        elif result.over_limit:
+            result.over_limit = False  # it had ended on its own: the memory read may be another process's
         end = proc.ended(grace=10.0)
         with self._lock:
             self._live.discard(proc.pid)
@@ -112,6 +128,13 @@ class ChildProcesses:
             self.stopping.set()
             for pid in self._live:
                 _sweep_group(pid)
+
+
+def _over(pid: int, memory_limit: int | None) -> bool:
+    if not memory_limit:
+        return False
+    used = anonymous_bytes(pid)
+    return used is not None and used > memory_limit
 
 
 @contextlib.contextmanager

@@ -4,9 +4,10 @@ The child runs itera_verify.reload.child in its own session (process group, see 
 job as JSON in and the facts as JSON out. It is forked by the zygote (zygote.py: one interpreter that imported
 the libraries once) or, with --isolation spawn or where fork is missing or unsafe, a new interpreter
 (`python -m itera_verify.reload.child`). A timeout kills the whole group; a signal or an exit without a result
-is a crash, named; Ctrl-C or SIGTERM ends every child at once. Before any child starts, an artifact holding a
-pickle the static scan refused is refused whole. CPU reloads may run side by side (--jobs); GPU reloads run
-one per visible GPU.
+is a crash, named; Ctrl-C or SIGTERM ends every child at once. Each child has a host memory limit (limits.py):
+the child sets it on itself, the parent kills a child past it, and the report records it. Before any child
+starts, an artifact holding a pickle the static scan refused is refused whole. CPU reloads may run side by side
+(--jobs); GPU reloads run one per visible GPU.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from ..model import ReloadResult
 from ..package import Package
 from .gpus import GpuPool, free_memory, needs_every_gpu, visible_gpus
 from .jobs import plan, reload_entry
+from .limits import configured_limit, over_limit, starved
 from .placement import cap_from_environment
 from .process import ChildProcesses, Exit, sigterm_interrupts
 from .zygote_client import ForkedChild, Zygote, can_fork, start_zygote
@@ -59,7 +61,7 @@ def _log_tail(log: Path) -> str:
     return " | ".join(lines[-LOG_TAIL_LINES:])
 
 
-def _died(code: int | None, log: Path) -> str:
+def _died(code: int | None, log: Path, job: dict) -> str:
     if code is None:  # forked: the zygote ended before it could report, and took the child with it
         return "the reload process ended with the zygote that forked it, without a result"
     if code < 0:
@@ -67,10 +69,10 @@ def _died(code: int | None, log: Path) -> str:
         why = " (the system may have run out of memory)" if -code == signal.SIGKILL else ""
         return f"the reload process was killed by {name}{why}"
     tail = _log_tail(log)
-    # The C runtimes abort with these when a memory limit (RLIMIT_AS, a cgroup) refuses a thread stack or a map.
-    starved = any(words in tail for words in ("Thread creation failed", "Resource temporarily unavailable",
-                                              "Cannot allocate memory", "std::bad_alloc"))
-    hint = " (the process could not get memory: out of memory, or over a memory limit)" if starved else ""
+    # A C runtime aborts when a limit refuses a thread stack or a map: on the CPU, the child's own (limits.py).
+    if starved(tail) and job.get("memory_limit") and job.get("device") == "cpu":
+        return over_limit(job["memory_limit"], job.get("memory_limit_source") or "") + f": {tail}"
+    hint = " (the process could not get memory: out of memory, or over a memory limit)" if starved(tail) else ""
     return f"the reload process exited with code {code} without a result{hint}" + (f": {tail}" if tail else "")
 
 
@@ -153,7 +155,8 @@ class _Child:
         job = self.job
         result = ReloadResult(job["artifact"], job["loader"], kind=job["kind"], path=job["rel"], device=job["device"])
         try:
-            end = self.children.wait(self.proc, timeout) if self.proc is not None else Exit(interrupted=True)
+            limit = job.get("memory_limit")
+            end = self.children.wait(self.proc, timeout, limit) if self.proc is not None else Exit(interrupted=True)
             result.seconds = time.monotonic() - self.started
             if end.usage is not None:  # the child's own peak, from the kernel, whatever the child reported
                 result.host_peak_memory_bytes = end.usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
@@ -161,11 +164,13 @@ class _Child:
                     result.peak_memory_bytes = result.host_peak_memory_bytes
             if end.interrupted:
                 result.failure, result.error = "crash", "interrupted"
+            elif end.over_limit:
+                result.failure, result.error = "load", over_limit(limit, job.get("memory_limit_source") or "")
             elif end.timed_out:
                 result.failure = "timeout"
                 result.error = f"no result after {timeout:g} s; the reload process was stopped"
             elif end.code != 0 or not self.result_file.is_file():
-                result.failure, result.error = "crash", _died(end.code, self.log)
+                result.failure, result.error = "crash", _died(end.code, self.log, job)
             else:
                 _merge(result, json.loads(self.result_file.read_text(encoding="utf-8")))
                 result.facts["isolation"], result.facts["launched_at"] = self.isolation, self.launched_at
@@ -175,6 +180,9 @@ class _Child:
                     result.facts["zygote_import_seconds"] = self.zygote_seconds  # paid once per run, not per child
                 result.facts["wall_seconds"] = round(result.seconds, 3)  # from its start to its end, waiting included
                 result.seconds -= result.facts.get("gate_wait_seconds") or 0  # waiting for its turn is not its time
+            if limit:
+                result.facts["memory_limit_bytes"] = limit
+                result.facts["memory_limit"] = job.get("memory_limit_source")
         finally:
             self.discard()
         return result
@@ -280,17 +288,20 @@ def prestart(package: Package, *, device: str, jobs: int, isolation: str = "auto
 
 def run_reloads(package: Package, *, device: str, timeout: float, jobs: int, progress,
                 only: set[str] | None = None, prefetch: bool | None = None,
-                isolation: str = "auto", prestarted: Prestarted | None = None) -> list[ReloadResult]:
+                isolation: str = "auto", prestarted: Prestarted | None = None,
+                memory_limit: int | None = None) -> list[ReloadResult]:
     """Every manifest artifact (or those named in `only`), each in its own child; results in manifest order.
     isolation: "auto" forks the children from one zygote where fork is safe, "fork" insists on it (a usage
     error otherwise), "spawn" starts a new interpreter per child. prefetch (spawned children, default: on a
     GPU): one at a time, the next child importing its libraries while the current one runs; on a machine where
     importing torch and transformers takes 10-20 s, that is most of a small reload. prefetch=True alone asks
-    for spawned children."""
+    for spawned children. memory_limit: the host memory limit of every child in bytes (default:
+    ITERA_RELOAD_HOST_MEMORY, else each child's own, from its artifact's size: limits.py)."""
     gpus = visible_gpus() if device == "cuda" else []
     parallel, threads = _parallel(device, jobs, gpus)  # one reload per GPU at a time
     chosen = [a for a in package.artifacts() if only is None or a.get("id") in only]
-    plans = [plan(package, artifact, device, threads) for artifact in chosen]
+    limit = memory_limit or configured_limit()  # one host memory limit for every child, else each its own
+    plans = [plan(package, artifact, device, threads, limit) for artifact in chosen]
     results: list[ReloadResult | None] = [p if isinstance(p, ReloadResult) else None for p in plans]
     progress.start("reload", "reloading artifacts", total=len(plans), unit="artifacts")
     for _ in (r for r in results if r is not None):

@@ -9,7 +9,8 @@ from pathlib import Path
 from ..common import (BASE_UNAVAILABLE, LOAD, Outcome, Stop, check_parameters, forward_pass, safe_torch_load,
                       scan_folder, short, torch_dtype)
 from . import safetensors as safetensors_loader
-from .transformers import check_loading_info, check_on_gpu, device_map, dtype_keyword, model_class, spread
+from .transformers import (check_declared_size, check_loading_info, check_on_gpu, device_map, dtype_keyword,
+                           model_class, read_config, spread)
 
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 # The heads PEFT itself adds to modules_to_save for a task (PeftModelForSequenceClassification and the like).
@@ -148,8 +149,12 @@ def load_base(config: dict, job: dict, device, outcome: Outcome,
     kwargs = {dtype_keyword(): dtype} if dtype is not None else {}
     if labels is not None:
         kwargs["num_labels"] = labels
+    snapshot = Path(config_file).parent
+    # The base's config.json is the cache's, but a package may ship the cache (--hf-cache): the same check.
+    check_declared_size(snapshot, cls, kwargs, read_config(snapshot, outcome), outcome,
+                        label=f"base {name}@{revision or 'main'} config.json")
     try:
-        placed = device_map(Path(config_file).parent, cls, job, device, outcome, kwargs)
+        placed = device_map(snapshot, cls, job, device, outcome, kwargs)
         model, info = cls.from_pretrained(name, revision=revision, cache_dir=cache, local_files_only=True,
                                           trust_remote_code=False, output_loading_info=True, **kwargs, **placed)
     except Stop:

@@ -1,5 +1,6 @@
 """Loader `transformers`: from_pretrained on the local folder (no hub, no remote code), every weight loaded and
-finite, one forward pass with finite logits."""
+finite, one forward pass with finite logits. Before from_pretrained allocates anything, the model config.json
+declares is built on the meta device and must fit the weight files (check_declared_size)."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,12 @@ from pathlib import Path
 from ..common import LOAD, MISSING, Outcome, Stop, check_parameters, forward_pass, scan_folder, short, torch_dtype
 
 CLASS_NAME = re.compile(r"[A-Z][A-Za-z0-9]*")
+# Values a config may declare beyond those its weight files hold: a new task head, buffers, a head the adapter
+# brings (peft). Far more means the config does not describe these files: one number in it (`n_inner`,
+# `intermediate_size`, `vocab_size`) asks from_pretrained for gigabytes before it reports the mismatch.
+UNSTORED_VALUES = 1 << 24  # or a quarter of the stored values, whichever is more
+# A quantized checkpoint (`quantization_config`) packs down to 4 bits a parameter: two per stored byte.
+PACKED_PER_BYTE = 2
 
 
 def model_class(requested: str | None, config: dict | None, default: str = "AutoModel"):
@@ -127,25 +134,113 @@ def device_map(folder: Path, cls, job: dict, device, outcome: Outcome, extra: di
     gpus = [int(g) for g in job.get("gpus") or [device.index or 0]]
     free = {gpu: torch.cuda.mem_get_info(gpu)[0] for gpu in gpus}
 
-    def meta_model():
-        from accelerate import init_empty_weights
-        from transformers import AutoConfig
-
-        dtypes = {k: v for k, v in (extra or {}).items() if k in ("dtype", "torch_dtype")}
-        overrides = {k: v for k, v in (extra or {}).items() if k not in dtypes}  # num_labels of a task head
-        config = AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False, **overrides)
-        with init_empty_weights():
-            return cls.from_config(config, trust_remote_code=False, **dtypes)
-
     try:
         plan = placement.plan(placement.weight_bytes(folder), free, cap=placement.cap_from_environment(),
-                              meta_model=meta_model)
+                              meta_model=lambda: empty_model(folder, cls, extra))
     except placement.Offload as exc:
         raise Stop(LOAD, str(exc)) from None
     outcome.facts["devices"] = plan.devices
     if plan.device_map is None:
         return {"device_map": {"": f"cuda:{plan.gpus[0]}"}}
     return {"device_map": plan.device_map, "max_memory": plan.max_memory}
+
+
+def empty_model(folder: Path, cls, extra: dict | None = None):
+    """The model of `folder`'s config.json on the meta device: every shape, not one byte allocated (buffers
+    included, which accelerate's init_empty_weights would still allocate). `extra`: from_pretrained's dtype and
+    config overrides (num_labels of a task head)."""
+    import torch
+    from transformers import AutoConfig
+
+    dtypes = {k: v for k, v in (extra or {}).items() if k in ("dtype", "torch_dtype")}
+    overrides = {k: v for k, v in (extra or {}).items() if k not in dtypes}
+    config = AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False, **overrides)
+    with torch.device("meta"):
+        return cls.from_config(config, trust_remote_code=False, **dtypes)
+
+
+def stored_values(folder: Path) -> tuple[int, int, set[int]]:
+    """(values, bytes, every dimension) of the weight files from_pretrained reads in `folder`: the safetensors
+    files (their headers, already validated by check_weight_files), else pytorch_model*.bin (its bytes: no
+    value takes less than one)."""
+    from ..placement import safetensors_header
+
+    values, size, dims = 0, 0, set()
+    files = sorted(folder.glob("*.safetensors"))
+    for file in files:
+        for entry in safetensors_header(file).values():
+            shape = [int(d) for d in entry.get("shape") or ()]
+            count = 1
+            for d in shape:
+                count *= d
+            values += count
+            dims.update(shape)
+            start, end = entry.get("data_offsets") or (0, 0)
+            size += int(end) - int(start)
+    if not files:
+        for file in sorted(folder.glob("pytorch_model*.bin")):
+            values += file.stat().st_size
+            size += file.stat().st_size
+    return values, size, dims
+
+
+def _flat_numbers(config, prefix: str = "") -> dict[str, int]:
+    """config.json's integer fields, nested ones (text_config.intermediate_size) by their dotted name."""
+    found = {}
+    for key, value in config.items() if isinstance(config, dict) else ():
+        if isinstance(value, dict):
+            found.update(_flat_numbers(value, f"{prefix}{key}."))
+        elif isinstance(value, int) and not isinstance(value, bool) and value > 1:
+            found[f"{prefix}{key}"] = value
+    return found
+
+
+def _culprit(config: dict, model, dims: set[int]) -> str:
+    """The config field behind the largest tensor whose shape no stored tensor has, as `field=value makes
+    NAME [shape]`; the largest declared tensor when no field matches."""
+    numbers = _flat_numbers(config)
+    named = sorted(model.named_parameters(), key=lambda item: -item[1].numel())
+    for name, tensor in named:
+        for dim in tensor.shape:
+            if dim in dims:
+                continue
+            fields = [key for key, value in numbers.items() if value == dim]
+            if fields:
+                return f"{fields[0]}={dim} makes {name} {list(tensor.shape)}"
+    if named:
+        name, tensor = named[0]
+        return f"its largest tensor is {name} {list(tensor.shape)}"
+    return "it declares no parameter"
+
+
+def check_declared_size(folder: Path, cls, extra: dict | None, config: dict, outcome: Outcome,
+                        label: str | None = None) -> None:
+    """Before from_pretrained allocates the model: the model config.json declares, built on the meta device,
+    holds no more values than the weight files (within UNSTORED_VALUES); otherwise IV504 naming the config
+    field and the numbers, before a byte is allocated."""
+    from collections import Counter
+
+    from ..placement import human
+
+    label = label or outcome.rel(folder / "config.json")
+    try:
+        model = empty_model(folder, cls, extra)
+    except Exception as exc:
+        raise Stop(LOAD, f"{label} does not build a model: {short(exc)}", folder / "config.json") from exc
+    by_dtype: Counter = Counter()
+    declared = 0
+    for tensor in list(model.parameters()) + list(model.buffers()):  # tied weights once
+        declared += tensor.numel()
+        by_dtype[str(tensor.dtype).removeprefix("torch.")] += tensor.numel() * tensor.element_size()
+    values, size, dims = stored_values(folder)
+    capacity = size * PACKED_PER_BYTE if config.get("quantization_config") else values
+    outcome.facts["declared_parameters"] = declared
+    if declared <= capacity + max(capacity // 4, UNSTORED_VALUES):
+        return
+    sizes = ", ".join(f"{human(amount)} {dtype}" for dtype, amount in by_dtype.most_common())
+    raise Stop(LOAD, f"{label} declares a model of {declared:,} values ({sizes}) but its weight files hold "
+                     f"{values:,} ({human(size)}): {_culprit(config, model, dims)}; refused before building it",
+               folder / "config.json")
 
 
 def check_on_gpu(model, device, label: str) -> None:
@@ -176,6 +271,7 @@ def load_model(folder: Path, job: dict, device, outcome: Outcome, *, default_cla
     cls = model_class(job.get("class"), config, default_class)
     dtype = torch_dtype(job)
     kwargs = {dtype_keyword(): dtype} if dtype is not None else {}
+    check_declared_size(folder, cls, kwargs, config, outcome)
     try:
         placed = device_map(folder, cls, job, device, outcome, kwargs)
         model, info = cls.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False,
