@@ -34,6 +34,22 @@ def header(name: bytes, typeflag: bytes = b"0", *, size: int = 0, linkname: byte
     return block[:148] + b"%06o\0 " % sum(block) + block[156:]
 
 
+_FIELDS = {"mode": (100, 108), "uid": (108, 116), "gid": (116, 124), "uname": (265, 297), "gname": (297, 329)}
+
+
+def with_fields(block: bytes, **fields: int | str) -> bytes:
+    """A copy of the ustar header `block` (the last block of a member's headers) with some fields changed
+    (numbers in octal, names as text) and its checksum made right again: a header GNU tar accepts whole."""
+    head, block = block[:-BLOCK], bytearray(block[-BLOCK:])
+    for key, value in fields.items():
+        start, end = _FIELDS[key]
+        raw = _octal(value, end - start) if isinstance(value, int) else value.encode().ljust(end - start, b"\0")
+        block[start:end] = raw
+    block[148:156] = b" " * 8
+    block[148:156] = b"%06o\0 " % sum(block)
+    return head + bytes(block)
+
+
 def padded(data: bytes) -> bytes:
     return data + bytes(-len(data) % BLOCK)
 
@@ -162,14 +178,33 @@ def gnu_listing(archive: Path) -> tuple[int, list[str]]:
     return run.returncode, run.stdout.decode("utf-8", "surrogateescape").split("\n")[:-1]  # not splitlines: \x1e
 
 
+def gnu_extract_as_reviewer(archive: Path, home: Path) -> subprocess.CompletedProcess:
+    """What the README tells a reviewer to run, `tar --zstd -xf ARCHIVE`, in an empty folder that is also HOME
+    (where a downloaded archive often is): as root here, so GNU tar restores modes and owners too."""
+    home.mkdir(parents=True, exist_ok=True)
+    assert not any(home.iterdir()), f"{home} is not empty"
+    return subprocess.run([TAR, "--zstd", "-xf", str(Path(archive).resolve())], cwd=home, capture_output=True,
+                          env={**os.environ, "LC_ALL": "C.UTF-8", "HOME": str(home)}, timeout=60)
+
+
 def gnu_extract(archive: Path, into: Path) -> int:
     into.mkdir(parents=True, exist_ok=True)
     return subprocess.run([TAR, "--zstd", "-xf", str(archive), "-C", str(into)], capture_output=True,
                           env={**os.environ, "LC_ALL": "C.UTF-8"}, timeout=60).returncode
 
 
-def tree(root: Path) -> dict[str, tuple]:
-    """Every entry under root: ("file", sha256) | ("directory",) | ("symlink", target)."""
+def tree(root: Path, *, owners: bool = False) -> dict[str, tuple]:
+    """Every entry under root: ("file", sha256) | ("directory",) | ("symlink", target); with `owners`, each
+    followed by (mode & 0o7777, uid, gid, user name, group name) — a symlink's mode is the system's, left out."""
+    import grp
+    import pwd
+
+    def name_of(lookup, number: int) -> str:
+        try:
+            return lookup(number)[0]
+        except KeyError:
+            return str(number)
+
     found: dict[str, tuple] = {}
     for folder, dirs, files in os.walk(root):
         for name in dirs + files:
@@ -181,4 +216,9 @@ def tree(root: Path) -> dict[str, tuple]:
                 found[rel] = ("directory",)
             else:
                 found[rel] = ("file", hashlib.sha256(path.read_bytes()).hexdigest())
+            if owners:
+                st = os.lstat(path)
+                mode = None if path.is_symlink() else st.st_mode & 0o7777
+                found[rel] += (mode, st.st_uid, st.st_gid, name_of(pwd.getpwuid, st.st_uid),
+                               name_of(grp.getgrgid, st.st_gid))
     return found

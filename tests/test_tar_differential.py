@@ -149,7 +149,8 @@ def test_the_leading_nul_size_is_a_real_difference_gnu_tar_would_read(tmp_path):
 def test_names_the_writer_makes_through_pax_read_as_gnu_tar_reads_them(tmp_path):
     """The writer's own PAX forms (long, non-ASCII, non-UTF-8 names, long link targets, a 100-byte truncation
     ending in /) are accepted and read exactly as GNU tar reads them."""
-    from itera_verify.archive.tarheader import DIRECTORY, REGULAR, SYMLINK, tar_header
+    from itera_verify.archive.canonical import header as tar_header  # the writer's headers, modes included
+    from itera_verify.archive.tarheader import DIRECTORY, REGULAR, SYMLINK
 
     tricky = "top/" + "x" * 95 + "/y" * 4  # its 100-byte ustar truncation ends in "/": only the PAX path counts
     members = [tar_header("top/", DIRECTORY), tar_header("top/" + "d" * 120 + "/", DIRECTORY)]

@@ -16,7 +16,11 @@ from tests import tar_forms as tf
 TOP = "top"
 NAMES = [f"{TOP}/a.txt", f"{TOP}/b/c.json", f"{TOP}/b/", f"{TOP}/SEAL/SHA256SUMS", f"{TOP}/SEAL/zz", f"{TOP}/d/",
          f"{TOP}/" + "long-folder/" * 9 + "weights.safetensors", f"{TOP}/é/ünï.txt", f"{TOP}/bad\udcff.bin",
-         f"{TOP}/" + "x" * 95 + "/y" * 4, f"{TOP}/e/./f", f"{TOP}//g", f"{TOP}/h/", "other/x", f"{TOP}/b/c.json/"]
+         f"{TOP}/" + "x" * 95 + "/y" * 4, f"{TOP}/e/./f", f"{TOP}//g", f"{TOP}/h/", "other/x", f"{TOP}/b/c.json/",
+         ".local/lib/python3.11/site-packages/zz.pth", ".ssh/authorized_keys"]
+# In the profile, but a mode or owner the seal never writes (canonical.py): GNU tar as root restores each.
+FOREIGN = [{"mode": 0o4755}, {"mode": 0o2755}, {"mode": 0o1644}, {"mode": 0o777}, {"mode": 0o600}, {"uid": 65534},
+           {"gid": 65534}, {"uname": "nobody"}, {"gname": "nogroup"}, {"uid": 0, "uname": "root"}]
 TYPEFLAGS = [b"0", b"0", b"0", b"5", b"2", b"1", b"\0", b"7", b"S", b"D", b"M", b"V", b"X", b"6", b"A"]
 PAX_RECORDS = [("path", None), ("linkpath", None), ("size", "3"), ("size", "0"), ("mtime", "1700000000"),
                ("mtime", "-1"), ("hdrcharset", "BINARY"), ("GNU.sparse.name", None), ("GNU.sparse.size", "7"),
@@ -31,7 +35,8 @@ def _name(draw) -> str:
 @st.composite
 def _piece(draw, depth: int = 0) -> bytes:
     kind = draw(st.sampled_from(["file", "file", "file", "dir", "symlink", "hardlink", "raw", "pax", "pax",
-                                 "global", "long", "nested", "hidden"] if depth == 0 else ["file", "dir", "raw"]))
+                                 "global", "long", "nested", "hidden", "foreign", "foreign"] if depth == 0
+                                else ["file", "dir", "raw"]))
     name = _name(draw)
     data = draw(st.one_of(st.sampled_from([b"", b"abc", b"x" * 700, b"\x80\x02}q\x00."]),
                           _writer_members()))  # the headers of other members, hidden where data belongs
@@ -45,6 +50,13 @@ def _piece(draw, depth: int = 0) -> bytes:
     if kind == "hardlink":
         return tf.header(name.rstrip("/").encode("utf-8", "surrogateescape"), b"1",
                          linkname=draw(st.sampled_from([f"{TOP}/a.txt", f"{TOP}/b/c.json", "top/zz"])).encode())
+    if kind == "foreign":
+        from itera_verify.archive.tarheader import DIRECTORY, REGULAR, tar_header
+
+        fields = draw(st.sampled_from(FOREIGN))
+        if name.endswith("/"):
+            return tf.with_fields(tar_header(name, DIRECTORY, mode=0o755), **fields)
+        return tf.with_fields(tar_header(name, REGULAR, size=len(data)), **fields) + tf.padded(data)
     if kind == "hidden":  # a file whose size field readers may parse differently, other headers as its data
         field = draw(st.sampled_from([b"\x00%010o\0", b" %010o\0", b"%011o ", b"%o\0\0\0\0\0\0\0", b"0_%09o\0"]))
         size_field = (field % len(data)).ljust(12, b"\0")[:12] if b"%" in field else field
@@ -118,9 +130,10 @@ def tar_streams(draw) -> bytes:
     return tf.zst(b"".join(pieces) + tail)
 
 
-def audit_view(archive: Path, work: Path) -> tuple[list[str], dict[str, tuple]] | None:
-    """What the audit's extraction accepts: (member names in order, the extracted tree), or None when it
-    refuses anything (a stream error, a refused member, a SEAL/ member the seal never writes)."""
+def audit_view(archive: Path, work: Path) -> tuple[list[tuple], dict[str, tuple]] | None:
+    """What the audit's extraction accepts: (the members in order as (name, kind, mode, link target), the
+    extracted tree), or None when it refuses anything (a stream error, a refused member, a SEAL/ member the
+    seal never writes)."""
     from itera_verify.archive import ArchiveError, ArchiveReader
     from itera_verify.archive.extract import safe_extract
     from itera_verify.seal.plan import SEAL_LAYOUT
@@ -139,29 +152,43 @@ def audit_view(archive: Path, work: Path) -> tuple[list[str], dict[str, tuple]] 
             view[f"{extraction.top}/{rel}"] = ("file", digest)
     try:
         with open(archive, "rb") as source, ArchiveReader(source) as reader:
-            names = [member.name for member in reader]
+            members = [(member.name, member.kind, member.mode, member.linkname) for member in reader]
     except ArchiveError as error:  # extraction accepted what the reader alone refuses: a bug in itself
         raise AssertionError(f"the reader refuses what the extraction accepted: {error}") from None
-    return names, view
+    return members, view
+
+
+AS_ROOT = os.geteuid() == 0
 
 
 def compare_with_gnu(archive: Path, work: Path) -> bool:
-    """Assert that what the audit accepts GNU tar lists and extracts the same way. Returns whether the audit
-    accepted the archive (False: refused, nothing to compare)."""
+    """Assert that what the audit accepts GNU tar lists and extracts the same way: run as the README tells a
+    reviewer (`tar --zstd -xf`, in an empty folder that is also HOME; as root when the tests are), it writes
+    nothing but `<top folder>/...`, with the bytes the audit hashed and, for every member, the mode its header
+    gave (the one the seal writes, canonical.py) and owner root. Returns whether the audit accepted the archive
+    (False: refused, nothing to compare)."""
     ours = audit_view(archive, work)
     if ours is None:
         return False
-    names, view = ours
+    members, view = ours
+    names = [name for name, *_ in members]
+    home = work / "gnu-home"
     listed_rc, listed = tf.gnu_listing(archive)
-    extract_rc = tf.gnu_extract(archive, work / "gnu")
-    assert listed_rc == 0 and extract_rc == 0, f"GNU tar failed (list {listed_rc}, extract {extract_rc})"
+    extracted = tf.gnu_extract_as_reviewer(archive, home)
+    assert listed_rc == 0 and extracted.returncode == 0, \
+        f"GNU tar failed (list {listed_rc}, extract {extracted.returncode}: {extracted.stderr[-300:]!r})"
     if not any("\n" in name for name in names):
         assert listed == names, f"GNU tar lists {listed}, the audit read {names}"
-    gnu_view = tf.tree(work / "gnu")
-    if names:  # the folder itself: the audit keeps SEAL/ out of its tree
-        gnu_view.pop(names[0].split("/")[0] + "/SEAL", None)
-    differ = sorted(set(gnu_view.items()) ^ set(view.items()))
+    top = names[0].rstrip("/")  # the audit accepts only an archive that starts with its top folder
+    assert os.listdir(home) == [top], f"GNU tar wrote {sorted(os.listdir(home))} where the reviewer runs it"
+    gnu_view = tf.tree(home, owners=True)
+    same = {rel: entry[:-5] for rel, entry in gnu_view.items()}
+    same.pop(top + "/SEAL", None)  # the folder itself: the audit keeps SEAL/ out of its tree
+    differ = sorted(set(same.items()) ^ set(view.items()))
     assert not differ, f"GNU tar and the audit differ on {differ[:6]}"
+    for name, kind, mode, _ in members if AS_ROOT else ():  # (not root: tar applies the umask, owns as the user)
+        rel, want = name.rstrip("/"), (None if kind == "symlink" else mode, 0, 0, "root", "root")
+        assert gnu_view[rel][-5:] == want, f"GNU tar restored {rel} as {gnu_view[rel][-5:]}, the audit checked {want}"
     return True
 
 

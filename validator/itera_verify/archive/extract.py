@@ -180,8 +180,9 @@ class _Extractor:
         if rel in self.seen:
             return self.refuse(member, "a second member with this name (which one a tool keeps is ambiguous)")
         self.seen.add(rel)
-        if member.not_canonical:  # nothing is written for it; nothing is written beneath it if it is a link
-            self.refused_links.add(rel)
+        if member.not_canonical:  # nothing is written for it, nor beneath it unless it is a folder (a link)
+            if member.kind != "directory":
+                self.refused_links.add(rel)
             return self.refuse(member, f"{member.not_canonical} (a header the seal never writes)")
         if member.kind != "file" and member.size:
             return self.refuse(member, f"a {member.kind} announcing {member.size} bytes of data")
