@@ -62,15 +62,44 @@ def _resolve(module: str, name: str):
     return target
 
 
-class MetadataUnpickler(pickle.Unpickler):
-    """Reads a DCP `.metadata`: a global outside DCP_METADATA_GLOBALS stops the read before anything runs."""
+def _refusing_state_on_imports(load, target):
+    """`load` of an opcode that sets state on `target(self)`: refused when that is an imported class or function
+    (BUILD on pathlib.PurePosixPath would re-point every later path of this process)."""
+    def checked(self):
+        try:
+            value = target(self)
+        except IndexError:  # the opcode's own load raises the unpickler's error for a short stack
+            value = None
+        if isinstance(value, type) or any(value is imported for imported in self.imported):
+            raise pickle.UnpicklingError(f"a pickle setting state on {getattr(value, '__name__', value)!r}, "
+                                         "an imported object, not on an instance")
+        load(self)
+    return checked
+
+
+class MetadataUnpickler(pickle._Unpickler):
+    """Reads a DCP `.metadata`: a global outside DCP_METADATA_GLOBALS stops the read before anything runs, and
+    so does state set on an imported object itself (pickle.py's unpickler: the C one has no hook for BUILD)."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
+    for _code, _target in ((pickle.BUILD, lambda u: u.stack[-2]), (pickle.SETITEM, lambda u: u.stack[-3]),
+                           (pickle.APPEND, lambda u: u.stack[-2]), (pickle.SETITEMS, lambda u: u.metastack[-1][-1]),
+                           (pickle.APPENDS, lambda u: u.metastack[-1][-1]),
+                           (pickle.ADDITEMS, lambda u: u.metastack[-1][-1])):
+        dispatch[_code[0]] = _refusing_state_on_imports(dispatch[_code[0]], _target)
+    del _code, _target
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.imported: list = []
 
     def find_class(self, module: str, name: str):
         if f"{module}.{name}" not in DCP_METADATA_GLOBALS:
             raise pickle.UnpicklingError(f"{module}.{name} is not a torch.distributed.checkpoint record")
         if module.startswith("pathlib"):
             module = "pathlib"  # the same classes under Python 3.13's pathlib._local
-        return _resolve(module, name)
+        self.imported.append(_resolve(module, name))
+        return self.imported[-1]
 
     def persistent_load(self, pid):
         raise pickle.UnpicklingError("a .metadata file holds no tensor storage")

@@ -4,9 +4,11 @@ A pickle is a program: GLOBAL / STACK_GLOBAL / INST import any callable and REDU
 We walk the opcodes (opcodes.py) and compare each imported name with an allowlist (allowlist.py, SPEC §6).
 Everything a reviewer's tools would unpickle is read the way they read it (containers.py, zips.py,
 streams.py): every stream of a raw pickle file and what follows it, every member of a zip-format torch file
-(whose layout must be unambiguous), numpy object arrays by their header, compressed pickles. Whether a file
-is a candidate is decided by its bytes, never by its name alone. The scan decides; torch's
-`weights_only=True` is the second lock, never the first.
+(whose layout must be unambiguous), every member of a tar (torch's legacy tar format), numpy object arrays by
+their header, compressed pickles. Whether a file is a candidate is decided by its bytes, never by its name
+alone, and no other reading exempts it: a valid safetensors file (or zip, or tar) is still read as a pickle
+from its byte 0, as pickle.load would read it. The whole package's scan draws on one Budget (budget.py). The
+scan decides; torch's `weights_only=True` is the second lock, never the first.
 """
 from __future__ import annotations
 
@@ -15,19 +17,21 @@ import os
 import zipfile
 import zlib
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from ..files import open_binary
 from .allowlist import ALLOWED_GLOBALS, INERT_CONFIG, INERT_CONFIG_FILES, is_allowed
+from .budget import Budget, BudgetSpent
 from .containers import NPY_MAGIC, ZIP_MAGIC, from_head, scan_container
 from .distcp import DISTCP_SUFFIX, scan_distcp
 from .opcodes import MAX_ARGUMENT, MAX_LINE, scan_stream
 from .zips import AmbiguousZip, read_layout
 
 __all__ = ["ALLOWED_GLOBALS", "INERT_CONFIG", "INERT_CONFIG_FILES", "MAX_ARGUMENT", "MAX_LINE", "NPY_MAGIC",
-           "PICKLE_EXTENSIONS", "SCAN_SETTING", "SNIFF_BYTES", "ZIP_MAGIC", "ScanResult", "category_of",
-           "has_pickle_extension", "is_allowed", "is_pickle_or_torch_zip", "is_safetensors", "scan_file",
-           "scan_package", "scan_stream", "sniff", "sniff_head"]
+           "PICKLE_EXTENSIONS", "SCAN_BUDGET_SETTING", "SCAN_SETTING", "SNIFF_BYTES", "ZIP_MAGIC", "Budget",
+           "ScanResult", "category_of", "has_pickle_extension", "is_allowed", "is_pickle_or_torch_zip",
+           "is_safetensors", "scan_file", "scan_package", "scan_stream", "sniff", "sniff_head"]
 
 PICKLE_EXTENSIONS = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle")
 SNIFF_BYTES = 16
@@ -60,7 +64,7 @@ class ScanResult:
 def sniff(path: str | os.PathLike) -> str | None:
     """What the first bytes say: 'pickle' (protocol 2+ magic), 'zip', 'npy', a compression ('gzip', 'bz2',
     'lzma', 'zstd', 'zlib'), 'opcode' (begins with a pickle opcode, as protocol 0/1 and headerless pickles
-    do) or None (a valid safetensors file is None, whatever its first byte)."""
+    do) or None. A valid safetensors file gets no exemption: its length bytes may well be a pickle."""
     try:
         with open_binary(path) as fh:
             head = fh.read(SNIFF_BYTES)
@@ -71,10 +75,7 @@ def sniff(path: str | os.PathLike) -> str | None:
 
 def sniff_head(head: bytes, path: str | os.PathLike) -> str | None:
     """sniff() on the first SNIFF_BYTES bytes already read."""
-    kind = from_head(head)
-    if kind in ("pickle", "opcode") and head[8:9] == b"{" and is_safetensors(path, head):
-        return None  # its 8-byte header length happens to begin like a pickle
-    return kind
+    return from_head(head)
 
 
 def is_safetensors(path: str | os.PathLike, head: bytes) -> bool:
@@ -121,27 +122,36 @@ def category_of(path: str | os.PathLike) -> str:
     return "inert-config" if Path(path).name in INERT_CONFIG_FILES else "weights"
 
 
-def scan_file(path: str | os.PathLike) -> ScanResult:
-    """Scan one file. A file that is neither a pickle nor a container holding one gives is_pickle=False."""
+def scan_file(path: str | os.PathLike, budget: Budget | None = None) -> ScanResult:
+    """Scan one file. A file that is neither a pickle nor a container holding one gives is_pickle=False.
+    `budget`: the package's scan budget (a fresh default one when None); spent, the file cannot be scanned."""
+    budget = budget if budget is not None else Budget()
     result = ScanResult(is_pickle=False, category=category_of(path))
     found: set[str] = set()
     named = has_pickle_extension(path)
     try:
         kind = sniff(path)
-        if kind is not None or (named and not _is_safetensors_file(path)):
+        if kind is not None or named:
             size = os.stat(path).st_size
+            # Valid safetensors too: its length bytes looking like PROTO prove no intent, and a break is no error.
+            other_format = _is_safetensors_file(path)
             with open_binary(path) as fh:
                 if kind == "zip" and str(path).endswith(DISTCP_SUFFIX):  # one archive per stored item
-                    result.is_pickle, result.error = scan_distcp(fh, size, Path(path).name, found, scan_container)
+                    scan = partial(scan_container, budget=budget)
+                    result.is_pickle, result.error = scan_distcp(fh, size, Path(path).name, found, scan)
                 else:
-                    result.is_pickle, result.error = scan_container(fh, size, Path(path).name, found, named=named)
-                if not result.is_pickle and kind != "zip" and (named or _opens_like_npz(fh)):
+                    result.is_pickle, result.error = scan_container(fh, size, Path(path).name, found,
+                                                                    named=named and not other_format,
+                                                                    budget=budget, other_format=other_format)
+                if (not result.is_pickle or result.error) and kind != "zip" and (named or _opens_like_npz(fh)):
                     _refuse_hidden_zip(fh, size)
     except AmbiguousZip as exc:
         # Two readers could see two archives: whatever either would unpickle is unknown. Never loadable.
         result.is_pickle, result.error = True, f"ambiguous zip archive: {exc}"
     except zipfile.BadZipFile as exc:
         result.is_pickle, result.error = True, f"damaged zip archive ({exc})"
+    except BudgetSpent as exc:
+        result.is_pickle, result.error = True, str(exc)
     except (OSError, EOFError, RuntimeError, ValueError, NotImplementedError, zlib.error) as exc:
         result.is_pickle = True
         result.error = f"{type(exc).__name__}: {exc}"
@@ -173,17 +183,26 @@ def _is_safetensors_file(path) -> bool:
 
 
 SCAN_SETTING = "pickle_scan"  # package.settings key: {relative path: ScanResult}
+# package.settings key: the scan budget's units (the audit: its --max-size). Unset: the package's own size.
+SCAN_BUDGET_SETTING = "pickle_scan_budget"
 
 
 def scan_package(package) -> dict[str, ScanResult]:
     """Scan each candidate file of a package once (pickle extension or pickle-like first bytes); the results
-    stay on the package so the reload step refuses what the scan refused, without scanning twice."""
+    stay on the package so the reload step refuses what the scan refused, without scanning twice. All the
+    files draw on one Budget: once it is spent, every file left is "cannot be scanned"."""
     results: dict[str, ScanResult] = package.settings.setdefault(SCAN_SETTING, {})
+    units = package.settings.get(SCAN_BUDGET_SETTING)
+    budget = Budget(units if units is not None else _package_bytes(package))
     for rel in sorted(package.files):
         if rel in results:
             continue
         path = package.os_path(rel)
         # The first bytes of a document the checks already read come from memory: no second open per file.
         if is_pickle_or_torch_zip(path, package.cached_head(rel, SNIFF_BYTES)):
-            results[rel] = scan_file(path)
+            results[rel] = scan_file(path, budget)
     return results
+
+
+def _package_bytes(package) -> int:
+    return sum(entry.size for entry in package.files.values())

@@ -1,0 +1,27 @@
+"""One bound on the work of scanning a whole package's pickles: decompressed bytes and walked opcodes.
+
+A 632-byte zstd file can hold 20 million opcodes, and thirty of them fit in a 1 MB archive: scanned one by one
+without a common bound, they stall an audit for hours. Every scan of a package draws on one Budget, in units
+of bytes: each decompressed or searched byte costs one, each opcode walked OPCODE_UNITS (about what a byte of
+input costs to hash, times the Python work per opcode). The audit sizes it by --max-size, `verify` by the
+package's own size; a scan that runs out of it stops, and its file is IV506 "cannot be scanned".
+"""
+from __future__ import annotations
+
+OPCODE_UNITS = 64  # units per opcode walked: 1 GiB of budget walks about 16 million opcodes (~40 s)
+DEFAULT_UNITS = 1 << 30  # a scan with no package around it (one file, one DCP slice): at least 1 GiB's worth
+
+
+class BudgetSpent(RuntimeError):
+    """The package's scan budget is spent: the file being scanned cannot be judged."""
+
+
+class Budget:
+    def __init__(self, units: int = DEFAULT_UNITS):
+        self.limit = self.left = max(int(units), DEFAULT_UNITS)
+
+    def spend(self, units: int) -> None:
+        self.left -= units
+        if self.left < 0:
+            raise BudgetSpent(f"the scan's budget of {self.limit} units (decompressed bytes, opcodes × "
+                              f"{OPCODE_UNITS}; set by --max-size) is spent")
