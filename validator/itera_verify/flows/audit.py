@@ -31,6 +31,7 @@ from ..archive.zstdframes import declared_content_size
 from ..runtime.hfcache import resolve_hf_cache
 from ..model import Severity, UsageError
 from ..package import discover
+from ..package.pickles import SCAN_BUDGET_SETTING
 from ..runtime.progress import NULL_PROGRESS, Progress
 from ..report import Report
 from ..rules import Selection
@@ -76,7 +77,7 @@ def audit(archive, *, reload: bool = False, max_size: int | None = None, device:
                 report, unwalkable = _recheck(path, size, workdir, extraction, selection, reload=reload,
                                               device=resolved_device, hf_cache=hf_cache, timeout=timeout,
                                               jobs=jobs, progress=progress, isolation=isolation,
-                                              tmp_patterns=tmp_patterns, tariffs=tariffs)
+                                              tmp_patterns=tmp_patterns, tariffs=tariffs, scan_budget=limit)
                 facts = AuditFacts(path.name, limit, extraction, seal_scans=_scan_seal_files(extraction),
                                    detached=_detached_checksum(path, extraction), unwalkable=unwalkable)
                 # The top folder is the manifest's campaign_id (the seal names it so): compared once re-checked.
@@ -213,7 +214,7 @@ def _extract(path: Path, fd: int, workdir: str, limit: int, progress: Progress, 
 def _recheck(path: Path, size: int, workdir: str, extraction: Extraction, selection: Selection, *, reload: bool,
              device: str | None, hf_cache, timeout: float, jobs: int,
              progress: Progress, isolation: str = "auto", tmp_patterns: tuple[str, ...] = (),
-             tariffs: dict | None = None) -> tuple[Report, str | None]:
+             tariffs: dict | None = None, scan_budget: int | None = None) -> tuple[Report, str | None]:
     """Every check again on the extracted package; skipped when the stream itself failed. Returns the report
     and, when the extracted package cannot even be walked, why."""
     facts = {"archive": str(path), "archive_bytes": size,
@@ -238,6 +239,7 @@ def _recheck(path: Path, size: int, workdir: str, extraction: Extraction, select
     package.tmp_patterns = tuple(tmp_patterns)
     if tariffs is not None:
         package.settings["tariffs"] = tariffs
+    package.settings[SCAN_BUDGET_SETTING] = scan_budget  # the pickle scan's work is bounded by --max-size
     findings, reloads = check_package(package, selection, reload=reload, device=device or "cpu", timeout=timeout,
                                       jobs=jobs, progress=progress, processes=check_processes(package),
                                       isolation=isolation)
