@@ -15,7 +15,7 @@ from itera_verify.archive import (ArchiveReader, ArchiveWriter, Corrupt, NotZstd
                                   format_sums, parse_sums, tar_header)
 from itera_verify.archive.profile import OutsideProfile, octal
 from itera_verify.archive.reader import parse_pax
-from itera_verify.archive.tarheader import REGULAR, SYMLINK
+from itera_verify.archive.tarheader import DIRECTORY, REGULAR, SYMLINK
 from itera_verify.archive.zstdframes import FrameError, FrameScanner
 
 MTIME = 1_700_000_000
@@ -90,6 +90,25 @@ def test_ustar_fast_path_is_byte_identical_to_tarfile(name, kind, size, mode, li
     info.uname = info.gname = ""
     expected = info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
     assert tar_header(name, kind, size=size, mode=mode, mtime=MTIME, linkname=link) == expected
+
+
+@pytest.mark.parametrize("name, kind, size, mtime, link", [
+    ("top/" + "d" * 120 + "/", DIRECTORY, 0, MTIME, ""),
+    ("top/é/ünï.txt", REGULAR, 3, MTIME, ""),
+    ("top/bad\udcff.bin", REGULAR, 3, -1, ""),
+    ("top/" + "x" * 95 + "/y" * 4, REGULAR, 9 << 30, 8 ** 11, ""),
+    ("top/link", SYMLINK, 0, MTIME, "a" + "/." * 70),
+    ("top/é-link", SYMLINK, 0, -86_400, "bad\udcff"),
+])
+def test_pax_headers_built_here_are_byte_identical_to_tarfile(name, kind, size, mtime, link):
+    """The PAX encoding is built by tarheader.py, not by tarfile (the audit compares every header with it, so it
+    must not change with the Python version), and is the one tarfile writes on this Python."""
+    info = tarfile.TarInfo(name)
+    mode = {DIRECTORY: 0o755, SYMLINK: 0o777}.get(kind, 0o644)
+    info.type, info.size, info.mode, info.mtime, info.linkname = kind, size, mode, mtime, link
+    info.uname = info.gname = ""
+    expected = info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    assert tar_header(name, kind, size=size, mode=mode, mtime=mtime, linkname=link) == expected
 
 
 def test_a_file_of_8_gib_or_more_gets_a_pax_size_record():

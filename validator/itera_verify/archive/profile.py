@@ -12,7 +12,8 @@ numeric fields of octal digits then NULs or spaces only (no base-256, no leading
 empty prefix field, a name and link name NUL-padded after their text. Typeflags: `x` (PAX, before one member
 only, with the keys the writer's `tarfile` PAX encoding emits), `0` (regular file: the only type with data),
 `5` (directory), `2` (symlink), and `1`, `3`, `4`, `6` (hard link, devices, fifo: data-less, read so that the
-extraction refuses or checks them by name). Names: a directory's ends in `/`, no other member's does.
+extraction refuses them by name). Names: a directory's ends in `/`, no other member's does. Within this profile
+canonical.py then accepts only the exact headers the seal writes (modes, owners, times, no hard links).
 """
 from __future__ import annotations
 
