@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..files import open_binary
 from .allowlist import ALLOWED_GLOBALS, INERT_CONFIG, INERT_CONFIG_FILES, is_allowed
-from .budget import Budget, BudgetSpent
+from .budget import DEFAULT_UNITS, Budget, BudgetSpent
 from .containers import NPY_MAGIC, ZIP_MAGIC, from_head, scan_container
 from .distcp import DISTCP_SUFFIX, scan_distcp
 from .opcodes import MAX_ARGUMENT, MAX_LINE, scan_stream
@@ -193,7 +193,7 @@ def scan_package(package) -> dict[str, ScanResult]:
     files draw on one Budget: once it is spent, every file left is "cannot be scanned"."""
     results: dict[str, ScanResult] = package.settings.setdefault(SCAN_SETTING, {})
     units = package.settings.get(SCAN_BUDGET_SETTING)
-    budget = Budget(units if units is not None else _package_bytes(package))
+    budget = Budget(units if units is not None else max(DEFAULT_UNITS, _package_bytes(package)))
     for rel in sorted(package.files):
         if rel in results:
             continue

@@ -18,7 +18,7 @@ class BudgetSpent(RuntimeError):
 
 class Budget:
     def __init__(self, units: int = DEFAULT_UNITS):
-        self.limit = self.left = max(int(units), DEFAULT_UNITS)
+        self.limit = self.left = int(units)
 
     def spend(self, units: int) -> None:
         self.left -= units
