@@ -10,10 +10,11 @@ import click
 
 from ..version import __version__
 from ..runtime.allocator import keep_freed_buffers
-from .config import Config, load_config
+from .config import Config, describe, load_config
 from ..model import UsageError
 from ..package import inside_package, shortened
 from ..report import FORMATS, Report, renderer
+from ..report.words import clean, plain_lines
 from ..rules import Selection, all_rules, unknown_codes
 
 EXTENSION_FORMATS = {".json": "json", ".xml": "junit", ".html": "html", ".htm": "html", ".txt": "text",
@@ -114,12 +115,12 @@ def _run(action) -> None:
     """Exit 2 with one line for a usage problem; never a traceback for a user mistake."""
     try:
         code = action()
-    except UsageError as exc:
-        click.echo(f"itera-verify: error: {exc}", err=True)
+    except UsageError as exc:  # one line, whatever a name it quotes holds
+        click.echo(plain_lines(clean(f"itera-verify: error: {exc}")), err=True)
         sys.exit(2)
     except OSError as exc:  # what no layer named: still the system refusing a path (too long, read-only, full)
         where = f"{shortened(exc.filename)}: " if exc.filename else ""
-        click.echo(f"itera-verify: error: {where}{exc.strerror or exc}", err=True)
+        click.echo(plain_lines(clean(f"itera-verify: error: {where}{exc.strerror or exc}")), err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         click.echo("itera-verify: interrupted", err=True)
@@ -203,7 +204,7 @@ def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, r
                             seal=not no_seal, output=output, overwrite=overwrite, selection=selection,
                             hf_cache=hf_cache, timeout=timeout or config.timeout or 600.0, jobs=jobs, level=level,
                             threads=threads, tmp_patterns=config.tmp_patterns, tariffs=config.tariffs,
-                            progress=progress, isolation=isolation)
+                            progress=progress, isolation=isolation, configuration=describe(config))
         _emit(report, fmt_chosen, targets, quiet, verbose)
         return _exit_code(report)
 
@@ -227,7 +228,8 @@ def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, r
 @click.option("--ignore", help="Skip these codes or prefixes in the re-check (comma-separated).")
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
               help="The reviewer's configuration (default: itera-verify.toml or pyproject.toml, searched upward "
-                   "from the current folder; never one inside the archive).")
+                   "from the current folder; never one inside the archive or in a folder holding an extracted "
+                   "package: manifest.json or SEAL/).")
 @_quiet
 @_verbose
 def audit_command(archive, do_reload, max_size, device, hf_cache, timeout, jobs, isolation, fmt, reports, strict,
@@ -238,8 +240,9 @@ def audit_command(archive, do_reload, max_size, device, hf_cache, timeout, jobs,
     keep_freed_buffers()
 
     def action() -> int:
-        # The reviewer's configuration, never the sender's: the sender's is shown beside it from the record.
-        config = load_config(explicit=config_path)
+        # The reviewer's configuration, never the sender's (not one in an extracted package, where the README
+        # sends the reviewer next): the sender's is shown beside it from the record.
+        config = load_config(explicit=config_path, reviewer=True)
         fmt_chosen = _choose_format(fmt)
         targets = _report_targets(reports, fmt_chosen)
         _refuse_reports_inside(targets, archive, "archive")
@@ -247,7 +250,7 @@ def audit_command(archive, do_reload, max_size, device, hf_cache, timeout, jobs,
             report = audit(archive, reload=do_reload, max_size=max_size, device=device, hf_cache=hf_cache,
                            timeout=timeout, jobs=jobs, selection=_selection(config, select, ignore, strict),
                            progress=progress, isolation=isolation, tmp_patterns=config.tmp_patterns,
-                           tariffs=config.tariffs)
+                           tariffs=config.tariffs, configuration=describe(config))
         _emit(report, fmt_chosen, targets, quiet, verbose)
         return _exit_code(report)
 

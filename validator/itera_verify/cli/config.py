@@ -1,9 +1,16 @@
 """Configuration: `[tool.itera-verify]` in pyproject.toml, or itera-verify.toml, found from a folder upward.
 
 The command line overrides the file. An unknown key, code or level is a usage error naming it.
+
+An audit applies the reviewer's configuration, never the sender's: a folder that holds an entry named
+`manifest.json` or `SEAL` (what every sealed archive extracts to) is read as an extracted package, and no
+configuration file in it, in a folder below it, or named by --config there, is read. The rule takes the
+outermost such folder on the way up (a package inside a package is still the sender's), and it does not look
+at what the manifest says: the sender writes the manifest, so its `format` field cannot be the test.
 """
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,9 +21,13 @@ from ..model import Severity, UsageError
 KEYS = {"select", "ignore", "levels", "tmp-patterns", "tariffs", "device", "timeout"}
 
 
+PACKAGE_MARKS = ("manifest.json", "SEAL")  # an extracted package holds both: either one marks it
+
+
 @dataclass
 class Config:
     source: Path | None = None
+    not_applied: tuple[tuple[Path, str], ...] = ()  # configuration files passed over, and why
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     levels: dict[str, Severity] = field(default_factory=dict)
@@ -26,9 +37,10 @@ class Config:
     timeout: float | None = None
 
 
-def find_config(start: Path) -> tuple[Path, dict] | None:
-    """The nearest itera-verify.toml, or pyproject.toml with a [tool.itera-verify] table, from `start` upward."""
-    for folder in [start, *start.parents]:
+def find_config(start: Path, folders: list[Path] | None = None) -> tuple[Path, dict] | None:
+    """The nearest itera-verify.toml, or pyproject.toml with a [tool.itera-verify] table, from `start` upward
+    (or in `folders`, nearest first)."""
+    for folder in [start, *start.parents] if folders is None else folders:
         own = folder / "itera-verify.toml"
         if own.is_file():
             data = _read_toml(own)
@@ -39,6 +51,25 @@ def find_config(start: Path) -> tuple[Path, dict] | None:
             if table is not None:
                 return pyproject, table
     return None
+
+
+def package_mark(folder: Path) -> str | None:
+    """`manifest.json` or `SEAL` when `folder` holds an entry of that name (of any type), else None."""
+    return next((name for name in PACKAGE_MARKS if os.path.lexists(folder / name)), None)
+
+
+def outermost_package(folder: Path) -> tuple[Path, str] | None:
+    """(the outermost folder from `folder` upward that holds an extracted package, the entry that marks it)."""
+    marked = [(f, mark) for f in [folder, *folder.parents] if (mark := package_mark(f)) is not None]
+    return marked[-1] if marked else None
+
+
+def _candidates(folders: list[Path]) -> list[Path]:
+    """Every configuration file a search of `folders` could read (a pyproject.toml only with our table)."""
+    found = []
+    for folder in folders:
+        found += [path for path in (folder / "itera-verify.toml", folder / "pyproject.toml") if path.is_file()]
+    return found
 
 
 def _tool_table(data: dict, default):
@@ -54,16 +85,41 @@ def _read_toml(path: Path) -> dict:
         raise UsageError(f"{path}: invalid configuration ({exc})") from exc
 
 
-def load_config(start: Path | None = None, explicit: Path | None = None) -> Config:
+def load_config(start: Path | None = None, explicit: Path | None = None, reviewer: bool = False) -> Config:
+    """The configuration of `--config FILE`, or the one found from `start` (the current folder) upward.
+    `reviewer` (an audit): never one in or below a folder that holds an extracted package (module docstring);
+    those passed over are listed in `not_applied`."""
+    passed_over: list[tuple[Path, str]] = []
     if explicit is not None:
+        package = outermost_package(explicit.resolve().parent) if reviewer else None
+        if package is not None:
+            raise UsageError(f"--config {explicit}: {package[0]} holds {package[1]}, an extracted package: an audit "
+                             "never applies a configuration from the sender's folder (use one outside it)")
         data = _read_toml(explicit)
         found = (explicit, _tool_table(data, data))
     else:
-        found = find_config((start or Path.cwd()).resolve())
+        origin = (start or Path.cwd()).resolve()
+        folders = [origin, *origin.parents]
+        package = outermost_package(origin) if reviewer else None
+        if package is not None:
+            inside = folders[:folders.index(package[0]) + 1]
+            passed_over = [(path, f"{package[0]} holds {package[1]}: an extracted package, the sender's folder")
+                           for path in _candidates(inside)]
+            folders = folders[len(inside):]
+        found = find_config(origin, folders)
     if found is None:
-        return Config()
+        return Config(not_applied=tuple(passed_over))
     source, table = found
-    return parse_config(table, source)
+    config = parse_config(table, source)
+    config.not_applied = tuple(passed_over)
+    return config
+
+
+def describe(config: Config) -> dict:
+    """What the report says about the configuration: the file applied (None: none, the rules' own levels) and
+    the files passed over."""
+    return {"applied": str(config.source) if config.source is not None else None,
+            "not_applied": [{"path": str(path), "why": why} for path, why in config.not_applied]}
 
 
 def parse_config(table: Any, source: Path | None = None) -> Config:

@@ -1,6 +1,7 @@
 """How the command line shows progress: rich bars on a terminal, plain lines in a log, nothing with -q.
 
-Everything goes to standard error, so `--format json` keeps standard output one JSON document. Both name the
+Everything goes to standard error, so `--format json` keeps standard output one JSON document. Every value
+from the package (an artifact id, a run id) is shown on one line with its control characters escaped. Both name the
 artifact being reloaded and the time left; abandoned work (a seal the failed checks threw away) says so, never
 "done". -v: every 10 % instead of 25 %, and a line with the time of each artifact's reload.
 """
@@ -20,7 +21,7 @@ from rich.table import Column
 from rich.text import Text
 
 from ..runtime.progress import NULL_PROGRESS, Progress
-from ..report.text_format import clean, human_bytes
+from ..report.words import clean, human_bytes, plain_lines
 
 
 def amount(value: float, unit: str) -> str:
@@ -128,7 +129,7 @@ class LinesProgress(Progress):
         self.tasks: dict[str, dict] = {}
 
     def _say(self, text: str) -> None:
-        self.stream.write(clean(text) + "\n")
+        self.stream.write(plain_lines(clean(text)) + "\n")  # one line, never a CI runner's command
         self.stream.flush()
 
     def start(self, key: str, description: str, total: float | None = None, unit: str = "") -> None:

@@ -18,8 +18,8 @@ one) is stopped after a bounded amount of work and disk.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -32,13 +32,14 @@ from ..runtime.hfcache import resolve_hf_cache
 from ..model import Severity, UsageError
 from ..package import discover
 from ..package.pickles import SCAN_BUDGET_SETTING
+from ..package.jsonread import read_json
 from ..runtime.progress import NULL_PROGRESS, Progress
 from ..report import Report
-from ..rules import Selection
+from ..rules import Selection, all_rules
 from ..rules.archive import RECORD, AuditFacts, audit_findings
 from ..seal import termination_unwinds
 from ..seal.plan import SEAL_LAYOUT
-from .verify import build_report, check_package, check_processes
+from .verify import NO_CONFIGURATION, build_report, check_package, check_processes
 
 GiB = 1 << 30
 
@@ -50,11 +51,12 @@ def default_max_size(archive_bytes: int) -> int:
 def audit(archive, *, reload: bool = False, max_size: int | None = None, device: str = "auto", hf_cache=None,
           timeout: float = 600.0, jobs: int = 1, selection: Selection | None = None,
           progress: Progress = NULL_PROGRESS, isolation: str = "auto", tmp_patterns: tuple[str, ...] = (),
-          tariffs: dict | None = None) -> Report:
+          tariffs: dict | None = None, configuration: dict | None = None) -> Report:
     """Audit a sealed archive. Raises UsageError (exit 2) when it cannot be read at all.
 
     `selection`, `tmp_patterns` and `tariffs` are the reviewer's configuration: the re-check applies them, and
-    the sender's configuration (as its record shows it) is compared beside it. The archive's own findings
+    the sender's configuration (as its record shows it) is compared beside it; `configuration` says which file
+    they came from (cli/config.py: never one in an extracted package). The archive's own findings
     (IV701-IV706) are always errors: no configuration makes bytes that differ from their checksums pass."""
     selection = selection or Selection()
     path = Path(archive)
@@ -72,8 +74,8 @@ def audit(archive, *, reload: bool = False, max_size: int | None = None, device:
             workdir = tempfile.mkdtemp(prefix="itera-audit-", dir=folder)  # mode 0700: private
             seal_side = tempfile.mkdtemp(prefix="itera-audit-seal-", dir=folder)  # SEAL/ extras, outside the tree
             try:
-                extraction = _extract(path, fd, workdir, limit, progress, seal_side,
-                                      keep_prefix=None if reload else safetensors_header)
+                # Every member is written whole: IV512 compares tensor payloads without --reload too.
+                extraction = _extract(path, fd, workdir, limit, progress, seal_side)
                 report, unwalkable = _recheck(path, size, workdir, extraction, selection, reload=reload,
                                               device=resolved_device, hf_cache=hf_cache, timeout=timeout,
                                               jobs=jobs, progress=progress, isolation=isolation,
@@ -91,14 +93,16 @@ def audit(archive, *, reload: bool = False, max_size: int | None = None, device:
     finally:
         os.close(fd)
     archive_sha256 = extraction.archive_sha256
+    report.configuration = configuration or NO_CONFIGURATION
     report.archive = {"path": str(path), "sha256": archive_sha256, "bytes": size}
     report.audit["archive_sha256"] = archive_sha256
     comparison = _compare_record(extraction, report)
     report.audit["comparison"] = comparison
-    # A pass recorded for content the re-check fails is a contradiction only where the sender's own configuration
-    # ran the failing rules at error level: a stricter reviewer, or a newer rule, explains the rest.
+    # A pass recorded for content the re-check fails is a contradiction unless the tool's own rule levels say a
+    # stricter reviewer explains every failing code (_configurations): the sender's record is never the reason.
     facts.record_contradicted = (comparison.get("recorded_verdict") == "pass" and comparison.get("verdict") == "fail"
                                  and bool(comparison.get("unexplained_blocking", True)))
+    facts.contradicting_codes = tuple(comparison.get("unexplained_blocking") or ())
     facts.record_unreadable = comparison.get("error")
     archive_findings = audit_findings(facts)
     for finding in archive_findings:
@@ -182,18 +186,6 @@ def _file_sha256(path: Path, fd: int) -> str:
         raise UsageError(f"{path}: cannot read ({exc.strerror or exc})") from exc
 
 
-TENSOR_PAYLOAD_MIN = 16 << 20
-
-
-def safetensors_header(name: str, size: int, first_bytes: bytes) -> int | None:
-    """Without --reload no check reads tensor data: of a large safetensors file only the 8-byte length and the
-    JSON header are written (the metadata checks read them); every byte is still hashed against SHA256SUMS."""
-    if not name.endswith(".safetensors") or size < TENSOR_PAYLOAD_MIN or len(first_bytes) < 8:
-        return None
-    header_length = int.from_bytes(first_bytes[:8], "little")
-    return 8 + header_length if header_length <= 100_000_000 else None
-
-
 def _extract(path: Path, fd: int, workdir: str, limit: int, progress: Progress, seal_side: str,
              keep_prefix=None) -> Extraction:
     progress.start("audit", f"reading {path.name}", total=None, unit="B")
@@ -269,25 +261,30 @@ def _detached_checksum(path: Path, extraction: Extraction) -> tuple[str, bool] |
 
 
 def _compare_record(extraction: Extraction, report: Report) -> dict:
-    """What the archive says was verified, next to what the re-check finds now (before archive findings)."""
+    """What the archive says was verified, next to what the re-check finds now (before archive findings).
+    The record is read with the bounded JSON reader, and only short strings and booleans are copied from it:
+    a value nested 900 levels deep would otherwise break every renderer that copies it."""
     comparison: dict = {"verdict": report.verdict if report.audit.get("rechecked") else None,
                         "version": __version__}
     raw = extraction.seal_files.get(RECORD)
     if raw is None:
         return {**comparison, "recorded": False}
     try:
-        recorded = json.loads(raw)
+        recorded = read_json(raw)
         if not isinstance(recorded, dict):
             raise ValueError("not a JSON object")
-    except (ValueError, RecursionError) as exc:
-        return {**comparison, "recorded": False, "error": f"not a readable report ({exc})"}
+    except ValueError as exc:  # JSONLimitError, JSONDecodeError, UnicodeDecodeError
+        return {**comparison, "recorded": False, "error": f"not a readable report ({str(exc)[:200]})"}
     findings = recorded.get("findings") if isinstance(recorded.get("findings"), list) else []
-    # A hostile record may hold anything where a code should be: only strings count.
-    recorded_codes = sorted({f["code"] for f in findings if isinstance(f, dict) and isinstance(f.get("code"), str)})
+    # A hostile record may hold anything where a code should be: only rule codes count.
+    recorded_codes = sorted({f["code"] for f in findings if isinstance(f, dict) and _is_code(f.get("code"))})
     current_codes = sorted({f.code for f in report.findings})
+    reloaded = recorded.get("reloaded")
     comparison.update({
-        "recorded": True, "recorded_verdict": recorded.get("verdict"), "recorded_version": recorded.get("version"),
-        "recorded_campaign_id": recorded.get("campaign_id"), "recorded_reloaded": recorded.get("reloaded"),
+        "recorded": True, "recorded_verdict": _recorded_text(recorded.get("verdict")),
+        "recorded_version": _recorded_text(recorded.get("version")),
+        "recorded_campaign_id": _recorded_text(recorded.get("campaign_id")),
+        "recorded_reloaded": reloaded if isinstance(reloaded, bool) else None,
         "codes_only_recorded": [c for c in recorded_codes if c not in current_codes],
         "codes_only_now": [c for c in current_codes if c not in recorded_codes] if report.audit.get("rechecked")
         else [],
@@ -298,20 +295,45 @@ def _compare_record(extraction: Extraction, report: Report) -> dict:
     return comparison
 
 
+RULE_CODE = re.compile(r"IV[0-9]{3}")
+RECORDED_TEXT_MAX = 200
+LEVELS = {s.value for s in Severity}
+
+
+def _is_code(value) -> bool:
+    return isinstance(value, str) and RULE_CODE.fullmatch(value) is not None
+
+
+def _recorded_text(value) -> str | None:
+    """A string the record holds, cut to a line's worth; anything else (a list, a deep object) is None."""
+    return value[:RECORDED_TEXT_MAX] if isinstance(value, str) else None
+
+
 def _configurations(recorded: dict, report: Report) -> dict:
     """The audit applies the reviewer's configuration; the sender's, as its record shows it (each rule that ran
-    and its level), is shown beside it. A blocking finding now for a code the sender ran below error level, or
-    did not run (ignored, or unknown to its version), is explained by that difference, not by the content."""
+    and its level), is shown beside it.
+
+    A blocking finding now is explained by a configuration difference only when the tool's own knowledge says
+    the code could have passed without any change of content: its level in this tool's rule registry is below
+    error (so it blocks now only because the reviewer raised it, or --strict), and the sender's record does not
+    say it ran it at error level. The record alone never explains a failure: a sender whose record says
+    "IV506: warning", or that it did not run IV506, is not believed (`not_believed`), because the record is the
+    sender's own writing. No code is counted as unknown to the sender's recorded version: the tool keeps no list
+    of which rules older versions had, and 0.1.0, the first, has them all."""
     rules = recorded.get("rules") if isinstance(recorded.get("rules"), dict) else {}
-    sender = {code: (entry.get("severity") if isinstance(entry, dict) and isinstance(entry.get("severity"), str)
-                     else "unknown") for code, entry in rules.items() if isinstance(code, str)}
+    sender = {code: (entry["severity"] if isinstance(entry, dict) and entry.get("severity") in LEVELS
+                     else "unknown") for code, entry in rules.items() if _is_code(code)}
     reviewer = {code: entry["severity"] for code, entry in (report.rules or {}).items()}
     differences = [{"code": code, "sender": sender.get(code, "not run"), "reviewer": reviewer.get(code, "not run")}
                    for code in sorted(set(sender) | set(reviewer)) if sender.get(code) != reviewer.get(code)]
+    registry = all_rules()
     blocking = sorted({f.code for f in report.blocking()})
-    explained = [code for code in blocking if sender.get(code) != "error"]
+    explained = [code for code in blocking if sender.get(code) != "error"
+                 and code in registry and registry[code].severity != Severity.ERROR]
     return {"sender_rules": len(sender), "configuration_differences": differences,
             "explained_by_configuration": explained,
+            "not_believed": [{"code": code, "sender": sender.get(code, "not run")} for code in blocking
+                             if code not in explained and sender.get(code) != "error"],
             "unexplained_blocking": [code for code in blocking if code not in explained]}
 
 

@@ -23,6 +23,7 @@ def default_archive_path(package: Package, campaign_id: str, output: str | os.Pa
     return path / name if path.is_dir() else path
 
 
+NO_CONFIGURATION = {"applied": None, "not_applied": []}  # the Python API without a configuration file
 PARALLEL_MIN_FILES = 1000
 PARALLEL_MIN_BYTES = 64 << 20
 
@@ -78,8 +79,10 @@ def build_report(package: Package, findings: list[Finding], reloads: list, selec
 def verify(path, *, device: str = "auto", reload: bool = True, seal: bool = True, output=None,
            overwrite: bool = False, selection: Selection | None = None, hf_cache=None, timeout: float = 600.0,
            jobs: int = 1, level: int = 3, threads: int = 0, tmp_patterns: tuple[str, ...] = (),
-           tariffs: dict | None = None, progress: Progress = NULL_PROGRESS, isolation: str = "auto") -> Report:
-    """Check a package, reload its artifacts and seal it when nothing blocks. Raises UsageError (exit 2)."""
+           tariffs: dict | None = None, progress: Progress = NULL_PROGRESS, isolation: str = "auto",
+           configuration: dict | None = None) -> Report:
+    """Check a package, reload its artifacts and seal it when nothing blocks. Raises UsageError (exit 2).
+    `configuration`: which configuration file the options came from, as the report states it (None: none)."""
     started = time.monotonic()
     selection = selection or Selection()
     resolved_device = None
@@ -115,6 +118,7 @@ def verify(path, *, device: str = "auto", reload: bool = True, seal: bool = True
                                               prestarted=prestarted)
             report = build_report(package, findings, reloads, selection, mode="verify", reloaded=reload,
                                   device=resolved_device)
+            report.configuration = configuration or NO_CONFIGURATION
             if not seal:
                 report.seal_skipped = "--no-seal"
             elif report.blocking():

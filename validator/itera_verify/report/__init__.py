@@ -31,6 +31,7 @@ class Report:
     campaign_id: str | None = None
     elapsed_seconds: float | None = None
     rules: dict[str, dict[str, str]] = field(default_factory=dict)  # code -> {severity, title} of rules that ran
+    configuration: dict[str, Any] | None = None  # {"applied": the file or None, "not_applied": [{path, why}]}
     tool: str = "itera-verify"
     version: str = __version__
 
@@ -56,7 +57,7 @@ class Report:
             "reloads": [r.to_json() for r in self.reloads],
             "budget": self.budget, "plan": self.plan, "runs": self.runs,
             "archive": self.archive, "sealed": self.sealed, "seal_skipped": self.seal_skipped,
-            "audit": self.audit, "rules": self.rules,
+            "audit": self.audit, "rules": self.rules, "configuration": self.configuration,
             "elapsed_seconds": None if self.elapsed_seconds is None else round(self.elapsed_seconds, 3),
         }
 

@@ -1,7 +1,8 @@
 """Text output for people: findings by file, runs, reloads, budget, plan, archive, and always a verdict line.
 
 Everything from the package is untrusted: it goes through `Text` objects (never rich markup) and `clean()`,
-so a message cannot inject terminal escape sequences or markup.
+so a message cannot inject terminal escape sequences, markup or a line of its own, and the whole text through
+`plain_lines()`, so no line of it is a CI runner's workflow command.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from . import Report
 from .text_tables import reloads_table, runs_table
 # The shared words, imported from here by the other renderers.
 from .words import (clean, findings_by_file, hours, human_bytes, location, memory_cell, metric_value,  # noqa: F401
-                    number, plural, rejection_cause, run_metrics, run_stop, severity_of, usd)
+                    number, plain_lines, plural, rejection_cause, run_metrics, run_stop, severity_of, usd)
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 PLAIN_WIDTH = 120  # wide enough that a CI log keeps one finding per line
@@ -90,6 +91,19 @@ def _header(report: Report) -> Text:
         text.append(" · campaign ")
         text.append(clean(report.campaign_id), style="bold")
     return text
+
+
+def _configuration(console: Console, report: Report) -> None:
+    """Which configuration file the options came from, and any passed over (an audit never applies the sender's)."""
+    configuration = report.configuration if isinstance(report.configuration, dict) else None
+    if configuration is None:
+        return
+    applied = configuration.get("applied")
+    console.print(f"configuration {clean(applied)}" if applied else "configuration: none (every rule at its own "
+                  "level)", soft_wrap=True)
+    for passed in configuration.get("not_applied") or []:
+        if isinstance(passed, dict):
+            console.print(f"  not applied: {clean(passed.get('path'))} ({clean(passed.get('why'))})", soft_wrap=True)
 
 
 def _findings(console: Console, report: Report) -> None:
@@ -183,8 +197,15 @@ def _record(console: Console, report: Report) -> None:
         console.print(f"  rules configured differently (sender→reviewer): {shown}{more}", soft_wrap=True)
     explained = comparison.get("explained_by_configuration") or []
     if explained:
-        console.print(f"  {', '.join(clean(c) for c in explained)}: failing now, not run at error level by the "
-                      "sender (a configuration or version difference, not a change of content)", soft_wrap=True)
+        console.print(f"  {', '.join(clean(c) for c in explained)}: failing now at the reviewer's level, below "
+                      "error by the tool's default and in the sender's record (a configuration difference, not a "
+                      "change of content)", soft_wrap=True)
+    for claim in comparison.get("not_believed") or []:
+        if isinstance(claim, dict):
+            console.print(f"  {clean(claim.get('code'))}: failing now; the sender's record says "
+                          f"{clean(claim.get('sender'))}, not taken as the reason (an error at the tool's own "
+                          "level: only the tool's rule levels and the reviewer's configuration explain a failure)",
+                          soft_wrap=True)
 
 
 def render(report: Report, options: dict) -> str:
@@ -195,6 +216,7 @@ def render(report: Report, options: dict) -> str:
                       highlight=False, emoji=False, markup=False, legacy_windows=False)
     if not options.get("quiet"):
         console.print(_header(report), soft_wrap=True)
+        _configuration(console, report)
         console.print()
     _findings(console, report)
     if not options.get("quiet"):
@@ -212,4 +234,4 @@ def render(report: Report, options: dict) -> str:
     style = "bold green" if report.verdict == "pass" else "bold red"
     console.print(Text(verdict_line(report), style=style), soft_wrap=True)
     # rich pads table lines to the console width; trailing blanks are noise in logs and diffs
-    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
+    return plain_lines("\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n")

@@ -1,19 +1,49 @@
 """Words every renderer shares: a value from the package made printable, numbers, money, hours, a finding's place.
 
-Everything from the package is untrusted: `clean()` turns control characters into visible escapes.
+Everything from a package or an archive is untrusted: `clean()` makes each value one printable line (the
+text, HTML and JUnit formats and the progress lines use it; GitHub's format adds its percent-encoding on top,
+github_format.py), and `plain_lines()` is the last step of every text the tool prints line by line.
 """
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Iterable
 
 from ..model import Finding, Severity
 
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
-def clean(value: Any, keep: str = "\n\t") -> str:
-    """A value from the package as one printable string: control characters become visible escapes."""
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    named = _NAMED_ESCAPES.get(char)
+    if named:
+        return named
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def clean(value: Any, keep: str = "") -> str:
+    """A value from the package as one printable line: every character that is not printable (newline, CR,
+    ESC, the C1 controls, U+2028) becomes a visible escape (`\\n`, `\\x1b`, `\\u2028`), so a value never starts
+    a line of its own nor reaches a terminal as a control sequence. `keep`: characters the caller's format
+    escapes its own way (GitHub percent-encodes CR and LF)."""
     text = "" if value is None else str(value)
-    return "".join(c if c.isprintable() or c in keep else f"\\x{ord(c):02x}" for c in text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else _escaped(c) for c in text)
+
+
+# A GitHub runner reads a workflow command (`::add-mask::…`, `::stop-commands::…`) on any line of standard
+# output or error, after leading blanks, and the older `##[command]` anywhere in a line.
+_COMMAND_AT_LINE_START = re.compile(r"^([ \t]*):(?=:)", re.M)
+
+
+def plain_lines(text: str) -> str:
+    """Text printed line by line (the text report, progress lines), with no line a CI runner reads as a
+    command: the tool's own words never begin with `::` or hold `##[`, so only a value from the package does,
+    and its first character is shown escaped (`\\x3a:add-mask::…`, `#\\x23[…`)."""
+    return _COMMAND_AT_LINE_START.sub(r"\1\\x3a", text).replace("##[", "#\\x23[")
 
 
 def plural(n: int, word: str) -> str:
