@@ -49,6 +49,14 @@ def cut_network() -> None:
 
 
 def rss_peak_bytes() -> int:
+    """This process's peak resident memory. Linux: VmHWM, the high-water mark of its own memory since exec;
+    ru_maxrss also counts the parent a spawned child was forked from before its exec (a whole pytest or tool
+    process: 0.5 GiB that was never the reload's)."""
+    from .limits import status_bytes
+
+    peak = status_bytes("VmHWM")
+    if peak is not None:
+        return peak
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
 

@@ -18,10 +18,10 @@ Enforcement, measured on torch 2.13 (CPU) under Linux 6.x:
   Set by the child on itself (child.py) before it opens anything, forked and spawned alike. CPU reloads only:
   the CUDA driver's own host mappings have not been measured under it, and a GPU reload refused for them
   would be a false IV504.
-- A watcher in the parent (process.py) reads the child's anonymous resident memory (RssAnon, what RLIMIT_DATA
-  bounds, now resident) at every poll and kills the child past the limit: the bound of GPU reloads, and a
-  second one for CPU reloads. No cgroup: rarely writable where the tool runs (containers, CI), and the two
-  above need none.
+- A watcher in the parent (process.py) reads the child's resident memory (VmRSS: what the report's host peak
+  measures, mapped files included) at every poll (50 ms at most) and kills the child past the limit: the
+  bound of GPU reloads, and of what RLIMIT_DATA does not count (a weight file mapped read-only) on the CPU.
+  No cgroup: rarely writable where the tool runs (containers, CI), and the two above need none.
 """
 from __future__ import annotations
 
@@ -110,29 +110,27 @@ def apply_in_child(job: dict) -> None:
         pass  # an administrator's lower hard limit already binds harder; the parent's watcher still applies
 
 
-def anonymous_bytes(pid: int) -> int | None:
-    """The process's anonymous resident memory (Linux /proc; None elsewhere or once it is gone)."""
+def status_bytes(field: str, pid: int | str = "self") -> int | None:
+    """A memory field of /proc/PID/status (VmRSS, VmHWM, VmData) in bytes; None off Linux or once it is gone."""
+    key = field.encode() + b":"
     try:
         with open(f"/proc/{pid}/status", "rb") as handle:
             for line in handle:
-                if line.startswith(b"RssAnon:"):
+                if line.startswith(key):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None
     return None
 
 
+def resident_bytes(pid: int) -> int | None:
+    """The process's resident memory now."""
+    return status_bytes("VmRSS", pid)
+
+
 def starved(text: str) -> bool:
     """An error or a log that says an allocation was refused."""
     return any(words in text for words in STARVED_WORDS)
-
-
-def _data_bytes() -> int | None:
-    try:
-        with open("/proc/self/status", "rb") as handle:
-            return next(int(line.split()[1]) * 1024 for line in handle if line.startswith(b"VmData:"))
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
 
 
 def refused_by_limit(text: str, limit: int) -> bool:
@@ -144,7 +142,7 @@ def refused_by_limit(text: str, limit: int) -> bool:
     outside = resource.getrlimit(resource.RLIMIT_AS)[0]
     if outside != resource.RLIM_INFINITY and outside < limit:
         return False
-    asked, used = re.search(r"(\d+) bytes", text), _data_bytes()
+    asked, used = re.search(r"(\d+) bytes", text), status_bytes("VmData")
     return asked is None or used is None or used + int(asked.group(1)) > limit
 
 

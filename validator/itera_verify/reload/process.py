@@ -1,7 +1,7 @@
 """Reload children as operating-system processes: each in its own session, waited for with a timeout, its whole
 process group swept when it ends, and every live one ended at once when the tool is interrupted. A child is
 either spawned (a new interpreter) or forked by the zygote (zygote.py; zygote_client.py talks to it). While it is
-waited for, its anonymous resident memory is read at every poll and the child killed past its limit (limits.py)."""
+waited for, its resident memory is read at every poll and the child killed past its limit (limits.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from .limits import anonymous_bytes
+from .limits import resident_bytes
 
 POLL_SECONDS = 0.05  # the longest pause between two looks at a child: its exit, its memory
 
@@ -24,7 +24,7 @@ class Exit:
     code: int | None = None
     timed_out: bool = False
     interrupted: bool = False
-    over_limit: bool = False  # killed by the watcher: its anonymous memory passed its limit
+    over_limit: bool = False  # killed by the watcher: its resident memory passed its limit
     usage: Any = None  # resource usage of the child alone (os.wait4), when known
 
 
@@ -133,7 +133,7 @@ class ChildProcesses:
 def _over(pid: int, memory_limit: int | None) -> bool:
     if not memory_limit:
         return False
-    used = anonymous_bytes(pid)
+    used = resident_bytes(pid)
     return used is not None and used > memory_limit
 
 

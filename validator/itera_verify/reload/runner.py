@@ -158,7 +158,7 @@ class _Child:
             limit = job.get("memory_limit")
             end = self.children.wait(self.proc, timeout, limit) if self.proc is not None else Exit(interrupted=True)
             result.seconds = time.monotonic() - self.started
-            if end.usage is not None:  # the child's own peak, from the kernel, whatever the child reported
+            if end.usage is not None:  # the kernel's word, for a child that ends without a report
                 result.host_peak_memory_bytes = end.usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
                 if job["device"] == "cpu":
                     result.peak_memory_bytes = result.host_peak_memory_bytes
@@ -236,8 +236,12 @@ def _merge(result: ReloadResult, reported: dict) -> None:
     if result.peak_memory_bytes is None or result.device != "cpu":
         result.peak_memory_bytes = reported.get("peak_memory_bytes")
     result.devices = [str(d) for d in reported.get("devices") or [result.device]]
-    if result.host_peak_memory_bytes is None:
-        result.host_peak_memory_bytes = reported.get("host_peak_memory_bytes")
+    if reported.get("host_peak_memory_bytes") is not None:
+        # The child's VmHWM (child.rss_peak_bytes): ru_maxrss of a spawned child also counts the process it was
+        # forked from before its exec, and its limit (limits.py) is judged on the child's own memory.
+        result.host_peak_memory_bytes = reported["host_peak_memory_bytes"]
+        if result.device == "cpu":
+            result.peak_memory_bytes = result.host_peak_memory_bytes
     result.device_peak_memory_bytes = reported.get("device_peak_memory_bytes")
     facts = dict(reported.get("facts") or {})
     for key in ("startup_seconds", "gate_wait_seconds", "load_seconds", "peak_rss_bytes", "device_name", "started_at",
