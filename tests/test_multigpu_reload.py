@@ -35,8 +35,11 @@ def reload(package_dir: Path, hf_cache, *only: str):
 
 
 def reload_codes(package_dir: Path, hf_cache, artifact: str) -> list[str]:
+    """The codes a user sees for `artifact`: the static phase's resume facts (what --no-reload sees from names)
+    and the reload's findings, which never repeat a requirement the static phase reported."""
     _, findings = reload(package_dir, hf_cache, artifact)
-    return sorted(f.code for f in findings)
+    static = [f for f in reload_rules.check(discover(package_dir), phase="static") if f.artifact == artifact]
+    return sorted(f.code for f in static + findings)
 
 
 def record_world_size(package_dir: Path, size: int) -> None:

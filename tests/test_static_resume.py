@@ -139,12 +139,70 @@ def test_fsdp_full_state_optimizer_bin_serves_as_the_optimizer(package_dir):
     assert resume_findings(package_dir) == []
 
 
-def test_fsdp_like_layout_is_left_to_the_reload(package_dir):
+def test_fsdp_like_layout_needs_its_optimizer_folder_beside_each_model_folder(package_dir):
+    # Sharded FSDP keeps weights and optimizer in pytorch_model_fsdp_<i>/ and optimizer_<i>/ (no optimizer.pt):
+    # the names alone show a model folder without its optimizer folder, so --no-reload says so.
     folder = package_dir / CHECKPOINT
     (folder / "pytorch_model_fsdp_0").mkdir()
     shutil.move(folder / "model.safetensors", folder / "pytorch_model_fsdp_0" / "__0_0.distcp")
     (folder / "optimizer.pt").unlink()
+    assert [(f.code, f.path) for f in resume_findings(package_dir)] == [("IV507", f"{CHECKPOINT}/optimizer_0")]
+    (folder / "optimizer_0").mkdir()
+    shutil.move(folder / "scheduler.pt", folder / "optimizer_0" / "__0_0.distcp")
+    assert [(f.code, f.path) for f in resume_findings(package_dir)] == [("IV507", f"{CHECKPOINT}/scheduler.pt")]
+
+
+# --- the per-rank files of a multi-process run, from names alone (format/layouts.py) -------------------------
+
+def ranked_rng(package_dir: Path, ranks) -> None:
+    folder = package_dir / CHECKPOINT
+    single = (folder / "rng_state.pth").read_bytes()
+    (folder / "rng_state.pth").unlink()
+    for rank in ranks:
+        (folder / f"rng_state_{rank}.pth").write_bytes(single)
+
+
+def test_a_ddp_checkpoint_missing_a_ranks_rng_file_is_IV507_without_reload(package_dir):
+    ranked_rng(package_dir, [0])
+    set_params(package_dir, "control", world_size=2)
+    [finding] = resume_findings(package_dir)
+    assert (finding.code, finding.path) == ("IV507", CHECKPOINT)
+    assert "rank(s) 1 of 2" in finding.message
+
+
+def test_one_rng_state_for_two_processes_is_IV507_without_reload(package_dir):
+    set_params(package_dir, "control", world_size=2)
+    [finding] = resume_findings(package_dir)
+    assert (finding.code, finding.path) == ("IV507", f"{CHECKPOINT}/rng_state.pth")
+    assert "one rng_state.pth for 2 processes" in finding.message
+
+
+def test_a_recorded_world_size_beyond_the_rank_files_is_found_without_reload(package_dir):
+    ranked_rng(package_dir, [0, 1])
+    set_params(package_dir, "control", world_size=2)
     assert resume_findings(package_dir) == []
+    set_params(package_dir, "control", world_size=4)
+    [finding] = resume_findings(package_dir)
+    assert finding.code == "IV507" and "rank(s) 2, 3 of 4" in finding.message
+    set_params(package_dir, "control", world_size=1)
+    [finding] = resume_findings(package_dir)
+    assert finding.code == "IV508" and finding.path == f"{CHECKPOINT}/rng_state_1.pth"
+
+
+def test_the_reload_reports_a_missing_rank_file_once_under_the_same_requirement(package_dir, hf_cache):
+    from itera_verify.flows.verify import verify
+    from itera_verify.rules import Selection
+
+    ranked_rng(package_dir, [0])
+    set_params(package_dir, "control", world_size=2)
+    static = [(f.code, f.path, f.message) for f in resume_findings(package_dir)]
+    report = verify(package_dir, device="cpu", seal=False, hf_cache=hf_cache, selection=Selection())
+    resume = [(f.code, f.path, f.message) for f in report.findings
+              if f.artifact == "control-resume" and f.code in ("IV507", "IV508")]
+    assert resume == static, resume
+    [reloaded] = [r for r in report.reloads if r.artifact == "control-resume"]
+    problems = reloaded.facts.get("problems") or []
+    assert [p.get("requirement") for p in problems] == ["rng:missing"], problems  # the reload saw it too
 
 
 def test_reload_does_not_report_the_missing_optimizer_a_second_time(package_dir, hf_cache):

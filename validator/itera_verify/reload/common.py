@@ -39,8 +39,18 @@ class Outcome:
         self.facts: dict[str, Any] = {}
         self.forward: str | None = None
 
-    def fail(self, failure: str, message: str, file: str | Path | None = None) -> None:
-        self.problems.append({"failure": failure, "message": message, "file": self.rel(file) if file else None})
+    def fail(self, failure: str, message: str, file: str | Path | None = None, requirement: str | None = None) -> None:
+        """`requirement`: the id of a format/layouts.py requirement this problem is (the static checks report the
+        same id, and the rules say it once)."""
+        problem = {"failure": failure, "message": message, "file": self.rel(file) if file else None}
+        if requirement is not None:
+            problem["requirement"] = requirement
+        self.problems.append(problem)
+
+    def unmet(self, need, folder: Path) -> None:
+        """One unmet format/layouts.py requirement of the checkpoint in `folder`."""
+        failure = MISSING if need.code == "IV507" else INCONSISTENT
+        self.fail(failure, need.message, folder / need.file if need.file else folder, requirement=need.id)
 
     def rel(self, path: str | Path) -> str:
         """A path as the user knows it: relative to the package when it lies inside."""

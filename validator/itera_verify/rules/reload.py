@@ -100,8 +100,8 @@ def failure_findings(package: Package, runs_by_artifact: dict[str, str | None]) 
             continue
         for problem in _problems(result):
             code = CODE_FOR_FAILURE.get(problem.get("failure") or "", "IV504")
-            if any(fact.same_as(result.artifact, code, problem) for fact in seen_statically):
-                continue  # the static phase reported this missing component already
+            if any(fact.same_as(result.artifact, problem) for fact in seen_statically):
+                continue  # the static phase reported this requirement already (same id, format/layouts.py)
             yield Finding(code, problem.get("file") or result.path or None, message=_message(result, problem),
                           run=runs_by_artifact.get(result.artifact), artifact=result.artifact)
 

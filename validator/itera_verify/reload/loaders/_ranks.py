@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ...format import layouts
 from ..common import INCONSISTENT, MISSING, Outcome
 
-RNG_FILE = re.compile(r"rng_state(?:_(\d+))?\.pth")
 
 
 def rank_files(folder: Path, pattern: re.Pattern) -> dict[int, Path]:
@@ -40,9 +40,7 @@ def check_ranks(ranks: dict[int, Path], world_size: int | None, what: str, outco
     outcome.facts.setdefault("ranks", {})[what] = sorted(ranks)
     if not ranks:
         return  # the caller reports a component that is missing whole
-    expected = world_size if world_size is not None else max(ranks) + 1
-    missing = [rank for rank in range(expected) if rank not in ranks]
-    extra = sorted(rank for rank in ranks if rank >= expected)
+    expected, missing, extra = layouts.rank_gaps(ranks, world_size)
     if missing:
         outcome.fail(MISSING, f"{outcome.rel(folder)}: no {what} for rank(s) {', '.join(map(str, missing))} of "
                               f"{expected}: those processes cannot resume", folder)

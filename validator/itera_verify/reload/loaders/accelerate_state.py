@@ -21,6 +21,7 @@ from ..common import (
     nonfinite_count,
     safe_torch_load,
 )
+from ...format import layouts
 from . import _ranks, _resume, _trainer_layouts
 from ._zero import check_zero_checkpoint
 
@@ -80,18 +81,22 @@ def reload(job: dict, device, outcome: Outcome) -> None:
         raise Stop(LOAD, f"{outcome.rel(folder)} is not an Accelerator.save_state folder")
     models, optimizers = _indexed(folder, MODEL), _indexed(folder, OPTIMIZER)
     schedulers, ranks = _indexed(folder, SCHEDULER), _ranks.rank_files(folder, RANDOM_STATES)
-    layout, fsdp_model = _trainer_layouts.layout_of(folder), None
+    layout = layouts.detect((p.name for p in folder.iterdir() if p.is_file()),
+                            (p.name for p in folder.iterdir() if p.is_dir()))
+    fsdp_model = None
     outcome.facts["layout"] = layout
-    if layout == _trainer_layouts.DEEPSPEED:
+    if layout == layouts.DEEPSPEED:
         # Under DeepSpeed the engine saves model, optimizer and its scheduler (`latest` names pytorch_model/).
         check_zero_checkpoint(folder, job, device, outcome)
-    elif layout == _trainer_layouts.FSDP:  # sharded FSDP: pytorch_model_fsdp_<i>/ and optimizer_<i>/
+    elif layout == layouts.FSDP:  # sharded FSDP: pytorch_model_fsdp_<i>/ and optimizer_<i>/
+        for need in layouts.fsdp_requirements(outcome.rel(folder), (p.name for p in folder.iterdir() if p.is_dir())):
+            outcome.unmet(need, folder)
         fsdp_model = _trainer_layouts.check_fsdp(folder, job, device, outcome, None)
     elif not models:
         outcome.fail(MISSING, f"no model.safetensors (or pytorch_model.bin) in {outcome.rel(folder)}",
                      folder / "model.safetensors")
     required = [("RNG state", ranks, "random_states_0.pkl")]
-    if layout == _trainer_layouts.SINGLE:
+    if layout == layouts.SINGLE:
         required += [("optimizer", optimizers, "optimizer.bin"), ("scheduler", schedulers, "scheduler.bin")]
     for what, found, name in required:
         if not found:
@@ -125,7 +130,7 @@ def reload(job: dict, device, outcome: Outcome) -> None:
                          path)
     for path in ranks.values():
         _resume.attempt(outcome, check_random_states, path, outcome)
-    if layout == _trainer_layouts.SINGLE:
+    if layout == layouts.SINGLE:
         outcome.forward = "not run: an accelerate state holds no architecture"
     else:
         _trainer_layouts.forward(fsdp_model, device, outcome, layout)

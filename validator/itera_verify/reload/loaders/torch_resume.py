@@ -6,10 +6,9 @@ from collections import Counter
 from pathlib import Path
 
 from ..common import INCONSISTENT, LOAD, MISSING, Outcome, Stop, nonfinite_count
+from ...format import layouts
 from . import _resume
 
-COMPONENTS = {"model": "the weights", "optimizer": "the optimizer state", "scheduler": "the LR scheduler state",
-              "rng": "the RNG states", "step": "the step reached", "data_state": "the position in the data"}
 
 
 def model_tensors(state, outcome: Outcome, file: Path, prefix: str = "") -> dict:
@@ -62,11 +61,8 @@ def reload(job: dict, device, outcome: Outcome) -> None:
     file, data = _resume.load_resume_file(job, device, outcome, "torch-resume needs one .pt file",
                                           "a dict of resume components")
     fp16 = bool(job.get("fp16"))
-    wanted = dict(COMPONENTS, **({"scaler": "the gradient-scaler state (the run used fp16)"} if fp16 else {}))
-    for key, meaning in wanted.items():
-        if key not in data:
-            outcome.fail(MISSING, f"{outcome.rel(file)} has no `{key}` ({meaning}): the run cannot resume exactly",
-                         file)
+    for need in layouts.resume_key_requirements(outcome.rel(file), data, fp16=fp16):
+        outcome.fail(MISSING, need.message, file, requirement=need.id)
     shapes = _resume.attempt(outcome, check_model, data["model"], outcome, file) if "model" in data else None
     step = _resume.attempt(outcome, read_step, data["step"], outcome, file) if "step" in data else None
     if "optimizer" in data:

@@ -13,19 +13,17 @@ from pathlib import Path
 
 from ...package.pickles import scan_file
 from ..common import LOAD, MISSING, Outcome, Stop, safe_torch_load, short
+from ...format import layouts
 from . import _resume, _trainer_layouts
 from .peft import load_adapter_model
 from .transformers import load_model
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json", "adapter_model.safetensors", "adapter_model.bin")
 
 
 def read_global_step(folder: Path, outcome: Outcome) -> int | None:
-    path = folder / "trainer_state.json"
+    path = folder / layouts.TRAINER_STATE
     if not path.is_file():
-        outcome.fail(MISSING, f"{outcome.rel(path)} is missing: no record of progress (global_step)", path)
-        return None
+        return None  # an unmet requirement: find_components reports it
     try:
         state = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -33,38 +31,32 @@ def read_global_step(folder: Path, outcome: Outcome) -> int | None:
         return None
     step = state.get("global_step") if isinstance(state, dict) else None
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        outcome.fail(MISSING, f"{outcome.rel(path)} has no global_step", path)
+        outcome.fail(MISSING, f"{outcome.rel(path)} has no global_step", path, requirement=layouts.GLOBAL_STEP)
         return None
     outcome.facts["global_step"] = step
     return step
 
 
-def find_components(folder: Path, fp16: bool, outcome: Outcome, layout: str = _trainer_layouts.SINGLE,
-                    world_size: int | None = None) -> dict[str, list[Path]]:
-    """Each component's files; a missing one is recorded (IV507) and the others still get checked. Under
+def find_components(folder: Path, fp16: bool, outcome: Outcome, world_size: int | None = None) -> dict[str, list[Path]]:
+    """Each component's files; every unmet requirement of the folder's layout (format/layouts.py, the reading
+    the static checks share) is recorded under its id, and the components present still get checked. Under
     DeepSpeed and FSDP the weights and the optimizer are checked in their own folders (_trainer_layouts.py)."""
-    # FSDP with a full state dict saves the optimizer as optimizer.bin (accelerate's save_fsdp_optimizer).
-    optimizer = [folder / name for name in ("optimizer.pt", "optimizer.bin") if (folder / name).is_file()][:1]
+    files = {p.name for p in folder.iterdir() if p.is_file()}
+    dirs = {p.name for p in folder.iterdir() if p.is_dir()}
+    for need in layouts.trainer_requirements(outcome.rel(folder), files, dirs, fp16=fp16, world_size=world_size):
+        outcome.unmet(need, folder)
+    rng = layouts.rng_by_rank(files)
+    if layouts.SINGLE_RNG not in rng.values():
+        outcome.facts.setdefault("ranks", {})["RNG state (rng_state_<rank>.pth)"] = sorted(rng)
     components = {
-        "weights": [folder / name for name in WEIGHT_FILES if (folder / name).is_file()],
-        "optimizer": optimizer,
-        "scheduler": [folder / "scheduler.pt"] if (folder / "scheduler.pt").is_file() else [],
-        "rng": _trainer_layouts.rng_files(folder, world_size, outcome),
+        "weights": [folder / name for name in layouts.WEIGHT_FILES if name in files],
+        # FSDP with a full state dict saves the optimizer as optimizer.bin (accelerate's save_fsdp_optimizer).
+        "optimizer": [folder / name for name in ("optimizer.pt", "optimizer.bin") if name in files][:1],
+        "scheduler": [folder / "scheduler.pt"] if "scheduler.pt" in files else [],
+        "rng": [folder / name for _, name in sorted(rng.items())],
     }
     if fp16:
-        components["scaler"] = [folder / "scaler.pt"] if (folder / "scaler.pt").is_file() else []
-    expected = {"weights": "model weights (model.safetensors, pytorch_model.bin or adapter_model.safetensors)",
-                "optimizer": "optimizer.pt (optimizer.bin under FSDP)", "scheduler": "scheduler.pt",
-                "rng": "rng_state.pth (or rng_state_<rank>.pth)",
-                "scaler": "scaler.pt (the run used fp16 mixed precision)"}
-    # DeepSpeed keeps the optimizer (and the scheduler, and under ZeRO-3 the weights) in global_step<N>/;
-    # FSDP keeps weights and optimizer in pytorch_model_fsdp_<i>/ and optimizer_<i>/.
-    not_here = {_trainer_layouts.DEEPSPEED: {"weights", "optimizer", "scheduler"},
-                _trainer_layouts.FSDP: {"weights", "optimizer"}}.get(layout, set())
-    for name, files in components.items():
-        if not files and name not in not_here:
-            outcome.fail(MISSING, f"no {expected[name]} in {outcome.rel(folder)}: the run cannot resume exactly",
-                         folder / expected[name].split(" ")[0])
+        components["scaler"] = [folder / "scaler.pt"] if "scaler.pt" in files else []
     return components
 
 
@@ -105,14 +97,15 @@ def reload(job: dict, device, outcome: Outcome) -> None:
     if not folder.is_dir():
         raise Stop(LOAD, f"{outcome.rel(folder)} is not a checkpoint folder")
     global_step = read_global_step(folder, outcome)
-    layout = _trainer_layouts.layout_of(folder)
+    layout = layouts.detect((p.name for p in folder.iterdir() if p.is_file()),
+                            (p.name for p in folder.iterdir() if p.is_dir()))
     outcome.facts["layout"] = layout
     world_size = job.get("world_size")
-    if layout == _trainer_layouts.DEEPSPEED:
+    if layout == layouts.DEEPSPEED:
         world_size = world_size or _trainer_layouts.check_deepspeed(folder, job, device, outcome, global_step)
-    components = find_components(folder, bool(job.get("fp16")), outcome, layout, world_size)
+    components = find_components(folder, bool(job.get("fp16")), outcome, world_size)
     model = None
-    if layout == _trainer_layouts.FSDP:
+    if layout == layouts.FSDP:
         model = _trainer_layouts.check_fsdp(folder, job, device, outcome, global_step)
     elif components["weights"]:
         model = _resume.attempt(outcome, load_weights, folder, job, device, outcome)
