@@ -196,6 +196,28 @@ def test_progress_lines_show_a_hostile_artifact_id_on_one_line():
     assert "x\\n::add-mask::secret" in stream.getvalue()
 
 
+def test_every_renderer_shows_hostile_values_escaped():
+    """Every value a report carries from a package (path, message, pointer, run, artifact, reload error, stop
+    reason, record claims), in every format: no raw control character; text and github never start a command."""
+    from itera_verify.report import renderer
+    from tests.test_renderers import sample_report
+
+    report = sample_report()
+    for finding in report.findings:
+        finding.path, finding.message, finding.pointer = HOSTILE, HOSTILE, f"/{HOSTILE}"
+    report.reloads[2].artifact, report.reloads[2].error = HOSTILE, HOSTILE
+    for run in report.runs:
+        run["id"], run["stop_reason"] = HOSTILE, HOSTILE
+    report.configuration = {"applied": HOSTILE, "not_applied": [{"path": HOSTILE, "why": HOSTILE}]}
+    report.mode, report.audit = "audit", {"comparison": {
+        "recorded": True, "recorded_verdict": HOSTILE, "configuration_differences": [{"code": HOSTILE}],
+        "not_believed": [{"code": HOSTILE, "sender": HOSTILE}]}}
+    for fmt in ("text", "github"):
+        assert_plain(renderer(fmt)(report, {"verbose": True}).encode(), annotations=fmt == "github")
+    for fmt in ("junit", "html", "json"):
+        assert not re.search(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\x80-\x9f\u2028\u2029]", renderer(fmt)(report, {}))
+
+
 def test_a_value_at_the_start_of_a_text_line_never_starts_a_command():
     from itera_verify.report.words import plain_lines
 
