@@ -148,9 +148,20 @@ python_values = json_values(10).map(lambda v: v if not isinstance(v, list) else 
 real_pickles = st.tuples(python_values, st.integers(0, pickle.HIGHEST_PROTOCOL)).map(_real_pickle)
 
 
+def _in_legacy_tar(data: bytes) -> bytes:
+    """torch's legacy tar format (torch.load tries it first): the stream as its `storages` member."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        info = tarfile.TarInfo("storages")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
 def pickle_streams():
-    """Opcode programs, real pickles of plain data, and damaged real pickles."""
-    return st.one_of(pickle_programs(), pickle_programs(), real_pickles, real_pickles.flatmap(byte_noise))
+    """Opcode programs, real pickles of plain data, damaged real pickles, programs in a legacy torch tar."""
+    return st.one_of(pickle_programs(), pickle_programs(), real_pickles, real_pickles.flatmap(byte_noise),
+                     pickle_programs().map(_in_legacy_tar))
 
 
 # ---------------------------------------------------------------------------------------------- tar + zstd

@@ -117,7 +117,10 @@ def _strtol0(text: bytes) -> int | None:
         i += 1
     if i == start:
         return 0 if n == 0 else None  # no digits: `end` is the string's start, fine only for an empty one
-    value = int(text[start:i], base) * (-1 if negative else 1)
+    digits = text[start:i].lstrip(b"0") or b"0"
+    if len(digits) > 22:  # past any C long (and past int()'s digit limit): strtol overflows
+        return None
+    value = int(digits, base) * (-1 if negative else 1)
     if i != n and text[i:] != b"\n" or not _LONG_MIN <= value <= _LONG_MAX:
         return None
     return value
