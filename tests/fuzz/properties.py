@@ -238,6 +238,31 @@ def safetensors_loader_property(ws: Workspace, data: bytes) -> None:
                 raise
 
 
+
+def safetensors_header_property(ws: Workspace, data: bytes) -> None:
+    """The one safetensors header reader (format/safetensors.py, read by the untrained-model rule, GPU placement
+    and the reload's size checks alike): never an exception, whatever the bytes; and every file the safetensors
+    library itself opens is read with the library's names, dtypes and shapes."""
+    from safetensors import safe_open
+
+    from itera_verify.package.files import read_safetensors_header
+    from itera_verify.reload.placement import weight_bytes
+
+    path = ws.scratch / "fuzzed-header.safetensors"
+    path.write_bytes(data)
+    with time_limit():
+        header = read_safetensors_header(path)
+        weight_bytes(path)
+    try:
+        with safe_open(str(path), framework="numpy") as handle:
+            library = {name: handle.get_slice(name) for name in handle.keys()}
+            library = {name: (piece.get_dtype(), tuple(piece.get_shape())) for name, piece in library.items()}
+    except Exception:  # noqa: BLE001 — any refusal by the library: the reload reports the file
+        return
+    assert header is not None, "the safetensors library opens a file the tool's reader refuses"
+    assert {name: (e.dtype, e.shape) for name, e in header.entries.items()} == library
+
+
 # ---------------------------------------------------------------------------------------------- archives
 
 def tar_reader_property(ws: Workspace, data: bytes) -> None:
@@ -302,6 +327,7 @@ READERS: list[Reader] = [
     Reader("safetensors header", lambda ws: binary.safetensors_files(),
            document_property("artifacts/control-model/model.safetensors")),
     Reader("safetensors loader (reload child)", lambda ws: binary.safetensors_files(), safetensors_loader_property),
+    Reader("safetensors header (format layer)", lambda ws: binary.safetensors_files(), safetensors_header_property),
     Reader("pickle scanner", lambda ws: binary.pickle_streams(), direct_scan_property),
     Reader("pickle scanner (IV506)", lambda ws: st.tuples(binary.pickle_streams(), st.sampled_from(SUFFIXES)),
            pickle_property),

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from typing import BinaryIO
 
+from ..format import safetensors
+
 READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 
 
@@ -20,3 +22,16 @@ def open_binary(path: str | os.PathLike) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def read_safetensors_header(path: str | os.PathLike) -> "safetensors.Header | None":
+    """The header of a safetensors file (format/safetensors.py reads it; this reads its two pieces), or None when
+    the file cannot be read or safetensors would refuse it."""
+    try:
+        with open_binary(path) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            head = fh.read(safetensors.HEAD_BYTES)
+            length = safetensors.header_length(head, size)
+            return None if length is None else safetensors.parse(head, fh.read(length), size)
+    except OSError:
+        return None

@@ -8,11 +8,11 @@ Pure planning over numbers and meta-device models; nothing here touches a GPU, s
 """
 from __future__ import annotations
 
-import json
 import os
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..package.files import read_safetensors_header
 
 # Share of a GPU's free memory that weights may take: the rest is for the CUDA context, the forward pass and
 # the allocator's fragments.
@@ -66,22 +66,21 @@ def capped(free: dict[int, int], cap: int | None) -> dict[int, int]:
 
 
 def safetensors_header(path: Path) -> dict[str, dict]:
-    """The tensor entries of a safetensors file (name -> {"dtype", "shape", "data_offsets"}), read from its
-    header alone (no data read); the loaders validate a file with safetensors itself before trusting these."""
-    with open(path, "rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        header = json.loads(handle.read(min(length, 100_000_000)))
-    return {name: entry for name, entry in header.items() if name != "__metadata__" and isinstance(entry, dict)}
+    """The tensor entries of a safetensors file (name -> {"dtype", "shape", "data_offsets"}, offsets relative to
+    the data as in the file), read from its header alone by the one reader (format/safetensors.py); {} when
+    safetensors would refuse the file (the loaders report it)."""
+    header = read_safetensors_header(path)
+    if header is None:
+        return {}
+    return {name: {"dtype": e.dtype, "shape": list(e.shape),
+                   "data_offsets": [e.begin - header.data_start, e.end - header.data_start]}
+            for name, e in header.entries.items()}
 
 
-def safetensors_bytes(path: Path) -> int:
-    """Tensor bytes a safetensors file holds, read from its header alone (no data read)."""
-    total = 0
-    for entry in safetensors_header(path).values():
-        if "data_offsets" in entry:
-            start, end = entry["data_offsets"]
-            total += int(end) - int(start)
-    return total
+def safetensors_bytes(path: Path) -> int | None:
+    """Tensor bytes a safetensors file holds, read from its header alone (no data read); None when unreadable."""
+    header = read_safetensors_header(path)
+    return sum(e.nbytes for e in header.entries.values()) if header else None
 
 
 def weight_bytes(path: Path) -> int:
@@ -92,9 +91,10 @@ def weight_bytes(path: Path) -> int:
     total = 0
     for file in files:
         try:
-            total += safetensors_bytes(file) if file.suffix == ".safetensors" else file.stat().st_size
-        except (OSError, ValueError, struct.error, TypeError, AttributeError):
-            total += file.stat().st_size if file.exists() else 0
+            tensors = safetensors_bytes(file) if file.suffix == ".safetensors" else None
+            total += file.stat().st_size if tensors is None else tensors
+        except OSError:
+            pass  # vanished: nothing to place
     return total
 
 

@@ -10,14 +10,11 @@ values converted as torch converts them (round to nearest even), a chunk at a ti
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import struct
 from dataclasses import dataclass, field
 
-from ..package.files import open_binary
+from ..package.files import open_binary, read_safetensors_header
 
-MAX_HEADER = 100_000_000  # the safetensors format's own limit
 READ_CHUNK = 1 << 20
 
 
@@ -97,43 +94,13 @@ def encode(values, dtype: str) -> bytes:
 
 
 def read_header(path: str) -> dict[str, Tensor] | None:
-    """name -> Tensor from a safetensors header; None when the file is not a readable safetensors file (the
-    reload reports a damaged one, IV504)."""
-    try:
-        with open_binary(path) as fh:
-            raw = fh.read(8)
-            if len(raw) != 8:
-                return None
-            (length,) = struct.unpack("<Q", raw)
-            if length > MAX_HEADER:
-                return None
-            header = json.loads(fh.read(length))
-            data_start = 8 + length
-            file_size = os.fstat(fh.fileno()).st_size
-    except (OSError, ValueError, RecursionError):
+    """name -> Tensor from a safetensors header (the one reader, format/safetensors.py); None when the file is
+    not a readable safetensors file (the reload reports a damaged one, IV504)."""
+    header = read_safetensors_header(path)
+    if header is None:
         return None
-    if not isinstance(header, dict):
-        return None
-    tensors = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        offsets = _integers(info.get("data_offsets")) if isinstance(info, dict) else None
-        shape = _integers(info.get("shape")) if isinstance(info, dict) else None
-        if offsets is None or shape is None or len(offsets) != 2 or not isinstance(info.get("dtype"), str):
-            return None  # safetensors itself refuses it: the reload reports the file (IV504)
-        (begin, end), dtype = offsets, info["dtype"]
-        if not 0 <= begin <= end or data_start + end > file_size:
-            return None
-        tensors[name] = Tensor(os.path.realpath(path), dtype, shape, data_start + begin, data_start + end)
-    return tensors
-
-
-def _integers(value) -> tuple[int, ...] | None:
-    """A JSON list of integers as safetensors reads it: 2.0, 1e999 (infinity), true or "3" is no integer."""
-    if not isinstance(value, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in value):
-        return None
-    return tuple(value)
+    resolved = os.path.realpath(path)
+    return {name: Tensor(resolved, e.dtype, e.shape, e.begin, e.end) for name, e in header.entries.items()}
 
 
 def read_weights(paths: list[str]) -> dict[str, Tensor] | None:

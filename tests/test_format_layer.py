@@ -1,0 +1,50 @@
+"""The format layer's readers (validator/itera_verify/format/): one reading per fact, shared by every stage."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from itera_verify.format import safetensors as header_format
+from itera_verify.package.files import read_safetensors_header
+from itera_verify.reload.placement import safetensors_bytes, weight_bytes
+from itera_verify.rules._tensors import read_header
+from safetensors.numpy import save_file
+
+
+def test_a_header_nested_200000_deep_is_refused_by_every_reader_without_a_traceback(tmp_path):
+    # Once a RecursionError traceback (no report) in the GPU placement's own header reader.
+    body = b"[" * 200_000 + b"]" * 200_000
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(len(body).to_bytes(8, "little") + body)
+    assert read_safetensors_header(path) is None
+    assert read_header(str(path)) is None
+    assert safetensors_bytes(path) is None
+    assert weight_bytes(path) == path.stat().st_size
+
+
+def test_every_reader_reads_a_real_file_as_the_library_wrote_it(tmp_path):
+    path = tmp_path / "model.safetensors"
+    save_file({"a": np.zeros((2, 3), np.float32), "b": np.ones(5, np.float16)}, str(path), metadata={"k": "v"})
+    header = read_safetensors_header(path)
+    assert {n: (e.dtype, e.shape, e.nbytes) for n, e in header.entries.items()} == {
+        "a": ("F32", (2, 3), 24), "b": ("F16", (5,), 10)}
+    assert header.metadata == {"k": "v"}
+    assert {n: (t.shape, t.size) for n, t in read_header(str(path)).items()} == {"a": ((2, 3), 24), "b": ((5,), 10)}
+    assert safetensors_bytes(path) == 34
+    # The absolute byte ranges really hold the tensors' bytes.
+    raw = path.read_bytes()
+    assert raw[header.entries["b"].begin:header.entries["b"].end] == np.ones(5, np.float16).tobytes()
+
+
+def test_what_safetensors_refuses_is_refused_here():
+    entry = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
+    def parse(header, data=8):
+        raw = json.dumps(header).encode()
+        return header_format.parse(len(raw).to_bytes(8, "little"), raw, 8 + len(raw) + data)
+    assert parse({"w": entry}) is not None
+    assert parse({"w": entry}, data=4) is None  # offsets past the data
+    assert parse({"w": {**entry, "shape": [2.0]}}) is None
+    assert parse({"w": {**entry, "shape": [True]}}) is None
+    assert parse({"w": {**entry, "data_offsets": [8, 0]}}) is None
+    assert parse({"__metadata__": {"k": 1}, "w": entry}) is None
+    assert parse(["w"]) is None
