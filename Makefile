@@ -9,7 +9,7 @@ export HF_HUB_DISABLE_TELEMETRY := 1
 DEMO := demo-out
 JOBS ?= 2
 
-.PHONY: install demo test lint fuzz bench gpu-check clean system-tools
+.PHONY: install demo test test-fast lint fuzz bench gpu-check clean system-tools
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "needs $(PYTHON)"; exit 2; }
@@ -46,6 +46,10 @@ lint: install
 
 test: lint
 	$(PY) -m pytest -n $(JOBS) -q
+
+# Everything but the multi-process fixtures and the slow tests, for the edit-test loop; `make test` runs all.
+test-fast: lint
+	$(PY) -m pytest -n $(JOBS) -q -m "not slow and not multiprocess"
 
 fuzz: install
 	$(PY) -m tests.fuzz_all

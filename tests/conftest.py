@@ -182,3 +182,15 @@ def private_tmp(tmp_path, monkeypatch) -> Path:
     folder.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(folder))
     return folder
+
+
+# `make test-fast` leaves out what builds or runs several training processes (the multi-GPU layouts written by
+# gloo ranks, DeepSpeed's tensor and pipeline parallel runs, the torchrun recorder) and the tests marked slow;
+# `make test` runs everything.
+MULTIPROCESS_FIXTURES = {"built_multigpu", "multigpu_dir"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if MULTIPROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.multiprocess)
