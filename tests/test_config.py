@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from itera_verify.cli.config import load_config, parse_config
+from itera_verify.flows.config import load_config, parse_config
 from itera_verify.model import Severity, UsageError
 from tests.helpers import run_cli
 
@@ -184,3 +184,40 @@ def test_the_documented_configuration_parses():
     config = parse_config(tomllib.loads(block)["tool"]["itera-verify"])
     assert config.select and config.ignore and config.levels and config.tmp_patterns and config.tariffs
     assert config.device == "auto" and config.timeout == 900.0
+
+
+# ----------------------------------------------------------------------------- one reading for the CLI and the API
+
+def test_the_python_api_applies_the_configuration_file_the_command_line_applies(package_dir, tmp_path, monkeypatch):
+    import json
+
+    from itera_verify import verify
+
+    folder = tmp_path / "work"
+    source = write(folder / "itera-verify.toml", 'ignore = ["IV6"]\n[levels]\nIV303 = "warning"\n')
+    drop_last_prediction(package_dir)  # IV303, lowered to a warning by the file
+    cli = json.loads(verify_in(folder, package_dir, "--format", "json").stdout)
+    monkeypatch.chdir(folder)
+    api = verify(package_dir, reload=False, seal=False)
+    assert sorted((f["code"], f["severity"]) for f in cli["findings"]) == \
+        sorted((f.code, f.severity.value) for f in api.findings)
+    assert ("IV303", "warning") in {(f.code, f.severity.value) for f in api.findings}
+    assert not [f for f in api.findings if f.code.startswith("IV6")]
+    assert cli["configuration"]["applied"] == api.configuration["applied"] == str(source.resolve())
+    # Config() is the way to run without any file; the file's lowering then no longer applies.
+    from itera_verify.flows.config import Config
+
+    bare = verify(package_dir, reload=False, seal=False, config=Config())
+    assert ("IV303", "error") in {(f.code, f.severity.value) for f in bare.findings}
+    assert bare.configuration["applied"] is None
+
+
+def test_audit_applies_the_configurations_device_and_timeout(tmp_path, monkeypatch):
+    from itera_verify.flows.config import settle
+
+    write(tmp_path / "itera-verify.toml", 'device = "cpu"\ntimeout = 42\n')
+    monkeypatch.chdir(tmp_path)
+    for reviewer in (False, True):  # verify and audit settle their options the same way
+        options = settle(None, reviewer=reviewer)
+        assert (options.device, options.timeout) == ("cpu", 42.0)
+        assert settle(None, reviewer=reviewer, device="auto", timeout=5).device == "auto"

@@ -10,7 +10,7 @@ import click
 
 from ..version import __version__
 from ..runtime.allocator import keep_freed_buffers
-from .config import Config, describe, load_config
+from ..flows.config import Config, load_config
 from ..model import UsageError
 from ..package import inside_package, shortened
 from ..report import FORMATS, Report, renderer
@@ -200,11 +200,10 @@ def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, r
         _refuse_reports_inside(targets, outdir, "package")
         selection = _selection(config, select, ignore, strict)
         with _make_progress(quiet, verbose) as progress:
-            report = verify(outdir, device=device or config.device or "auto", reload=not no_reload,
-                            seal=not no_seal, output=output, overwrite=overwrite, selection=selection,
-                            hf_cache=hf_cache, timeout=timeout or config.timeout or 600.0, jobs=jobs, level=level,
-                            threads=threads, tmp_patterns=config.tmp_patterns, tariffs=config.tariffs,
-                            progress=progress, isolation=isolation, configuration=describe(config))
+            report = verify(outdir, config=config, device=device, reload=not no_reload, seal=not no_seal,
+                            output=output, overwrite=overwrite, selection=selection, hf_cache=hf_cache,
+                            timeout=timeout, jobs=jobs, level=level, threads=threads, progress=progress,
+                            isolation=isolation)
         _emit(report, fmt_chosen, targets, quiet, verbose)
         return _exit_code(report)
 
@@ -216,9 +215,11 @@ def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, r
 @click.option("--reload", "do_reload", is_flag=True, help="Also reload every artifact.")
 @click.option("--max-size", type=click.IntRange(min=1), default=None,
               help="Refuse to expand beyond this many bytes (default: 20 × the archive size, at least 1 GiB).")
-@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default=None,
+              help="Where --reload runs (default: the configuration's device, else auto).")
 @click.option("--hf-cache", type=click.Path(path_type=Path))
-@click.option("--timeout", type=click.FloatRange(min=1, max=7 * 86400), default=600.0, callback=_finite_seconds)
+@click.option("--timeout", type=click.FloatRange(min=1, max=7 * 86400), default=None, callback=_finite_seconds,
+              help="Seconds per reload (default: the configuration's timeout, else 600).")
 @click.option("--jobs", type=click.IntRange(min=1), default=1)
 @_isolation_option
 @_format_option
@@ -247,10 +248,10 @@ def audit_command(archive, do_reload, max_size, device, hf_cache, timeout, jobs,
         targets = _report_targets(reports, fmt_chosen)
         _refuse_reports_inside(targets, archive, "archive")
         with _make_progress(quiet, verbose) as progress:
-            report = audit(archive, reload=do_reload, max_size=max_size, device=device, hf_cache=hf_cache,
-                           timeout=timeout, jobs=jobs, selection=_selection(config, select, ignore, strict),
-                           progress=progress, isolation=isolation, tmp_patterns=config.tmp_patterns,
-                           tariffs=config.tariffs, configuration=describe(config))
+            report = audit(archive, config=config, reload=do_reload, max_size=max_size, device=device,
+                           hf_cache=hf_cache, timeout=timeout, jobs=jobs,
+                           selection=_selection(config, select, ignore, strict), progress=progress,
+                           isolation=isolation)
         _emit(report, fmt_chosen, targets, quiet, verbose)
         return _exit_code(report)
 

@@ -39,7 +39,8 @@ from ..rules import Selection, all_rules
 from ..rules.archive import RECORD, AuditFacts, audit_findings
 from ..seal import termination_unwinds
 from ..seal.plan import SEAL_LAYOUT
-from .verify import NO_CONFIGURATION, build_report, check_package, check_processes
+from .config import Config, settle
+from .verify import build_report, check_package, check_processes
 
 GiB = 1 << 30
 
@@ -48,17 +49,20 @@ def default_max_size(archive_bytes: int) -> int:
     return max(GiB, 20 * archive_bytes)
 
 
-def audit(archive, *, reload: bool = False, max_size: int | None = None, device: str = "auto", hf_cache=None,
-          timeout: float = 600.0, jobs: int = 1, selection: Selection | None = None,
-          progress: Progress = NULL_PROGRESS, isolation: str = "auto", tmp_patterns: tuple[str, ...] = (),
-          tariffs: dict | None = None, configuration: dict | None = None) -> Report:
+def audit(archive, *, config: Config | None = None, reload: bool = False, max_size: int | None = None,
+          device: str | None = None, hf_cache=None, timeout: float | None = None, jobs: int = 1,
+          selection: Selection | None = None, progress: Progress = NULL_PROGRESS, isolation: str = "auto",
+          tmp_patterns: tuple[str, ...] | None = None, tariffs: dict | None = None) -> Report:
     """Audit a sealed archive. Raises UsageError (exit 2) when it cannot be read at all.
 
-    `selection`, `tmp_patterns` and `tariffs` are the reviewer's configuration: the re-check applies them, and
-    the sender's configuration (as its record shows it) is compared beside it; `configuration` says which file
-    they came from (cli/config.py: never one in an extracted package). The archive's own findings
+    The options are the reviewer's configuration (flows/config.py `settle`, as for verify: `config` None is the
+    file the command line would apply, never one in an extracted package): the re-check applies them, and the
+    sender's configuration (as its record shows it) is compared beside it. The archive's own findings
     (IV701-IV706) are always errors: no configuration makes bytes that differ from their checksums pass."""
-    selection = selection or Selection()
+    options = settle(config, reviewer=True, selection=selection, device=device, timeout=timeout,
+                     tmp_patterns=tmp_patterns, tariffs=tariffs)
+    selection, device, timeout = options.selection, options.device, options.timeout
+    tmp_patterns, tariffs, configuration = options.tmp_patterns, options.tariffs, options.configuration
     path = Path(archive)
     resolved_device = None
     if reload:
@@ -93,7 +97,7 @@ def audit(archive, *, reload: bool = False, max_size: int | None = None, device:
     finally:
         os.close(fd)
     archive_sha256 = extraction.archive_sha256
-    report.configuration = configuration or NO_CONFIGURATION
+    report.configuration = configuration
     report.archive = {"path": str(path), "sha256": archive_sha256, "bytes": size}
     report.audit["archive_sha256"] = archive_sha256
     comparison = _compare_record(extraction, report)

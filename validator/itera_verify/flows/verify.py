@@ -10,6 +10,7 @@ from ..model import Finding, Severity, UsageError
 from ..package import Package, discover
 from ..runtime.progress import NULL_PROGRESS, Progress
 from ..report import Report, renderer
+from .config import Config, settle
 from ..rules import Selection, StartedChecks, all_rules, run_checks
 from ..report import summary
 
@@ -23,7 +24,6 @@ def default_archive_path(package: Package, campaign_id: str, output: str | os.Pa
     return path / name if path.is_dir() else path
 
 
-NO_CONFIGURATION = {"applied": None, "not_applied": []}  # the Python API without a configuration file
 PARALLEL_MIN_FILES = 1000
 PARALLEL_MIN_BYTES = 64 << 20
 
@@ -76,15 +76,19 @@ def build_report(package: Package, findings: list[Finding], reloads: list, selec
     return report
 
 
-def verify(path, *, device: str = "auto", reload: bool = True, seal: bool = True, output=None,
-           overwrite: bool = False, selection: Selection | None = None, hf_cache=None, timeout: float = 600.0,
-           jobs: int = 1, level: int = 3, threads: int = 0, tmp_patterns: tuple[str, ...] = (),
-           tariffs: dict | None = None, progress: Progress = NULL_PROGRESS, isolation: str = "auto",
-           configuration: dict | None = None) -> Report:
+def verify(path, *, config: Config | None = None, device: str | None = None, reload: bool = True,
+           seal: bool = True, output=None, overwrite: bool = False, selection: Selection | None = None,
+           hf_cache=None, timeout: float | None = None, jobs: int = 1, level: int = 3, threads: int = 0,
+           tmp_patterns: tuple[str, ...] | None = None, tariffs: dict | None = None,
+           progress: Progress = NULL_PROGRESS, isolation: str = "auto") -> Report:
     """Check a package, reload its artifacts and seal it when nothing blocks. Raises UsageError (exit 2).
-    `configuration`: which configuration file the options came from, as the report states it (None: none)."""
+    `config` None applies the configuration file the command line would (flows/config.py), `Config()` none;
+    the other arguments, when given, override it. The report names the file applied."""
     started = time.monotonic()
-    selection = selection or Selection()
+    options = settle(config, selection=selection, device=device, timeout=timeout, tmp_patterns=tmp_patterns,
+                     tariffs=tariffs)
+    selection, device, timeout = options.selection, options.device, options.timeout
+    tmp_patterns, tariffs = options.tmp_patterns, options.tariffs
     resolved_device = None
     if reload:
         from ..reload import resolve_device
@@ -118,7 +122,7 @@ def verify(path, *, device: str = "auto", reload: bool = True, seal: bool = True
                                               prestarted=prestarted)
             report = build_report(package, findings, reloads, selection, mode="verify", reloaded=reload,
                                   device=resolved_device)
-            report.configuration = configuration or NO_CONFIGURATION
+            report.configuration = options.configuration
             if not seal:
                 report.seal_skipped = "--no-seal"
             elif report.blocking():

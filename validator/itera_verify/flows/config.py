@@ -1,6 +1,8 @@
 """Configuration: `[tool.itera-verify]` in pyproject.toml, or itera-verify.toml, found from a folder upward.
 
-The command line overrides the file. An unknown key, code or level is a usage error naming it.
+One reading for every entry point: the command line and the Python API (`verify(..., config=None)`, `audit`)
+settle their options here the same way (`settle`); an explicit argument overrides the file. An unknown key,
+code or level is a usage error naming it.
 
 An audit applies the reviewer's configuration, never the sender's: a folder that holds an entry named
 `manifest.json` or `SEAL` (what every sealed archive extracts to) is read as an extracted package, and no
@@ -198,3 +200,34 @@ def _tariffs(tariffs: Any, where: str) -> dict[str, Any]:
                 raise UsageError(f"{where}: tariffs.{gpu!r}.{days!r} = {price!r} is not a price in USD "
                                  f"(between 0 and {MAX_USD:,})")
     return tariffs
+
+
+DEFAULT_DEVICE, DEFAULT_TIMEOUT = "auto", 600.0
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a workflow runs with: the configuration file's settings under the caller's explicit arguments."""
+
+    selection: Any  # rules.Selection
+    device: str
+    timeout: float
+    tmp_patterns: tuple[str, ...]
+    tariffs: dict[str, Any] | None
+    configuration: dict  # describe(config): the file applied, and those passed over
+
+
+def settle(config: Config | None, *, reviewer: bool = False, selection=None, device: str | None = None,
+           timeout: float | None = None, tmp_patterns: tuple[str, ...] | None = None,
+           tariffs: dict | None = None) -> Options:
+    """The options of one run. `config` None: the file the command line would find from the current folder
+    (`reviewer`: an audit's rule, never the sender's file); `Config()`: no file at all."""
+    from ..rules import Selection
+
+    config = load_config(reviewer=reviewer) if config is None else config
+    if selection is None:
+        selection = Selection(select=config.select, ignore=config.ignore, levels=dict(config.levels))
+    return Options(selection=selection, device=device or config.device or DEFAULT_DEVICE,
+                   timeout=timeout or config.timeout or DEFAULT_TIMEOUT,
+                   tmp_patterns=tuple(config.tmp_patterns if tmp_patterns is None else tmp_patterns),
+                   tariffs=config.tariffs if tariffs is None else tariffs, configuration=describe(config))
