@@ -118,6 +118,7 @@ class AuditFacts:
     detached: tuple[str, bool] | None = None  # (<archive>.sha256, whether it names this archive's bytes)
     unwalkable: str | None = None  # why the extracted package could not be walked
     record_contradicted: bool = False  # the recorded verdict is pass, the re-check fails
+    contradicting_codes: tuple[str, ...] = ()  # the blocking codes that no configuration difference explains
     record_unreadable: str | None = None  # why SEAL/verification.json is not a report (a pickle, not JSON...)
     rechecked: bool = False  # the extracted package was checked again: its manifest was read
     campaign_id: str | None = None  # the manifest's campaign_id, which the top folder must be
@@ -159,8 +160,11 @@ def audit_findings(facts: AuditFacts) -> list[Finding]:
                                         "was verified"))
     if facts.record_contradicted:
         findings.append(Finding("IV701", f"{extraction.top}/{RECORD}",
-                                message="the recorded verdict is pass but the re-check fails: the record "
-                                        "does not describe this content"))
+                                message="the recorded verdict is pass but the re-check fails"
+                                        + (f" ({', '.join(facts.contradicting_codes)}, errors by the tool's own "
+                                           "rule levels)" if facts.contradicting_codes else "")
+                                        + ": the record does not describe this content (the sender's record of "
+                                          "its own configuration is never taken as the reason)"))
     return findings
 
 
