@@ -48,3 +48,27 @@ def test_what_safetensors_refuses_is_refused_here():
     assert parse({"w": {**entry, "data_offsets": [8, 0]}}) is None
     assert parse({"__metadata__": {"k": 1}, "w": entry}) is None
     assert parse(["w"]) is None
+
+
+def test_the_loader_table_is_the_one_every_reader_uses():
+    import importlib.util
+    from pathlib import Path
+
+    from itera_verify.format import loaders as table
+    from itera_verify.record import artifacts as recorder
+    from itera_verify.reload import loaders as registry
+    from itera_verify.reload.runner import light
+    from itera_verify.rules.artifacts import RULES
+
+    schema = json.loads((Path(__file__).resolve().parents[1] / "schemas/reload.schema.json").read_text())
+    entry = schema["properties"]["artifacts"]["additionalProperties"]["properties"]
+    assert tuple(entry["loader"]["enum"]) == table.NAMES  # the schema's enum is the table's, in its order
+    assert registry.LOADERS == table.NAMES
+    for name, module in registry.MODULES.items():  # each row's module exists (imported in the child only)
+        assert importlib.util.find_spec(f"itera_verify.reload.loaders.{module}") is not None, name
+    [iv510] = [rule for rule in RULES if rule.code == "IV510"]
+    assert all(f"`{name}`" in iv510.explain for name in table.NAMES)
+    assert recorder.KINDS == table.KINDS
+    assert [table.recorder_default(kind) for kind in table.KINDS] == ["safetensors", "transformers", "peft", None]
+    assert light(["safetensors", "torch-resume"]) and not light(["safetensors", "peft"]) and light([])
+    assert table.file_loader_for(".ckpt") == "lightning-checkpoint" and table.file_loader_for(".bin") is None

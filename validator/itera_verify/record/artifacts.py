@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..format import loaders as loader_table
+from ..format.loaders import KINDS
 from .errors import RecordError
 from .files import exists, read_bytes, write_json
 from .lock import package_lock
@@ -17,8 +19,6 @@ from .store import EVAL_IDS, MANIFEST, RELOAD, transaction
 if TYPE_CHECKING:
     from .run import Run
 
-KINDS = ("safetensors", "transformers-model", "peft-adapter", "resume-checkpoint")
-DEFAULT_LOADER = {"safetensors": "safetensors", "transformers-model": "transformers", "peft-adapter": "peft"}
 ID_SUFFIX = {"safetensors": "weights", "transformers-model": "model", "peft-adapter": "adapter"}
 
 
@@ -42,10 +42,8 @@ def package_path(root: Path, path) -> str:
 def resume_loader(folder: Path) -> str:
     if folder.is_dir() and (folder / "trainer_state.json").is_file():
         return "hf-trainer-checkpoint"
-    if folder.is_file() and folder.suffix == ".pt":
-        return "torch-resume"
-    if folder.is_file() and folder.suffix == ".ckpt":
-        return "lightning-checkpoint"
+    if folder.is_file() and loader_table.file_loader_for(folder.suffix):
+        return loader_table.file_loader_for(folder.suffix)
     raise RecordError(f"{folder}: a resume checkpoint is a Trainer checkpoint-N/ folder or a torch-resume .pt "
                       "file; pass loader= for another form")
 
@@ -56,7 +54,7 @@ def register(run: Run, path, kind: str, artifact_id: str | None, loader: str | N
         raise RecordError(f"artifact kind {kind!r}: one of {', '.join(KINDS)}")
     rel = package_path(run.root, path)
     if loader is None:
-        loader = DEFAULT_LOADER.get(kind) or resume_loader(run.root / rel)
+        loader = loader_table.recorder_default(kind) or resume_loader(run.root / rel)
     artifact_id = check_id("artifact id", artifact_id or f"{run.id}-{ID_SUFFIX.get(kind, Path(rel).name)}")
     if not run.writer:
         return artifact_id

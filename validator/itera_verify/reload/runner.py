@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..runtime.forked import SIGNAL_POLL_SECONDS
+from ..format import loaders as loader_table
 from ..model import ReloadResult
 from ..package import Package
 from .gpus import GpuPool, free_memory, needs_every_gpu, visible_gpus
@@ -92,13 +93,10 @@ def model_types(jobs) -> list[str]:
     return found
 
 
-# Loaders whose children import no modelling library (child.PRE_IMPORTS): a run of these alone gets a light zygote.
-LIGHT_LOADERS = frozenset({"safetensors", "torch-resume"})
-
-
 def light(loaders) -> bool:
-    """No loader of the run needs transformers or peft (an empty run too: nothing to import them for)."""
-    return all(loader in LIGHT_LOADERS for loader in loaders)
+    """No loader of the run needs transformers or peft (format/loaders.py's `light` column; an empty run too:
+    nothing to import them for). Such a run gets a light zygote."""
+    return loader_table.light(loaders)
 
 
 def zygote_env(threads: int, hf_cache: str | None) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
+from ..format import loaders as loader_table
 from ..model import Finding, Rule, Severity
 from ..package import MANIFEST, RELOAD, Package, pointer_of
 from ..package.template import is_placeholder
@@ -37,11 +38,7 @@ RULES = [
     Rule("IV510", Severity.ERROR, "artifact has no fitting reload entry",
          explain=(
              "reload.json tells the reviewer (and this tool) how to reload each artifact. Every artifact of the "
-             "manifest needs an entry whose loader fits its kind: safetensors → `safetensors`, "
-             "transformers-model → `transformers`, peft-adapter → `peft`, resume-checkpoint → "
-             "`hf-trainer-checkpoint` (a checkpoint-N folder), `torch-resume` (one .pt file), "
-             "`deepspeed-checkpoint` (latest + global_step<N>/), `dcp` (a torch.distributed.checkpoint folder), "
-             "`accelerate-state` (an Accelerator.save_state folder) or `lightning-checkpoint` (one .ckpt file)."),
+             f"manifest needs an entry whose loader fits its kind: {loader_table.fitting_in_words()}."),
          bad='{"artifacts": {"control-model": {"loader": "peft"}}}   # a transformers-model',
          good='{"artifacts": {"control-model": {"loader": "transformers", "class": "AutoModelForCausalLM"}}}'),
     Rule("IV511", Severity.WARNING, "model weights stored as a pickle",
@@ -56,15 +53,6 @@ RULES = [
 
 PINNED = re.compile(r"[0-9a-f]{40}")
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
-LOADERS_FOR_KIND = {
-    "safetensors": {"safetensors"},
-    "transformers-model": {"transformers"},
-    "peft-adapter": {"peft"},
-    "resume-checkpoint": {"hf-trainer-checkpoint", "torch-resume", "deepspeed-checkpoint", "dcp", "accelerate-state",
-                          "lightning-checkpoint"},
-}
-FOLDER_LOADERS = {"transformers", "peft", "hf-trainer-checkpoint", "deepspeed-checkpoint", "dcp", "accelerate-state"}
-FILE_LOADERS = {"torch-resume": "one .pt file", "lightning-checkpoint": "one .ckpt file"}
 PICKLE_WEIGHTS = re.compile(r"(pytorch_model.*|adapter_model)\.bin")
 # accelerate's save_fsdp_model writes these for a resume whatever the user asks (no safetensors option), beside
 # the model.safetensors the Trainer saves: resume files, not the delivered weights.
@@ -156,7 +144,7 @@ def _reload_findings(package: Package, artifact: dict, entries: dict) -> Iterato
                       message=f"artifact {artifact_id!r} has no entry: nobody knows how to reload it", **where)
         return
     loader = _text(entry.get("loader"))
-    fitting = LOADERS_FOR_KIND.get(kind or "")
+    fitting = loader_table.fitting(kind or "")
     if loader is None:
         yield Finding("IV510", RELOAD, pointer=pointer, message=f"entry for {artifact_id!r} names no loader",
                       **where)
@@ -173,12 +161,13 @@ def _shape_finding(package: Package, artifact: dict, loader: str, pointer: str, 
     if not path or not package.exists(path):
         return  # IV106 / IV205 report it
     is_folder = path in package.dirs
-    if loader in FOLDER_LOADERS and not is_folder:
+    row = loader_table.LOADERS.get(loader)
+    if row is not None and row.shape == loader_table.FOLDER and not is_folder:
         yield Finding("IV510", RELOAD, pointer=pointer + "/loader",
                       message=f"loader {loader!r} needs a folder, {path} is a file", **where)
-    elif loader in FILE_LOADERS and is_folder:
+    elif row is not None and row.shape == loader_table.FILE and is_folder:
         yield Finding("IV510", RELOAD, pointer=pointer + "/loader",
-                      message=f"loader {loader!r} needs {FILE_LOADERS[loader]}, {path} is a folder", **where)
+                      message=f"loader {loader!r} needs {row.file_form}, {path} is a folder", **where)
 
 
 def _pickled_weights(package: Package, artifact: dict) -> list[str]:

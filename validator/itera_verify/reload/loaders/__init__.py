@@ -1,19 +1,12 @@
-"""One module per reload.json loader; each exposes `reload(job, device, outcome)` and reports facts only."""
+"""One module per reload.json loader; each exposes `reload(job, device, outcome)` and reports facts only. Which
+module serves which loader is format/loaders.py's table."""
 from __future__ import annotations
 
 import importlib
 
-MODULES = {
-    "safetensors": "safetensors",
-    "transformers": "transformers",
-    "peft": "peft",
-    "hf-trainer-checkpoint": "trainer_checkpoint",
-    "torch-resume": "torch_resume",
-    "deepspeed-checkpoint": "deepspeed",
-    "dcp": "dcp",
-    "accelerate-state": "accelerate_state",
-    "lightning-checkpoint": "lightning",
-}
+from ...format.loaders import LOADERS as TABLE
+
+MODULES = {name: row.module for name, row in TABLE.items()}
 LOADERS = tuple(MODULES)
 
 
