@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..format.names import PACKAGE_MARKS
 from ..model import Severity, UsageError
 
 KEYS = {"select", "ignore", "levels", "tmp-patterns", "tariffs", "device", "timeout"}
 
 
-PACKAGE_MARKS = ("manifest.json", "SEAL")  # an extracted package holds both: either one marks it
 
 
 @dataclass

@@ -17,9 +17,7 @@ from typing import Any, Iterator
 from ..model import UsageError
 from .files import READ_FLAGS, open_binary
 
-MANIFEST = "manifest.json"
-STOPS = "stops.json"
-RELOAD = "reload.json"
+from ..format.names import MANIFEST, RELOAD, STOPS  # noqa: E402,F401  (re-read by the rules)
 HASH_CHUNK = 1 << 20
 
 

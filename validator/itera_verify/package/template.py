@@ -12,9 +12,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..format.names import ID
 from ..model import UsageError
 
-RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+RUN_ID = ID
 PLACEHOLDER = re.compile(r"^\s*<[^<>]*>\s*$")
 
 

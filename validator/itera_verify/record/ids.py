@@ -1,11 +1,8 @@
 """Run ids, artifact ids and the campaign id name files and archive members (SPEC §6)."""
 from __future__ import annotations
 
-import re
-
+from ..format.names import ID
 from .errors import RecordError
-
-ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def check_id(kind: str, value: str) -> str:

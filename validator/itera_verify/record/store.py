@@ -13,8 +13,7 @@ from .errors import RecordError
 from .files import dumps, read_bytes, write_atomic
 from .lock import package_lock
 
-MANIFEST, STOPS, RELOAD = "manifest.json", "stops.json", "reload.json"
-EVAL_IDS = "corpus/eval_ids.txt"
+from ..format.names import EVAL_IDS, MANIFEST, RELOAD, STOPS  # noqa: F401  (the recorder's modules read them here)
 EMPTY = {STOPS: {"stops": []}, RELOAD: {"artifacts": {}}}
 # Written last: the manifest names what the other two hold.
 WRITE_ORDER = (STOPS, RELOAD, MANIFEST)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
+from ..format.names import RECORD, SEAL_DIR, SUMS
 from ..model import Finding, Rule, Severity
 from ..package import Package
 
@@ -69,8 +70,7 @@ RULES = [
 ]
 
 
-SEAL_FOLDER = "SEAL"
-SUMS, RECORD = "SEAL/SHA256SUMS", "SEAL/verification.json"
+SEAL_FOLDER = SEAL_DIR
 
 
 def _reserved_seal_folder() -> Finding:

@@ -5,6 +5,7 @@ import re
 from typing import Iterator
 
 from ..format import loaders as loader_table
+from ..format.names import HUB_ID, PICKLE_SUFFIXES
 from ..model import Finding, Rule, Severity
 from ..package import MANIFEST, RELOAD, Package, pointer_of
 from ..package.template import is_placeholder
@@ -52,13 +53,11 @@ RULES = [
 ]
 
 PINNED = re.compile(r"[0-9a-f]{40}")
-HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 PICKLE_WEIGHTS = re.compile(r"(pytorch_model.*|adapter_model)\.bin")
 # accelerate's save_fsdp_model writes these for a resume whatever the user asks (no safetensors option), beside
 # the model.safetensors the Trainer saves: resume files, not the delivered weights.
 FSDP_RESUME_WEIGHTS = re.compile(r"pytorch_model_fsdp(_\d+)?(_rank\d+)?\.bin")
 NOT_WEIGHTS = re.compile(r"(training_args\.bin|optimizer.*\.pt|scheduler.*\.pt|scaler.*\.pt|rng_state.*\.pth)")
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
 
 def _text(value) -> str | None:

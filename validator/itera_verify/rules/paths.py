@@ -12,6 +12,7 @@ import yaml
 from ..package.jsonpos import line_of, pointer_lines
 from ..package.files import open_binary
 from ..package.layout import references
+from ..format import names
 from ..model import Finding, Rule, Severity, UsageError
 from ..package import MANIFEST, RELOAD, Package, pointer_of
 from ..package.pickles.strings import pickled_strings
@@ -48,7 +49,7 @@ RULES = [
 ]
 
 TEXT_SUFFIXES = {"jsonl", "csv", "tsv", "txt", "md", "rst", "log", "py", "sh", "cfg", "ini", "toml", "ipynb", ""}
-PICKLE_SUFFIXES = {"bin", "pt", "pth", "pkl", "pickle", "ckpt"}
+PICKLE_SUFFIXES = {suffix[1:] for suffix in names.PICKLE_SUFFIXES}
 MAX_BINARY_SCAN = 64 << 20  # pickled configs are small; weights files are not searched byte by byte
 MAX_DOCUMENT = 256 << 20
 PER_FILE = 5  # findings shown per file before a count

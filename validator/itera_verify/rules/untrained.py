@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Iterator
 
+from ..format.names import HUB_ID
 from ..model import Finding, Rule, Severity
 from ..package import Package
 from ..runtime.hfcache import resolve_hf_cache
@@ -47,7 +48,6 @@ LORA_TENSOR = re.compile(r".*\.(?:lora_(?:A|B|embedding_A|embedding_B)|lora_magn
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 PINNED = re.compile(r"[0-9a-f]{40}")
-HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 
 
 def _text(value) -> str | None:

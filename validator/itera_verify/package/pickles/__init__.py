@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from ...format.names import PICKLE_SUFFIXES
 from ..files import open_binary
 from .allowlist import ALLOWED_GLOBALS, INERT_CONFIG, INERT_CONFIG_FILES, is_allowed
 from .budget import DEFAULT_UNITS, Budget, BudgetSpent
@@ -33,7 +34,7 @@ __all__ = ["ALLOWED_GLOBALS", "INERT_CONFIG", "INERT_CONFIG_FILES", "MAX_ARGUMEN
            "ScanResult", "category_of", "has_pickle_extension", "is_allowed", "is_pickle_or_torch_zip",
            "is_safetensors", "scan_file", "scan_package", "scan_stream", "sniff", "sniff_head"]
 
-PICKLE_EXTENSIONS = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle")
+PICKLE_EXTENSIONS = PICKLE_SUFFIXES  # SPEC §6: by extension or by content
 SNIFF_BYTES = 16
 MAX_SAFETENSORS_HEADER = 100_000_000  # the safetensors library's own limit
 

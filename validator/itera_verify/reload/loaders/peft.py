@@ -3,16 +3,15 @@ cache at adapter_config.json's revision, the adapter attaches with every key mat
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
+from ...format.names import HUB_ID
 from ..common import (BASE_UNAVAILABLE, LOAD, Outcome, Stop, check_parameters, forward_pass, safe_torch_load,
                       scan_folder, short, torch_dtype)
 from . import safetensors as safetensors_loader
 from .transformers import (check_declared_size, check_loading_info, check_on_gpu, device_map, dtype_keyword,
                            model_class, read_config, spread)
 
-HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 # The heads PEFT itself adds to modules_to_save for a task (PeftModelForSequenceClassification and the like).
 TASK_HEADS = {"SEQ_CLS": ("classifier", "score"), "TOKEN_CLS": ("classifier", "score"),
               "QUESTION_ANS": ("qa_outputs",)}

@@ -1,0 +1,25 @@
+"""The names of the `itera-output/1` format: its documents, the sealed archive's SEAL/ members, the id and hub-id
+patterns, the file suffixes read as pickles. Every stage spells them from here."""
+from __future__ import annotations
+
+import re
+
+# The package's documents (SPEC §1).
+MANIFEST, STOPS, RELOAD = "manifest.json", "stops.json", "reload.json"
+EVAL_IDS = "corpus/eval_ids.txt"  # where the recorder writes the frozen eval ids
+
+# The sealed archive's own folder and members (SPEC §3); the seal writes them, the audit reads them.
+SEAL_DIR = "SEAL"
+SUMS = f"{SEAL_DIR}/SHA256SUMS"
+RECORD = f"{SEAL_DIR}/verification.json"
+REPORT_PAGE = f"{SEAL_DIR}/report.html"
+# An extracted package holds both a manifest and SEAL/: either one marks a folder as the sender's.
+PACKAGE_MARKS = (MANIFEST, SEAL_DIR)
+
+# Run ids, artifact ids and campaign_id: safe as file and archive names (SPEC §6, IV105).
+ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# A Hugging Face hub id: `name` or `org/name`.
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+
+# Suffixes of files torch, pickle and joblib users read with an unpickler (SPEC §6: scanned by name or content).
+PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle")
