@@ -72,3 +72,12 @@ def test_the_loader_table_is_the_one_every_reader_uses():
     assert [table.recorder_default(kind) for kind in table.KINDS] == ["safetensors", "transformers", "peft", None]
     assert light(["safetensors", "torch-resume"]) and not light(["safetensors", "peft"]) and light([])
     assert table.file_loader_for(".ckpt") == "lightning-checkpoint" and table.file_loader_for(".bin") is None
+
+
+def test_an_id_with_a_trailing_newline_is_refused_by_the_recorder(tmp_path):
+    # `^...$` with re.match admits "id\n" ($ matches before a final newline); the format's ID is read whole.
+    import pytest
+    from itera_verify.record import RecordError, open_campaign
+
+    with pytest.raises(RecordError, match="campaign_id"):
+        open_campaign(tmp_path / "pkg", "campaign\n", "Q?", "toy", "v1", ["q-0"])

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import re
 
+from ..format.names import ID
 from .errors import ArchiveError
 from .tarheader import BLOCK, DIRECTORY, REGULAR, SYMLINK, tar_header
 
-TOP_FOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+TOP_FOLDER = ID  # the manifest's campaign_id pattern: never a dot folder such as .local or .ssh
 FILE_MODES = (0o644, 0o755)
 DIRECTORY_MODE = 0o755
 SYMLINK_MODE = 0o777

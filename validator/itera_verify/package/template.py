@@ -197,7 +197,7 @@ def write_template(outdir, campaign_id: str | None = None) -> list[Path]:
     if outdir.exists() and (not outdir.is_dir() or any(outdir.iterdir())):
         raise UsageError(f"{outdir}: exists and is not empty; init writes into a new or empty folder only")
     campaign_id = campaign_id if campaign_id is not None else _id_from_name(outdir.resolve().name)
-    if not RUN_ID.match(campaign_id):
+    if not RUN_ID.fullmatch(campaign_id):
         raise UsageError(f"campaign id {campaign_id!r}: use letters, digits, '.', '_' and '-' (it names the archive)")
     try:
         outdir.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,6 @@ from .errors import RecordError
 
 
 def check_id(kind: str, value: str) -> str:
-    if not isinstance(value, str) or not ID.match(value):
+    if not isinstance(value, str) or not ID.fullmatch(value):
         raise RecordError(f"{kind} {value!r} must match {ID.pattern} (it names files and archive members)")
     return value
