@@ -8,8 +8,9 @@ How each fault is made real while CI runs as root (where chmod 000 denies nothin
 - read-only package: a read-only bind mount in a private mount namespace (`unshare -m`);
 - full disk: a 64 KiB tmpfs mounted at the destination in a private mount namespace;
 - hung reload: the first reload child is stopped with SIGSTOP from outside (found through /proc);
-- memory limit: RLIMIT_AS set on a live reload child with prlimit(2) — the runner has no memory option, so the
-  limit is what a container or an admin imposes — while it reloads a 1 GiB tensor (a sparse file);
+- memory limit: RLIMIT_AS set on the zygote with prlimit(2), as a container or an admin imposes it, tighter
+  than each child's own limit (reload/limits.py, tested in test_reload_limits.py), while a child reloads a
+  2 GiB tensor (a sparse file);
 - between check and seal: the progress sink's start("seal"), which fires after every check and before the
   first archive byte, changes the file.
 """

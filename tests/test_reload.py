@@ -376,11 +376,11 @@ def test_ctrl_c_during_prefetched_reloads_ends_the_waiting_child_too(package_dir
         real_init(self, *args, **kwargs)
         spawned.append(self)
 
-    def interrupted_once(self, proc, timeout):
+    def interrupted_once(self, proc, timeout, *limit):
         if not getattr(interrupted_once, "done", False) and len(spawned) == 2:
             interrupted_once.done = True
             raise KeyboardInterrupt  # Ctrl-C while the first child reloads and the second waits, imported
-        return real_wait(self, proc, timeout)
+        return real_wait(self, proc, timeout, *limit)
 
     monkeypatch.setattr(runner._Child, "__init__", remember)
     monkeypatch.setattr(process.ChildProcesses, "wait", interrupted_once)

@@ -90,6 +90,17 @@ def test_a_config_declaring_far_more_than_its_weight_files_is_IV504_before_the_m
     assert_within_limit(result)
 
 
+def test_a_sharded_state_whose_config_declares_far_more_is_IV504_before_the_model_is_built(multigpu_dir,
+                                                                                            hf_cache):
+    # dcp-model is checked against the model of reload.json `config` (artifacts/control-model), built fresh.
+    edit_json(multigpu_dir, f"{MODEL}/config.json", lambda config: config.update({"n_inner": 4_000_000}))
+    results, findings = reload(multigpu_dir, hf_cache, "dcp-model")
+    result = results["dcp-model"]
+    assert not result.ok and "n_inner=4000000 makes " in result.error, result.error
+    assert result.host_peak_memory_bytes < REFUSED_PEAK
+    assert [f.code for f in findings if f.artifact == "dcp-model"] == ["IV504"]
+
+
 def test_a_clean_model_and_adapter_reload_under_their_limits_and_the_report_records_them(package_dir, hf_cache):
     results, findings = reload(package_dir, hf_cache, "control-model", "lora-r16-adapter")
     assert all(r.ok for r in results.values()), {a: r.error for a, r in results.items()}

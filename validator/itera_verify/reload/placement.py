@@ -65,18 +65,6 @@ def capped(free: dict[int, int], cap: int | None) -> dict[int, int]:
     return {gpu: min(amount, cap) if cap else amount for gpu, amount in free.items()}
 
 
-def safetensors_header(path: Path) -> dict[str, dict]:
-    """The tensor entries of a safetensors file (name -> {"dtype", "shape", "data_offsets"}, offsets relative to
-    the data as in the file), read from its header alone by the one reader (format/safetensors.py); {} when
-    safetensors would refuse the file (the loaders report it)."""
-    header = read_safetensors_header(path)
-    if header is None:
-        return {}
-    return {name: {"dtype": e.dtype, "shape": list(e.shape),
-                   "data_offsets": [e.begin - header.data_start, e.end - header.data_start]}
-            for name, e in header.entries.items()}
-
-
 def safetensors_bytes(path: Path) -> int | None:
     """Tensor bytes a safetensors file holds, read from its header alone (no data read); None when unreadable."""
     header = read_safetensors_header(path)

@@ -31,15 +31,23 @@ OPTIMIZER_STATE = re.compile(r"(?P<section>[^.]*optim[^.]*)\.state\.(?P<name>.+)
 OPTIMIZER_SECTION = re.compile(r"[^.]*optim[^.]*\.")
 
 
-def build_model(job: dict, config_folder: Path | None, outcome: Outcome, device):
-    """The model of `config` (reload.json) or of the checkpoint's own config.json, with fresh weights."""
-    from .transformers import model_class
+def build_model(job: dict, config_folder: Path | None, outcome: Outcome, device, stored: dict | None = None):
+    """The model of `config` (reload.json) or of the checkpoint's own config.json, with fresh weights.
+    `stored`: the model tensors of the state it is built for; the model declared must fit them (checked on
+    the meta device before it is built: transformers.check_declared_size)."""
+    from .transformers import check_declared_size, model_class, read_config
 
     if config_folder is None:
         ref = job.get("config_ref")
         raise Stop(LOAD, f"reload.json `config` {ref!r} is not a model folder inside the package" if ref else
                    "reload.json gives no `config` (a model folder in the package): nothing to check the sharded "
                    "state against")
+    if stored:
+        raw = read_config(config_folder, outcome)
+        values = sum(t.numel() for t in stored.values())
+        check_declared_size(config_folder, model_class(job.get("class"), raw, default="AutoModelForCausalLM"), None,
+                            raw, outcome, stored=(values, sum(t.numel() * t.element_size() for t in stored.values()),
+                                                  {d for t in stored.values() for d in t.shape}))
     try:
         from transformers import AutoConfig
 
@@ -157,7 +165,7 @@ def reload(job: dict, device, outcome: Outcome) -> None:
         raise Stop(LOAD, f"{outcome.rel(folder)} is not a torch.distributed.checkpoint folder")
     state = _dcp.read_dcp(folder, outcome, job.get("world_size"))
     config = Path(job["config"]) if job.get("config") else None
-    model = build_model(job, config, outcome, device)
+    model = build_model(job, config, outcome, device, model_tensors(state))
     holds_model = bool(model_tensors(state))
     if holds_model:
         check_model_state(state, model, outcome, device)

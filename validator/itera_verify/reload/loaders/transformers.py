@@ -156,27 +156,27 @@ def empty_model(folder: Path, cls, extra: dict | None = None):
     overrides = {k: v for k, v in (extra or {}).items() if k not in dtypes}
     config = AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False, **overrides)
     with torch.device("meta"):
-        return cls.from_config(config, trust_remote_code=False, **dtypes)
+        if hasattr(cls, "from_config"):  # the Auto classes
+            return cls.from_config(config, trust_remote_code=False, **dtypes)
+        return cls._from_config(config, **dtypes)  # a model class (reload.json `class`: GPT2LMHeadModel)
 
 
 def stored_values(folder: Path) -> tuple[int, int, set[int]]:
     """(values, bytes, every dimension) of the weight files from_pretrained reads in `folder`: the safetensors
     files (their headers, already validated by check_weight_files), else pytorch_model*.bin (its bytes: no
     value takes less than one)."""
-    from ..placement import safetensors_header
+    from math import prod
+
+    from ...package.files import read_safetensors_header
 
     values, size, dims = 0, 0, set()
     files = sorted(folder.glob("*.safetensors"))
     for file in files:
-        for entry in safetensors_header(file).values():
-            shape = [int(d) for d in entry.get("shape") or ()]
-            count = 1
-            for d in shape:
-                count *= d
-            values += count
-            dims.update(shape)
-            start, end = entry.get("data_offsets") or (0, 0)
-            size += int(end) - int(start)
+        header = read_safetensors_header(file)
+        for entry in header.entries.values() if header else ():
+            values += prod(entry.shape)
+            size += entry.nbytes
+            dims.update(entry.shape)
     if not files:
         for file in sorted(folder.glob("pytorch_model*.bin")):
             values += file.stat().st_size
@@ -214,10 +214,11 @@ def _culprit(config: dict, model, dims: set[int]) -> str:
 
 
 def check_declared_size(folder: Path, cls, extra: dict | None, config: dict, outcome: Outcome,
-                        label: str | None = None) -> None:
+                        label: str | None = None, stored: tuple[int, int, set[int]] | None = None) -> None:
     """Before from_pretrained allocates the model: the model config.json declares, built on the meta device,
     holds no more values than the weight files (within UNSTORED_VALUES); otherwise IV504 naming the config
-    field and the numbers, before a byte is allocated."""
+    field and the numbers, before a byte is allocated. `stored`: (values, bytes, dimensions) held elsewhere
+    than in `folder`'s weight files (a sharded state the model is built for); default stored_values(folder)."""
     from collections import Counter
 
     from ..placement import human
@@ -232,7 +233,7 @@ def check_declared_size(folder: Path, cls, extra: dict | None, config: dict, out
     for tensor in list(model.parameters()) + list(model.buffers()):  # tied weights once
         declared += tensor.numel()
         by_dtype[str(tensor.dtype).removeprefix("torch.")] += tensor.numel() * tensor.element_size()
-    values, size, dims = stored_values(folder)
+    values, size, dims = stored if stored is not None else stored_values(folder)
     capacity = size * PACKED_PER_BYTE if config.get("quantization_config") else values
     outcome.facts["declared_parameters"] = declared
     if declared <= capacity + max(capacity // 4, UNSTORED_VALUES):
