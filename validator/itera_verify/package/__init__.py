@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
+from ..format.names import MANIFEST, RELOAD, STOPS  # noqa: F401  (the rules read them here)
 from ..model import UsageError
 from .files import READ_FLAGS, open_binary
 
-from ..format.names import MANIFEST, RELOAD, STOPS  # noqa: E402,F401  (re-read by the rules)
 HASH_CHUNK = 1 << 20
 
 

@@ -16,7 +16,7 @@ from ..archive.canonical import DIRECTORY_MODE, FILE_MODES, SYMLINK_MODE
 from ..archive.extract import Reserved
 from ..package import Package
 
-from ..format.names import RECORD, REPORT_PAGE, SEAL_DIR, SUMS  # noqa: E402  (REPORT_PAGE: handed over by flows/verify.py)
+from ..format.names import RECORD, REPORT_PAGE, SEAL_DIR, SUMS  # noqa: F401  (REPORT_PAGE: handed over by flows/verify.py)
 # What the audit keeps out of the extracted tree: SEAL/ holds these three members and nothing else; the two
 # records are read in memory, up to 64 MiB each.
 SEAL_LAYOUT = Reserved(SEAL_DIR, {SUMS: 64 << 20, RECORD: 64 << 20}, frozenset({SUMS, RECORD, REPORT_PAGE}))
