@@ -374,9 +374,9 @@ def test_a_detached_child_hands_back_its_pickle_scan_and_parsed_run_files(defect
         started.result()
     finally:
         started.cancel()
-    scanned = package.settings.get(pickles.SCAN_SETTING, {})
+    scanned = package.cache(pickles.SCAN_SETTING)
     assert any(rel.endswith(".pt") or rel.endswith(".bin") for rel in scanned), sorted(scanned)[:5]
-    assert getattr(package, "_reader_scans", None), "the parsed run files stayed in the child"
+    assert package.cache("reader_scans"), "the parsed run files stayed in the child"
 
     def no_second_scan(path):
         raise AssertionError(f"{path} scanned again in the parent")
@@ -384,4 +384,4 @@ def test_a_detached_child_hands_back_its_pickle_scan_and_parsed_run_files(defect
     monkeypatch.setattr(pickles, "scan_file", no_second_scan)
     assert pickles.scan_package(package) == scanned  # everything already known: nothing is opened again
     metrics_rel = package.manifest["runs"][0]["metrics"]
-    assert any(key[1] == metrics_rel for key in package._reader_scans), sorted(package._reader_scans)[:5]
+    assert any(key[1] == metrics_rel for key in package.cache("reader_scans")), sorted(package.cache("reader_scans"))[:5]

@@ -19,6 +19,11 @@ from ..model import UsageError
 from .files import READ_FLAGS, open_binary
 
 HASH_CHUNK = 1 << 20
+# The package's caches (Package.cache): file digests, the pickle scan's results (the reload refuses what it
+# refused), the parsed run files (the report's runs table and curves). Each is filled once, in whichever process
+# ran the check, and merged into the parent.
+DIGESTS, PICKLE_SCAN, READER_SCANS = "digests", "pickle_scan", "reader_scans"
+CACHES = (DIGESTS, PICKLE_SCAN, READER_SCANS)
 
 
 @dataclass(frozen=True)
@@ -88,8 +93,9 @@ class Package:
     links: dict[str, LinkEntry] = field(default_factory=dict)
     dirs: set[str] = field(default_factory=set)
     specials: dict[str, str] = field(default_factory=dict)  # path -> "fifo" | "socket" | "device"
-    # Digests computed by checks; the seal compares them with what it hashes (IV704).
-    digests: dict[str, str] = field(default_factory=dict)
+    # What the checks compute that later steps reuse, by name (CACHES): one export/merge hands all of them from
+    # a forked check process back to the parent, so a new cache needs no new hand-written transfer.
+    caches: dict[str, dict] = field(default_factory=dict, repr=False)
     reloads: list | None = None  # ReloadResult list once the reload phase ran; None when skipped
     hf_cache: Path | None = None
     tmp_patterns: tuple[str, ...] = ()
@@ -98,6 +104,31 @@ class Package:
     _unparsed: dict[str, bytes] = field(default_factory=dict, repr=False)  # document_bytes() read, not parsed yet
     _unparsed_bytes: int = field(default=0, repr=False)
     _root_prefix: str | None = field(default=None, repr=False)
+
+    # ---- caches --------------------------------------------------------------------------------------
+
+    def cache(self, name: str) -> dict:
+        """One of the declared CACHES (a typo is a KeyError, never a second, silent cache)."""
+        if name not in CACHES:
+            raise KeyError(f"{name!r} is not a declared package cache ({', '.join(CACHES)})")
+        return self.caches.setdefault(name, {})
+
+    def export_caches(self) -> dict[str, dict]:
+        """Every cache's entries: what a forked check process sends back to its parent."""
+        return {name: dict(entries) for name, entries in self.caches.items() if entries}
+
+    def merge_caches(self, exported: dict[str, dict]) -> None:
+        """A child's caches merged into this process's: an entry already known here is kept (one file, one
+        reading)."""
+        for name, entries in exported.items():
+            mine = self.cache(name)
+            for key, value in entries.items():
+                mine.setdefault(key, value)
+
+    @property
+    def digests(self) -> dict[str, str]:
+        """Digests computed by checks; the seal compares them with what it hashes (IV704)."""
+        return self.cache(DIGESTS)
 
     # ---- paths ---------------------------------------------------------------------------------------
     def abspath(self, rel: str) -> Path:

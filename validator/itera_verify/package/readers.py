@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import READER_SCANS
 from .linerecords import LineErrors, csv_rows, non_blank_lines, parsed_lines, validated_lines
 
 SAMPLE = 5  # how many ids a message shows
@@ -97,11 +98,7 @@ class PredictionsScan(LineErrors):
 
 def _memo(package) -> dict:
     """A per-package cache: checks of several families read the same files, each is read once."""
-    cache = getattr(package, "_reader_scans", None)
-    if cache is None:
-        cache = {}
-        package._reader_scans = cache
-    return cache
+    return package.cache(READER_SCANS)
 
 
 def _once(package, key: tuple, read):

@@ -17,7 +17,6 @@ from typing import Iterable
 from ..runtime.forked import ChildLost, Forked, can_fork
 from ..model import Finding, Rule, Severity
 from ..package import Package
-from ..package.pickles import SCAN_SETTING
 
 
 @lru_cache(maxsize=1)
@@ -171,19 +170,11 @@ def _learned(package: Package) -> dict:
     """What a share's checks computed that the parent uses after them: the digests (the seal compares them),
     the pickle scan (the reloads refuse what it refused) and the parsed run files (the report's runs table and
     curves), so the parent never reads or scans a file a second time."""
-    return {"digests": dict(package.digests), "pickle_scan": dict(package.settings.get(SCAN_SETTING, {})),
-            "reader_scans": dict(getattr(package, "_reader_scans", None) or {})}
+    return package.export_caches()
 
 
 def _adopt(package: Package, learned: dict) -> None:
-    package.digests.update(learned["digests"])
-    if learned["pickle_scan"]:
-        package.settings.setdefault(SCAN_SETTING, {}).update(learned["pickle_scan"])
-    if learned["reader_scans"]:
-        if getattr(package, "_reader_scans", None) is None:
-            package._reader_scans = {}
-        for key, value in learned["reader_scans"].items():
-            package._reader_scans.setdefault(key, value)
+    package.merge_caches(learned)
 
 
 def _balanced(modules: list[ModuleType], processes: int) -> list[list[Unit]]:

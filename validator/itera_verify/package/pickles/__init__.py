@@ -21,6 +21,7 @@ from functools import partial
 from pathlib import Path
 
 from ...format.names import PICKLE_SUFFIXES
+from .. import PICKLE_SCAN
 from ..files import open_binary
 from .allowlist import ALLOWED_GLOBALS, INERT_CONFIG, INERT_CONFIG_FILES, is_allowed
 from .budget import DEFAULT_UNITS, Budget, BudgetSpent
@@ -183,7 +184,7 @@ def _is_safetensors_file(path) -> bool:
         return False
 
 
-SCAN_SETTING = "pickle_scan"  # package.settings key: {relative path: ScanResult}
+SCAN_SETTING = PICKLE_SCAN  # the package cache of {relative path: ScanResult}
 # package.settings key: the scan budget's units (the audit: its --max-size). Unset: the package's own size.
 SCAN_BUDGET_SETTING = "pickle_scan_budget"
 
@@ -192,7 +193,7 @@ def scan_package(package) -> dict[str, ScanResult]:
     """Scan each candidate file of a package once (pickle extension or pickle-like first bytes); the results
     stay on the package so the reload step refuses what the scan refused, without scanning twice. All the
     files draw on one Budget: once it is spent, every file left is "cannot be scanned"."""
-    results: dict[str, ScanResult] = package.settings.setdefault(SCAN_SETTING, {})
+    results: dict[str, ScanResult] = package.cache(SCAN_SETTING)
     units = package.settings.get(SCAN_BUDGET_SETTING)
     budget = Budget(units if units is not None else max(DEFAULT_UNITS, _package_bytes(package)))
     for rel in sorted(package.files):
