@@ -40,6 +40,7 @@ class WeightSet:
     tensors: dict[str, Tensor]
     run: str | None = None
     artifact: str | None = None
+    step: int | None = None  # a checkpoint's step, where known
     signature: frozenset = field(init=False)
 
     def __post_init__(self):

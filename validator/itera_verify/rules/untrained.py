@@ -13,6 +13,7 @@ from typing import Iterator
 
 from ..format.names import HUB_ID
 from ..model import Finding, Rule, Severity
+from ..format.layouts import CHECKPOINT_FOLDER, TRAINER_STATE
 from ..package import Package
 from ..runtime.hfcache import resolve_hf_cache
 from ._tensors import Digests, WeightSet, all_zero, converted_to, read_weights
@@ -42,6 +43,8 @@ RULES = [
 ]
 
 MODEL_KINDS = ("transformers-model", "safetensors")
+DELIVERED_KINDS = (*MODEL_KINDS, "peft-adapter")
+CHECKPOINT = "resume-checkpoint"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 LORA_B = re.compile(r".*\.lora_(?:B|embedding_B)(?:\.[^.]+)?\.weight|.*\.lora_embedding_B(?:\.[^.]+)?")
 LORA_TENSOR = re.compile(r".*\.(?:lora_(?:A|B|embedding_A|embedding_B)|lora_magnitude_vector)(?:\.[^.]+)*")
@@ -128,18 +131,55 @@ def _base_weight_sets(package: Package) -> list[WeightSet]:
 
 
 def _artifact_weight_sets(package: Package) -> list[tuple[bool, WeightSet]]:
-    """(delivered as a model, its weights) for every artifact with safetensors model weights, in manifest order;
-    a checkpoint's weights are compared with, never reported."""
+    """(delivered as a model, its weights) for every artifact with safetensors model or adapter weights, in
+    manifest order; a checkpoint's weights are compared with (and with its run's other checkpoints)."""
     found = []
     for artifact in package.artifacts():
         rel = package.normalise_ref(artifact["path"]) if _text(artifact.get("path")) else None
         located = _package_weights(package, rel) if rel else None
+        if located is None and rel and package.is_file(f"{rel}/{ADAPTER_WEIGHTS}"):
+            located = f"{rel}/{ADAPTER_WEIGHTS}", [os.path.realpath(package.os_path(f"{rel}/{ADAPTER_WEIGHTS}"))]
         tensors = read_weights(located[1]) if located else None
         if tensors:
-            found.append((artifact.get("kind") in MODEL_KINDS,
+            kind = artifact.get("kind")
+            found.append((kind in DELIVERED_KINDS,
                           WeightSet(_text(artifact.get("id")) or rel, located[0], tensors,
-                                    run=_text(artifact.get("run")), artifact=_text(artifact.get("id")))))
+                                    run=_text(artifact.get("run")), artifact=_text(artifact.get("id")),
+                                    step=_checkpoint_step(package, artifact, rel) if kind == CHECKPOINT else None)))
     return found
+
+
+def _checkpoint_step(package: Package, artifact: dict, rel: str) -> int | None:
+    """The step a checkpoint was saved at: the manifest's record of the save (runs[].checkpoints), else its
+    trainer_state.json's global_step, else the Trainer's folder name checkpoint-N; None when nothing says."""
+    for run in package.runs():
+        saves = run.get("checkpoints") if isinstance(run, dict) and run.get("id") == artifact.get("run") else None
+        for save in saves if isinstance(saves, list) else ():
+            if isinstance(save, dict) and save.get("artifact") == artifact.get("id") and _count(save.get("step")):
+                return save["step"]
+    state = package.json_value(f"{rel}/{TRAINER_STATE}") if package.is_file(f"{rel}/{TRAINER_STATE}") else None
+    if isinstance(state, dict) and _count(state.get("global_step")):
+        return state["global_step"]
+    named = CHECKPOINT_FOLDER.fullmatch(rel.rsplit("/", 1)[-1])
+    return int(named.group(1)) if named else None
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _best_checkpoints(package: Package) -> set[tuple[str, str]]:
+    """(run, folder name) of each checkpoint a run's trainer_state.json names as its best_model_checkpoint: with
+    load_best_model_at_end the Trainer delivers that checkpoint's weights, whatever its step."""
+    best = set()
+    for artifact in package.artifacts():
+        rel = package.normalise_ref(artifact["path"]) if _text(artifact.get("path")) else None
+        state = package.json_value(f"{rel}/{TRAINER_STATE}") if rel and package.is_file(f"{rel}/{TRAINER_STATE}") \
+            else None
+        named = _text(state.get("best_model_checkpoint")) if isinstance(state, dict) else None
+        if named and _text(artifact.get("run")):
+            best.add((artifact["run"], named.rstrip("/").rsplit("/", 1)[-1]))
+    return best
 
 
 def _untrained_adapters(package: Package) -> Iterator[Finding]:
@@ -183,10 +223,12 @@ def _as(dtype: str) -> str:
 def check(package: Package) -> Iterator[Finding]:
     yield from _untrained_adapters(package)
     artifacts = _artifact_weight_sets(package)
+    digests = Digests()
+    yield from _repeated_checkpoints(digests, artifacts)
     if not any(delivered for delivered, _ in artifacts):
         return
-    digests = Digests()
     bases = _base_weight_sets(package)
+    best = _best_checkpoints(package)
     for position, (delivered, model) in enumerate(artifacts):
         if not delivered:
             continue
@@ -200,6 +242,10 @@ def check(package: Package) -> Iterator[Finding]:
                                   + (f"; loading the base in {dtype} and saving it changes nothing else)"
                                      if dtype else ")"))
             continue
+        stale = _stale(digests, model, artifacts, best)
+        if stale is not None:
+            yield stale
+            continue
         # Another run's artifact: a model pair is reported once, on the later one; a checkpoint always.
         others = [other for index, (is_model, other) in enumerate(artifacts)
                   if other.run and model.run and other.run != model.run and (not is_model or index < position)]
@@ -209,3 +255,53 @@ def check(package: Package) -> Iterator[Finding]:
             yield Finding("IV512", model.where, **where,
                           message=f"every tensor of {model.label} (run {model.run!r}) equals {twin.label} of run "
                                   f"{twin.run!r} ({twin.where}){_as(dtype)}: one model delivered for two runs")
+
+
+def _own_checkpoints(model: WeightSet, artifacts: list[tuple[bool, WeightSet]]) -> list[WeightSet]:
+    """The checkpoints of `model`'s run whose step is known, earliest first."""
+    found = [other for delivered, other in artifacts
+             if not delivered and other is not model and other.run == model.run and other.step is not None]
+    return sorted(found, key=lambda c: c.step)
+
+
+def _stale(digests: Digests, model: WeightSet, artifacts: list[tuple[bool, WeightSet]],
+           best: set[tuple[str, str]]) -> Finding | None:
+    """A delivered model equal to a checkpoint of its own run before the run's last: the run trained on, and
+    what it delivers is not where it ended (its last checkpoint, and the run's best under load_best_model_at_end,
+    are what a Trainer delivers)."""
+    checkpoints = _own_checkpoints(model, artifacts) if model.run else []
+    if not checkpoints:
+        return None
+    last = checkpoints[-1].step
+    earlier = [c for c in checkpoints if c.step < last and (model.run, _folder(c.where)) not in best]
+    found = _match(digests, model, earlier)
+    if found is None:
+        return None
+    twin, dtype = found
+    return Finding("IV512", model.where, run=model.run, artifact=model.artifact,
+                   message=f"every tensor of {model.label} equals {twin.label}{_as(dtype)}, the checkpoint of run "
+                           f"{model.run!r} at step {twin.step} ({twin.where}), though the run went on to step "
+                           f"{last} (its last checkpoint): the delivered weights are stale; deliver those the run "
+                           "saved at its end")
+
+
+def _repeated_checkpoints(digests: Digests, artifacts: list[tuple[bool, WeightSet]]) -> Iterator[Finding]:
+    """Two checkpoints of one run holding the same weights at different steps: the later one is not the state
+    at its step (files of an earlier checkpoint copied into it); reported on the later one."""
+    checkpoints = [ws for delivered, ws in artifacts if not delivered and ws.run and ws.step is not None]
+    for later in checkpoints:
+        earlier = [c for c in checkpoints if c.run == later.run and c.step < later.step]
+        found = _match(digests, later, earlier)
+        if found is not None:
+            twin, dtype = found
+            yield Finding("IV512", later.where, run=later.run, artifact=later.artifact,
+                          message=f"{later.label} (run {later.run!r}, step {later.step}) holds the same weights "
+                                  f"as {twin.label} at step {twin.step} ({twin.where}){_as(dtype)}: a checkpoint "
+                                  f"that mixes steps (an earlier checkpoint's files copied into it); a resume from "
+                                  f"it would restart from step {twin.step}'s weights")
+
+
+def _folder(where: str) -> str:
+    """The checkpoint folder a weights file lies in (its name is what best_model_checkpoint ends with)."""
+    parts = where.rsplit("/", 2)
+    return parts[-2] if len(parts) > 1 else parts[-1]

@@ -113,11 +113,25 @@ def check_step(summary: OptimizerSummary, expected: int | None, outcome: Outcome
                              "state is not the one of this point of training", file)
 
 
-def check_scheduler(state, outcome: Outcome, file: Path) -> None:
+def check_scheduler(state, outcome: Outcome, file: Path, expected: int | None = None, against: str = "",
+                    fp16: bool = False) -> None:
+    """A scheduler state; given the recorded step (`expected`, named `against`), a per-step scheduler's
+    last_epoch equals it: the Trainer steps it once per optimizer step (an fp16 scaler's skipped steps excepted),
+    so another count is a scheduler.pt from another checkpoint and a resume would replay the wrong schedule."""
     if not isinstance(state, dict):
         raise Stop(LOAD, f"{outcome.rel(file)} is not a scheduler state (a dict)", file)
+    last_epoch = state.get("last_epoch")
     if "last_epoch" in state:
-        outcome.facts["scheduler_last_epoch"] = state["last_epoch"]
+        outcome.facts["scheduler_last_epoch"] = last_epoch
+    # ReduceLROnPlateau counts evaluations, not steps (the Trainer steps it on a metric).
+    if expected is None or "patience" in state or not isinstance(last_epoch, int) or isinstance(last_epoch, bool):
+        return
+    if outcome.facts.get("optimizer_step") == last_epoch:
+        return  # it agrees with the optimizer: a recorded step apart from both is the optimizer check's, once
+    if last_epoch != expected and not (fp16 and last_epoch < expected):
+        raise Stop(INCONSISTENT, f"{outcome.rel(file)}: the scheduler has stepped {last_epoch} time(s) "
+                                 f"(last_epoch) but {against} is {expected}: the scheduler state is not the one "
+                                 "of this point of training (files from different checkpoints were mixed)", file)
 
 
 def check_scaler(state, outcome: Outcome, file: Path) -> None:

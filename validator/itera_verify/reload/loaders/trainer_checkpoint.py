@@ -76,8 +76,9 @@ def check_optimizer(file: Path, model, global_step, job: dict, device, outcome: 
     _resume.check_step(summary, global_step, outcome, file, "trainer_state.json's global_step", job.get("fp16"))
 
 
-def check_scheduler(file: Path, device, outcome: Outcome) -> None:
-    _resume.check_scheduler(safe_torch_load(file, outcome, device), outcome, file)
+def check_scheduler(file: Path, device, outcome: Outcome, global_step=None, fp16: bool = False) -> None:
+    _resume.check_scheduler(safe_torch_load(file, outcome, device), outcome, file, global_step,
+                            "trainer_state.json's global_step", fp16)
 
 
 def check_rng(file: Path, device, outcome: Outcome) -> list[str]:
@@ -112,7 +113,7 @@ def reload(job: dict, device, outcome: Outcome) -> None:
     for file in components["optimizer"]:
         _resume.attempt(outcome, check_optimizer, file, model, global_step, job, device, outcome)
     for file in components["scheduler"]:
-        _resume.attempt(outcome, check_scheduler, file, device, outcome)
+        _resume.attempt(outcome, check_scheduler, file, device, outcome, global_step, bool(job.get("fp16")))
     restored: set[str] = set()
     for file in components["rng"]:
         restored |= set(_resume.attempt(outcome, check_rng, file, device, outcome) or ())
