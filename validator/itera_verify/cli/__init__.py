@@ -187,9 +187,12 @@ _verbose = click.option("-v", "--verbose", is_flag=True, help="More detail (pass
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
               help="Configuration file (default: itera-verify.toml or pyproject.toml, searched upward).")
 @_quiet
+@click.option("--sign", "sign", metavar="ssh:KEY", default=None,
+              help="Sign the seal with an SSH key: ssh:KEY.pub (its private half in ssh-agent) or ssh:KEY (a "
+                   "private key file); writes SEAL/statement.json(.sig) and ARCHIVE.sig.")
 @_verbose
 def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, reports, strict, select, ignore,
-                   hf_cache, timeout, jobs, isolation, level, threads, config_path, quiet, verbose):
+                   hf_cache, timeout, jobs, isolation, level, threads, config_path, sign, quiet, verbose):
     """Check OUTDIR, reload every artifact and seal it (exit 0 pass, 1 findings, 2 could not run)."""
     from ..flows.verify import verify
 
@@ -203,7 +206,7 @@ def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, r
             report = verify(outdir, config=config, device=device, reload=not no_reload, seal=not no_seal,
                             output=output, overwrite=overwrite, selection=selection, hf_cache=hf_cache,
                             timeout=timeout, jobs=jobs, level=level, threads=threads, progress=progress,
-                            isolation=isolation)
+                            isolation=isolation, sign=sign)
         _emit(report, fmt_chosen, targets, quiet, verbose)
         return _exit_code(report)
 
@@ -232,9 +235,13 @@ def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, r
                    "from the current folder; never one inside the archive or in a folder holding an extracted "
                    "package: manifest.json or SEAL/).")
 @_quiet
+@click.option("--allowed-signers", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Require a seal signed by one of these keys (OpenSSH allowed_signers format).")
+@click.option("--signer", default=None, metavar="IDENTITY",
+              help="Require this principal of --allowed-signers (as ssh-keygen -Y verify -I).")
 @_verbose
 def audit_command(archive, do_reload, max_size, device, hf_cache, timeout, jobs, isolation, fmt, reports, strict,
-                  select, ignore, config_path, quiet, verbose):
+                  select, ignore, config_path, allowed_signers, signer, quiet, verbose):
     """Audit a sealed ARCHIVE without trusting it: members, checksums, then every check again."""
     from ..flows.audit import audit
 
@@ -251,7 +258,7 @@ def audit_command(archive, do_reload, max_size, device, hf_cache, timeout, jobs,
             report = audit(archive, config=config, reload=do_reload, max_size=max_size, device=device,
                            hf_cache=hf_cache, timeout=timeout, jobs=jobs,
                            selection=_selection(config, select, ignore, strict), progress=progress,
-                           isolation=isolation)
+                           isolation=isolation, allowed_signers=allowed_signers, signer=signer)
         _emit(report, fmt_chosen, targets, quiet, verbose)
         return _exit_code(report)
 

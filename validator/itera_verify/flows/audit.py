@@ -40,6 +40,8 @@ from ..rules.archive import RECORD, AuditFacts, audit_findings
 from ..seal import termination_unwinds
 from ..seal.plan import SEAL_LAYOUT
 from .config import Config, settle
+from .signatures import check_signatures, read_reviewer
+from ..rules.signatures import signature_findings
 from .verify import build_report, check_package, check_processes
 
 GiB = 1 << 30
@@ -52,13 +54,17 @@ def default_max_size(archive_bytes: int) -> int:
 def audit(archive, *, config: Config | None = None, reload: bool = False, max_size: int | None = None,
           device: str | None = None, hf_cache=None, timeout: float | None = None, jobs: int = 1,
           selection: Selection | None = None, progress: Progress = NULL_PROGRESS, isolation: str = "auto",
-          tmp_patterns: tuple[str, ...] | None = None, tariffs: dict | None = None) -> Report:
+          tmp_patterns: tuple[str, ...] | None = None, tariffs: dict | None = None,
+          allowed_signers=None, signer: str | None = None) -> Report:
     """Audit a sealed archive. Raises UsageError (exit 2) when it cannot be read at all.
 
     The options are the reviewer's configuration (flows/config.py `settle`, as for verify: `config` None is the
     file the command line would apply, never one in an extracted package): the re-check applies them, and the
     sender's configuration (as its record shows it) is compared beside it. The archive's own findings
-    (IV701-IV706) are always errors: no configuration makes bytes that differ from their checksums pass."""
+    (IV701-IV706) are always errors: no configuration makes bytes that differ from their checksums pass.
+    `allowed_signers` (an OpenSSH allowed_signers file) requires a signed seal, by `signer` when given
+    (flows/signatures.py, IV801-IV803); without it a signature present is still checked and its signer shown."""
+    reviewer = read_reviewer(allowed_signers, signer)
     options = settle(config, reviewer=True, selection=selection, device=device, timeout=timeout,
                      tmp_patterns=tmp_patterns, tariffs=tariffs)
     selection, device, timeout = options.selection, options.device, options.timeout
@@ -91,6 +97,7 @@ def audit(archive, *, config: Config | None = None, reload: bool = False, max_si
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
                 shutil.rmtree(seal_side, ignore_errors=True)
+        signatures = check_signatures(path, fd, extraction, reviewer)
         if extraction.error is not None or not extraction.archive_sha256:
             # The stream failed before its end, so the reader hashed part of it: the whole file's digest all the same.
             extraction.archive_sha256 = _file_sha256(path, fd)
@@ -111,6 +118,9 @@ def audit(archive, *, config: Config | None = None, reload: bool = False, max_si
     archive_findings = audit_findings(facts)
     for finding in archive_findings:
         finding.severity = Severity.ERROR
+    if signatures is not None:
+        report.audit["signature"] = signatures.to_json()
+        archive_findings += signature_findings(signatures, extraction.top, path.name)
     report.findings[:0] = archive_findings
     return report
 

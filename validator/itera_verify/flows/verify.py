@@ -80,10 +80,13 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
            seal: bool = True, output=None, overwrite: bool = False, selection: Selection | None = None,
            hf_cache=None, timeout: float | None = None, jobs: int = 1, level: int = 3, threads: int = 0,
            tmp_patterns: tuple[str, ...] | None = None, tariffs: dict | None = None,
-           progress: Progress = NULL_PROGRESS, isolation: str = "auto") -> Report:
+           progress: Progress = NULL_PROGRESS, isolation: str = "auto", sign: str | None = None) -> Report:
     """Check a package, reload its artifacts and seal it when nothing blocks. Raises UsageError (exit 2).
     `config` None applies the configuration file the command line would (flows/config.py), `Config()` none;
-    the other arguments, when given, override it. The report names the file applied."""
+    the other arguments, when given, override it. The report names the file applied. `sign`: `ssh:KEY.pub` or
+    `ssh:KEY` (seal/sign.py), opened before any work."""
+    if sign is not None and not seal:
+        raise UsageError("--sign signs the seal: it cannot be used with --no-seal")
     started = time.monotonic()
     options = settle(config, selection=selection, device=device, timeout=timeout, tmp_patterns=tmp_patterns,
                      tariffs=tariffs)
@@ -103,8 +106,12 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
 
     seal_options = dict(output=output, overwrite=overwrite, level=level, threads=threads, progress=progress)
     with termination_unwinds():  # SIGTERM unwinds like Ctrl-C: a seal begun beside the checks is removed
-        static_checks, sealing, prestarted = None, None, None
+        static_checks, sealing, prestarted, signer = None, None, None, None
         try:
+            if sign is not None:  # a key the agent does not hold stops the command before any work
+                from ..seal.sign import open_signer
+
+                signer = open_signer(sign, package)
             if seal:
                 # Beside a seal the checks run in one child process, forked before the seal's threads start:
                 # both cores are busy already, and the seal's threads then have this interpreter to themselves.
@@ -129,8 +136,10 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
                 report.seal_skipped = ("findings at error level"
                                        + (" (or warnings with --strict)" if selection.strict else ""))
             else:
-                seal_report(package, report, selection, sealing=sealing, **seal_options)
+                seal_report(package, report, selection, sealing=sealing, signer=signer, **seal_options)
         finally:
+            if signer is not None:
+                signer.close()
             if prestarted is not None:
                 prestarted.close()
             if static_checks is not None:
@@ -160,7 +169,7 @@ def start_sealing(package: Package, *, output, overwrite: bool, level: int, thre
 
 
 def seal_report(package: Package, report: Report, selection: Selection, *, output, overwrite: bool, level: int,
-                threads: int, progress: Progress, sealing=None) -> None:
+                threads: int, progress: Progress, sealing=None, signer=None) -> None:
     """Seal the package with the report inside; a file changed since the check turns into IV704 findings.
     `sealing`: a seal started beside the checks, finished here with the report; None seals now."""
     from ..rules.archive import seal_findings
@@ -178,10 +187,10 @@ def seal_report(package: Package, report: Report, selection: Selection, *, outpu
     }
     try:
         if sealing is not None:
-            report.archive = sealing.finish(members)
+            report.archive = sealing.finish(members, signer)
         else:
             report.archive = seal_package(package, campaign_id, members, destination, overwrite=overwrite,
-                                          level=level, threads=threads, progress=progress)
+                                          level=level, threads=threads, progress=progress, signer=signer)
     except SealRefused as refused:
         report.sealed = False
         report.seal_refused = True

@@ -13,6 +13,12 @@ SEAL_DIR = "SEAL"
 SUMS = f"{SEAL_DIR}/SHA256SUMS"
 RECORD = f"{SEAL_DIR}/verification.json"
 REPORT_PAGE = f"{SEAL_DIR}/report.html"
+# A signed seal's statement and its signature (format/statement.py): never listed in SHA256SUMS, whose digest the
+# statement holds. The archive's own signature is `<archive>` + ARCHIVE_SIG_SUFFIX beside it.
+STATEMENT = f"{SEAL_DIR}/statement.json"
+STATEMENT_SIG = f"{SEAL_DIR}/statement.json.sig"
+SIGNATURE_MEMBERS = (STATEMENT, STATEMENT_SIG)
+ARCHIVE_SIG_SUFFIX = ".sig"
 # An extracted package holds both a manifest and SEAL/: either one marks a folder as the sender's.
 PACKAGE_MARKS = (MANIFEST, SEAL_DIR)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
-from ..format.names import RECORD, SEAL_DIR, SUMS
+from ..format.names import RECORD, SEAL_DIR, SIGNATURE_MEMBERS, SUMS
 from ..model import Finding, Rule, Severity
 from ..package import Package
 
@@ -28,7 +28,8 @@ RULES = [
          explain="SEAL/SHA256SUMS and the archive must name the same files. A missing member means something "
                  "sealed is not delivered (a truncated archive reads this way: everything after the cut is "
                  "missing); an unlisted one was added after the seal and nothing vouches for it. SEAL/ holds "
-                 "what the seal wrote (SHA256SUMS, verification.json, report.html) and nothing else: any other "
+                 "what the seal wrote (SHA256SUMS, verification.json, report.html, and statement.json with its "
+                 ".sig when signed) and nothing else: any other "
                  "member there is refused even when SHA256SUMS lists it, and a pickle there is named.",
          bad="predictions/extra.jsonl in the archive, not in SEAL/SHA256SUMS",
          good="the same set of file names on both sides"),
@@ -172,8 +173,8 @@ def _seal_extra_findings(facts: AuditFacts) -> list[Finding]:
     """IV702 for a SEAL/ member the seal never writes (never trusted, whatever SHA256SUMS lists), and for a
     pickle found in a SEAL/ file."""
     top = facts.extraction.top
-    findings = [Finding("IV702", name, message=f"SEAL/ holds {what}: only SHA256SUMS, verification.json and "
-                                               "report.html are the seal's; not trusted")
+    findings = [Finding("IV702", name, message=f"SEAL/ holds {what}: only SHA256SUMS, verification.json, "
+                                               "report.html and the signed statement are the seal's; not trusted")
                 for name, what in facts.extraction.seal_extras]
     for rel, scan in sorted(facts.seal_scans.items()):
         if scan.is_pickle:
@@ -197,7 +198,9 @@ def _sums_findings(extraction: "Extraction") -> list[Finding]:
         return [Finding("IV701", f"{top}/{SUMS}", line=exc.line, message=f"SEAL/SHA256SUMS is malformed: {exc}")]
     refused = {name.split("/", 1)[-1] for name, _ in extraction.refused}
     extras = {name.split("/", 1)[-1] for name, _ in extraction.seal_extras}  # IV702 already, listed or not
-    present = {name: digest for name, digest in extraction.files.items() if name != SUMS and name not in extras}
+    # The signed statement holds SHA256SUMS's digest, so SHA256SUMS cannot list it (rules/signatures.py checks it).
+    present = {name: digest for name, digest in extraction.files.items()
+               if name != SUMS and name not in extras and name not in SIGNATURE_MEMBERS}
     findings = []
     for name in sorted(listed):
         if name in present:

@@ -29,6 +29,7 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 from ..archive import ArchiveError, ArchiveWriter, worker_count
@@ -42,7 +43,9 @@ from ..package import Package, inside_package
 from ..runtime.progress import NULL_PROGRESS, Progress
 from .changes import Changed, refuse_changed, unchanged_since_discovery
 from .members import write_package_members, write_seal_members
-from .plan import SealRefused, check_extra_members, plan_members
+from .plan import RECORD, SealRefused, check_extra_members, plan_members
+from .sign import Signer, signed_members, write_signature_file
+from ..format.names import ARCHIVE_SIG_SUFFIX
 
 # What the workflows and the tests import from here; the plan, the change checks and the members are submodules.
 __all__ = ["SealRefused", "Sealing", "Terminated", "plan_members", "seal_package", "termination_unwinds"]
@@ -111,6 +114,7 @@ class Sealing:
         self.plan = plan_members(package)
         self.partial = partial_path(destination)
         self.sums_partial = partial_path(destination, ".sha256")
+        self.sig_partial = partial_path(destination, ARCHIVE_SIG_SUFFIX)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._output = self._writer = None
@@ -143,10 +147,16 @@ class Sealing:
         except BaseException as exc:  # noqa: BLE001 - handed to finish(), never lost in the thread
             self._failure = exc
 
-    def finish(self, members: dict[str, bytes]) -> dict:
+    def finish(self, members: dict[str, bytes], signer: "Signer | None" = None) -> dict:
         """Add SEAL/ (`members`: SEAL/<name> -> bytes), verify, publish. Returns the report's `archive` object.
-        Raises SealRefused (IV704 ...) or UsageError (disk full, unreadable file); the partial file is gone then."""
+        With `signer` (seal/sign.py), SEAL/ also holds the signed statement and `<archive>.sig` is written beside
+        the archive before the archive gets its name. Raises SealRefused (IV704 ...) or UsageError (disk full,
+        unreadable file, an agent that refuses); the partial files are gone then."""
         check_extra_members(members)
+        sign = None
+        if signer is not None:
+            sign = partial(signed_members, signer, self.campaign_id, record=members.get(RECORD))
+        signature_file = self.destination.with_name(self.destination.name + ARCHIVE_SIG_SUFFIX)
         try:
             with termination_unwinds():
                 # Bounded waits: a Ctrl-C or SIGTERM the kernel hands to another thread runs its handler only
@@ -157,7 +167,7 @@ class Sealing:
                     raise self._failure
                 digests, expected = self._result
                 unchanged_since_discovery(self.package, digests)
-                write_seal_members(self._writer, self.campaign_id, digests, expected, members)
+                write_seal_members(self._writer, self.campaign_id, digests, expected, members, sign)
                 self._output.flush()
                 os.fsync(self._output.fileno())
                 self.progress.finish("seal")
@@ -166,7 +176,19 @@ class Sealing:
                                                            self.progress)
                 published_at = time.monotonic()
                 write_checksum_file(self.sums_partial, archive_sha256, self.destination.name)
-                publish(self.partial, self.destination, self.overwrite)
+                signature = None
+                if signer is not None:  # named first: the archive never has its name without its signature
+                    write_signature_file(self.sig_partial, signer.sign("sha256", bytes.fromhex(archive_sha256)))
+                    publish(self.sig_partial, signature_file, self.overwrite)
+                    signature = {"path": str(signature_file), **signer.describe()}
+                elif self.overwrite:  # an earlier archive's signature would not verify this one
+                    signature_file.unlink(missing_ok=True)
+                try:
+                    publish(self.partial, self.destination, self.overwrite)
+                except BaseException:
+                    if signature is not None:
+                        signature_file.unlink(missing_ok=True)
+                    raise
                 checksum_file = self.destination.with_name(self.destination.name + ".sha256")
                 os.replace(self.sums_partial, checksum_file)
                 fsync_folder(self.destination.parent)
@@ -189,13 +211,14 @@ class Sealing:
             "frames": len(writer.frames),
             "seconds": round(time.monotonic() - self.started, 3), "write_seconds": round(sealed_at - self.started, 3),
             "verify_seconds": round(published_at - sealed_at, 3),
+            **({"signature": signature} if signature is not None else {}),
         }
 
     def cancel(self) -> None:
         """Stop the pass and remove the partial files; safe to call at any point, more than once."""
         self._stop.set()
         if not self._done:  # first: an interrupted run must not leave it even if the threads take a moment
-            for leftover in (self.partial, self.sums_partial):
+            for leftover in (self.partial, self.sums_partial, self.sig_partial):
                 leftover.unlink(missing_ok=True)
         thread = self._thread
         if thread is not None and thread.ident is not None and thread is not threading.current_thread():
@@ -210,7 +233,7 @@ class Sealing:
 
 def seal_package(package: Package, campaign_id: str, members: dict[str, bytes], destination: Path, *,
                  overwrite: bool = False, level: int = 3, threads: int = 0,
-                 progress: Progress = NULL_PROGRESS) -> dict:
+                 progress: Progress = NULL_PROGRESS, signer: "Signer | None" = None) -> dict:
     """Seal `package` into `destination` in one go (SPEC §3). Returns the report's `archive` object.
     Raises SealRefused (findings) or UsageError (exit 2: destination exists, disk full, unreadable file)."""
     check_extra_members(members)  # before anything is written
@@ -219,7 +242,7 @@ def seal_package(package: Package, campaign_id: str, members: dict[str, bytes], 
     with termination_unwinds():
         try:
             sealing.start()
-            return sealing.finish(members)
+            return sealing.finish(members, signer)
         finally:
             sealing.cancel()  # a no-op once published
 

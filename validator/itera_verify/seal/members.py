@@ -6,6 +6,7 @@ import errno
 import hashlib
 import threading
 import time
+from typing import Callable
 
 from ..archive import FileFeeder, SizeChanged, format_sums
 from ..archive.canonical import file_mode
@@ -84,15 +85,17 @@ def write_package_members(package: Package, campaign_id: str, plan: list[MemberE
 
 
 def write_seal_members(writer, campaign_id: str, digests: dict[str, str], expected: list[tuple],
-                       extra: dict[str, bytes]) -> None:
-    """SEAL/ last: SHA256SUMS is the product of the pass, then the workflow's own members; then the end."""
+                       extra: dict[str, bytes], sign: Callable[[bytes], dict[str, bytes]] | None = None) -> None:
+    """SEAL/ last: SHA256SUMS is the product of the pass, then the workflow's own members and, with `sign`, the
+    signed statement over SHA256SUMS (not listed in it: it holds SHA256SUMS's digest); then the end."""
     now = int(time.time())
     writer.add_directory(f"{campaign_id}/{SEAL_DIR}", mtime=now)
     expected.append((f"{campaign_id}/{SEAL_DIR}/", "directory", 0, ""))
     for member, data in extra.items():
         digests[member] = hashlib.sha256(data).hexdigest()
     sums = format_sums(digests)
-    for member, data in sorted({SUMS: sums, **extra}.items(), key=lambda kv: archive_order(kv[0])):
+    signed = sign(sums) if sign is not None else {}
+    for member, data in sorted({SUMS: sums, **extra, **signed}.items(), key=lambda kv: archive_order(kv[0])):
         digest = writer.add_bytes(f"{campaign_id}/{member}", data, mtime=now)
         expected.append((f"{campaign_id}/{member}", "file", len(data), digest))
     writer.close()

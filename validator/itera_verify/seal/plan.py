@@ -3,7 +3,8 @@
 Members are sorted by name (byte order); the package folder itself comes first. A link that stays inside the
 package is stored as a link (an absolute or roundabout target rewritten relative); a link that leaves the
 package or is broken, a fifo, socket or device, and a `SEAL/` the package already holds refuse the seal
-(SealRefused). The workflow's extra members are SEAL/<name>, never SEAL/SHA256SUMS: that one is the seal's own.
+(SealRefused). The workflow's extra members are SEAL/<name>, never SEAL/SHA256SUMS or the signed statement:
+those are the seal's own.
 """
 from __future__ import annotations
 
@@ -17,9 +18,14 @@ from ..archive.extract import Reserved
 from ..package import Package
 
 from ..format.names import RECORD, REPORT_PAGE, SEAL_DIR, SUMS  # noqa: F401  (REPORT_PAGE: handed over by flows/verify.py)
-# What the audit keeps out of the extracted tree: SEAL/ holds these three members and nothing else; the two
-# records are read in memory, up to 64 MiB each.
-SEAL_LAYOUT = Reserved(SEAL_DIR, {SUMS: 64 << 20, RECORD: 64 << 20}, frozenset({SUMS, RECORD, REPORT_PAGE}))
+from ..format.names import SIGNATURE_MEMBERS, STATEMENT, STATEMENT_SIG
+from ..format.sshsig import MAX_SIGNATURE_FILE
+from ..format.statement import STATEMENT_MAX
+# What the audit keeps out of the extracted tree: SEAL/ holds these members and nothing else; the two records are
+# read in memory, up to 64 MiB each, and so are a signed seal's statement and its signature.
+SEAL_LAYOUT = Reserved(SEAL_DIR, {SUMS: 64 << 20, RECORD: 64 << 20, STATEMENT: STATEMENT_MAX,
+                                  STATEMENT_SIG: MAX_SIGNATURE_FILE},
+                       frozenset({SUMS, RECORD, REPORT_PAGE, *SIGNATURE_MEMBERS}))
 
 
 class SealRefused(Exception):
@@ -88,5 +94,5 @@ def _mtime(path: Path) -> int:
 
 
 def check_extra_members(members: dict[str, bytes]) -> None:
-    if any(not name.startswith(SEAL_DIR + "/") or name == SUMS for name in members):
-        raise ValueError("extra members must be SEAL/<name> and not SEAL/SHA256SUMS")
+    if any(not name.startswith(SEAL_DIR + "/") or name == SUMS or name in SIGNATURE_MEMBERS for name in members):
+        raise ValueError("extra members must be SEAL/<name> and not SEAL/SHA256SUMS or the signed statement")

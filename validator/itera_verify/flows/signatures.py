@@ -1,0 +1,85 @@
+"""The audit's step for a signed seal (SPEC §7): read the reviewer's allowed_signers file and `<archive>.sig`,
+check them with the pure verifier (format/statement.py, format/sshsig.py), hand the facts to rules/signatures.py.
+
+Reading happens before the archive is: an allowed_signers file that cannot be read, or that holds no entry this
+verifier can use, is exit 2 with nothing audited.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..archive.extract import Extraction
+from ..format import sshsig
+from ..format.names import ARCHIVE_SIG_SUFFIX, RECORD, STATEMENT, STATEMENT_SIG, SUMS
+from ..format.statement import SealSignatures, check_seal
+from ..model import UsageError
+
+ALLOWED_SIGNERS_MAX = 16 << 20
+
+
+@dataclass
+class Reviewer:
+    """What the reviewer requires: the allowed signers (None: any valid signature is shown, none required)."""
+
+    allowed: list[sshsig.AllowedSigner] | None = None
+    name: str | None = None
+    principal: str | None = None
+    unreadable_lines: tuple = ()
+
+
+def read_reviewer(allowed_signers: str | os.PathLike | None, principal: str | None) -> Reviewer:
+    if allowed_signers is None:
+        if principal is not None:
+            raise UsageError("--signer names a principal of the allowed signers: give --allowed-signers FILE too")
+        return Reviewer()
+    path = Path(allowed_signers)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(ALLOWED_SIGNERS_MAX + 1)
+    except OSError as exc:
+        raise UsageError(f"--allowed-signers {path}: cannot read ({exc.strerror or exc})") from None
+    if len(data) > ALLOWED_SIGNERS_MAX:
+        raise UsageError(f"--allowed-signers {path}: larger than {ALLOWED_SIGNERS_MAX} bytes")
+    entries, problems = sshsig.parse_allowed_signers(data.decode("utf-8", "replace"))
+    if not any(entry.key is not None for entry in entries):
+        why = f" (line {problems[0][0]}: {problems[0][1]})" if problems else ""
+        raise UsageError(f"--allowed-signers {path}: no allowed signer this tool can use{why}; each line is "
+                         "`PRINCIPALS [OPTIONS] KEYTYPE BASE64-KEY` (ssh-keygen(1), ALLOWED SIGNERS)")
+    return Reviewer(entries, path.name, principal, tuple(problems))
+
+
+def _archive_signature(archive: Path) -> bytes | None:
+    beside = archive.with_name(archive.name + ARCHIVE_SIG_SUFFIX)
+    try:
+        with open(beside, "rb") as fh:
+            return fh.read(sshsig.MAX_SIGNATURE_FILE + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UsageError(f"{beside}: cannot read ({exc.strerror or exc})") from None
+
+
+def check_signatures(archive: Path, fd: int, extraction: Extraction, reviewer: Reviewer) -> SealSignatures | None:
+    """The seal's signatures checked against this archive; None when its stream could not be read whole."""
+    if extraction.error is not None:
+        return None
+
+    def digest(name: str) -> bytes:
+        if name == "sha256" and extraction.archive_sha256:
+            return bytes.fromhex(extraction.archive_sha256)
+        with os.fdopen(os.dup(fd), "rb") as source:  # a signature made with sha512: read the archive again
+            source.seek(0)
+            return hashlib.file_digest(source, name).digest()
+
+    seal = extraction.seal_files
+    result = check_seal(statement=seal.get(STATEMENT), statement_sig=seal.get(STATEMENT_SIG),
+                        archive_sig=_archive_signature(archive), archive_digest=digest, sums=seal.get(SUMS),
+                        record=seal.get(RECORD), top=extraction.top, allowed=reviewer.allowed,
+                        principal=reviewer.principal, now=time.time())
+    result.allowed_signers = reviewer.name
+    result.unreadable_lines = list(reviewer.unreadable_lines)
+    return result
