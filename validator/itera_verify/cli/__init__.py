@@ -148,6 +148,7 @@ def main() -> None:
       itera-verify OUTDIR [options]     check, reload and seal (see `itera-verify verify --help`)
       itera-verify verify OUTDIR        the same; say `verify` when OUTDIR is named like a subcommand
       itera-verify audit ARCHIVE        audit a delivered archive as hostile input
+      itera-verify push ARCHIVE DEST    send it to s3://bucket/prefix/ or a folder, verified, with a receipt
       itera-verify init OUTDIR          write a template package to start a campaign from
       itera-verify rules [CODE]         list the rules, or explain one
     """
@@ -261,6 +262,90 @@ def audit_command(archive, do_reload, max_size, device, hf_cache, timeout, jobs,
                            isolation=isolation, allowed_signers=allowed_signers, signer=signer)
         _emit(report, fmt_chosen, targets, quiet, verbose)
         return _exit_code(report)
+
+    _run(action)
+
+
+def _byte_count(ctx, param, value):
+    """--part-size 64M, 64MiB or 67108864."""
+    if value is None:
+        return None
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = value.strip().upper().removesuffix("IB").removesuffix("B")
+    digits = text.rstrip("KMG")
+    if not digits.isdigit() or text[len(digits):] not in units:
+        raise click.BadParameter(f"{value!r} is not a number of bytes (e.g. 67108864, 64M)")
+    count = int(digits) * units[text[len(digits):]]
+    if count < 5 << 20:
+        raise click.BadParameter(f"{value} is below 5 MiB, the smallest part S3 accepts")
+    return count
+
+
+def _push_archive(archive, dest, *, endpoint_url, read_back, jobs, part_size, quiet, verbose):
+    """The push shared by `push` and `verify --push`: (result, None) or (None, (exit code, one line))."""
+    from ..format.push import DEFAULT_PART_SIZE
+    from ..push import PushError, PushUnverified, push
+
+    try:
+        with _make_progress(quiet, verbose) as progress:
+            return push(archive, dest, endpoint_url=endpoint_url, read_back=read_back, jobs=jobs,
+                        part_size=part_size or DEFAULT_PART_SIZE, progress=progress), None
+    except PushUnverified as exc:
+        return None, (1, f"itera-verify: push not verified: {exc}")
+    except PushError as exc:
+        return None, (2, f"itera-verify: error: {exc}")
+
+
+def push_line(result) -> str:
+    receipt = result.receipt
+    where = receipt["destination"].rstrip("/") + "/" + receipt["key"].rsplit("/", 1)[-1]
+    resumed = (f"; resumed ({result.parts_reused} of {result.parts} parts were already there)"
+               if result.parts_reused else "")
+    return (f"pushed to {where} ({receipt['bytes']} bytes, verified: {receipt['verified_by']}; "
+            f"checksum {receipt['checksum']}){resumed}; receipt {result.receipt_path}")
+
+
+_push_options = [
+    click.option("--endpoint-url", default=None, help="An S3-compatible store's endpoint (default: the AWS "
+                                                      "environment and config files)."),
+    click.option("--read-back", is_flag=True, help="Also read the object back and hash it."),
+    click.option("--part-size", default=None, callback=_byte_count, help="Bytes per part (default 32M)."),
+]
+
+
+def _with_push_options(function):
+    for option in reversed(_push_options):
+        function = option(function)
+    return function
+
+
+@main.command("push")
+@click.argument("archive", type=click.Path(path_type=Path))
+@click.argument("dest")
+@_with_push_options
+@click.option("--jobs", type=click.IntRange(min=1, max=64), default=4, help="Parts sent at once (default 4).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@_quiet
+@_verbose
+def push_command(archive, dest, endpoint_url, read_back, part_size, jobs, fmt, quiet, verbose):
+    """Send a sealed ARCHIVE to DEST (s3://bucket/prefix/ or a folder), resumable and verified, with a receipt
+    (exit 0 verified, 1 differs or unverified, 2 could not run)."""
+    import json
+
+    def action() -> int:
+        result, failure = _push_archive(archive, dest, endpoint_url=endpoint_url, read_back=read_back, jobs=jobs,
+                                        part_size=part_size, quiet=quiet or fmt == "json", verbose=verbose)
+        if fmt == "json":
+            click.echo(json.dumps({"tool": "itera-verify", "version": __version__, "mode": "push",
+                                   "archive": str(archive), "verdict": "pass" if failure is None else "fail",
+                                   "push": result.to_json() if result else None,
+                                   "error": failure[1] if failure else None}, indent=2))
+        if failure is not None:
+            click.echo(plain_lines(clean(failure[1])), err=True)
+            return failure[0]
+        if fmt == "text":
+            click.echo(plain_lines(clean(f"PUSHED: {archive.name} {push_line(result)}")))
+        return 0
 
     _run(action)
 

