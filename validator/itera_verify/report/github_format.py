@@ -10,6 +10,7 @@ import posixpath
 
 from ..model import Finding
 from . import Report
+from .words import signer_line
 from .text_format import clean, severity_of, verdict_line
 
 COMMAND = {"error": "error", "warning": "warning", "info": "notice"}
@@ -52,6 +53,8 @@ def annotation(report: Report, finding: Finding) -> str:
 
 def render(report: Report, options: dict) -> str:
     lines = [annotation(report, finding) for finding in report.findings]
+    if signer_line(report):
+        lines.append(f"::notice title=itera-verify signature::{escape_data(signer_line(report))}")
     summary = "error" if report.verdict == "fail" else "notice"
     lines.append(f"::{summary} title=itera-verify::{escape_data(verdict_line(report))}")
     return "\n".join(lines) + "\n"

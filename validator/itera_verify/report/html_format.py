@@ -12,6 +12,7 @@ from typing import Any
 
 from ..model import Severity
 from . import Report
+from .words import signer_line
 from .html_charts import metric_chart, plan_bar
 from .text_format import (clean, cost_per_accepted, findings_by_file, hours, human_bytes, location, memory_cell,
                           metric_value, plural, rejection_cause, run_metrics, run_stop, severity_of, usd, verdict_line)
@@ -265,7 +266,9 @@ def _archive(report: Report) -> str:
     if archive:
         return (f'<dl class="kv"><dt>Archive</dt><dd><code>{esc(archive.get("path"))}</code></dd>'
                 f'<dt>SHA-256</dt><dd><code>{esc(archive.get("sha256"))}</code></dd>'
-                f'<dt>Size</dt><dd>{esc(human_bytes(archive.get("bytes")))}</dd></dl>')
+                f'<dt>Size</dt><dd>{esc(human_bytes(archive.get("bytes")))}</dd>'
+                + (f'<dt>Signature</dt><dd>{esc(signer_line(report))}</dd>' if signer_line(report) else "")
+                + '</dl>')
     if report.sealed:
         name = f"{report.campaign_id}.tar.zst" if report.campaign_id else "the archive"
         return (f"<p>This report is sealed inside <code>{esc(name)}</code>. A file cannot hold its own archive's "

@@ -12,6 +12,7 @@ from typing import Iterable
 from ..model import Finding
 from ..rules import all_rules
 from . import Report
+from .words import signer_line
 from .text_format import clean, human_bytes, location, severity_of, verdict_line
 
 
@@ -103,7 +104,8 @@ def _properties(suite: ET.Element, report: Report) -> None:
     archive = report.archive if isinstance(report.archive, dict) else {}
     values: Iterable[tuple[str, object]] = (
         ("package", report.package), ("campaign_id", report.campaign_id), ("verdict", report.verdict),
-        ("summary", verdict_line(report)), ("archive", archive.get("path")), ("archive_sha256", archive.get("sha256")))
+        ("summary", verdict_line(report)), ("archive", archive.get("path")), ("archive_sha256", archive.get("sha256")),
+        ("signature", signer_line(report)))
     properties = ET.Element("properties")
     for name, value in values:
         if value is not None:

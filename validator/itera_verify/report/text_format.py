@@ -16,6 +16,7 @@ from rich.text import Text
 
 from ..model import Severity
 from . import Report
+from .words import signer_line
 from .text_tables import reloads_table, runs_table
 # The shared words, imported from here by the other renderers.
 from .words import (clean, findings_by_file, hours, human_bytes, location, memory_cell, metric_value,  # noqa: F401
@@ -176,6 +177,8 @@ def _archive(console: Console, report: Report) -> None:
         console.print(Text("Archive", style="bold"))
         console.print(f"  {clean(archive.get('path'))} ({human_bytes(archive.get('bytes'))})", soft_wrap=True)
         console.print(f"  sha256 {clean(archive.get('sha256'))}", soft_wrap=True)
+        if signer_line(report):
+            console.print(f"  {signer_line(report)}", soft_wrap=True)
     elif report.seal_skipped:
         console.print(Text(f"Archive: not sealed ({clean(report.seal_skipped)})", style="yellow"), soft_wrap=True)
 

@@ -138,3 +138,32 @@ def memory_cell(reload) -> str:
     if reload.device_peak_memory_bytes is not None:
         return f"{human_bytes(host)} / {human_bytes(reload.device_peak_memory_bytes)}"
     return human_bytes(host if host is not None else reload.peak_memory_bytes)
+
+
+def signer_line(report) -> str | None:
+    """Who signed the seal, in one line every format shows: the sealer's key (verify), or what the audit found
+    (`audit.signature`, flows/signatures.py); None when the report has nothing to say about signatures."""
+    archive = report.archive if isinstance(report.archive, dict) else {}
+    sealed = archive.get("signature") if isinstance(archive.get("signature"), dict) else None
+    found = (report.audit or {}).get("signature") if isinstance(report.audit, dict) else None
+    if report.mode != "audit" and sealed:
+        return (f"signed by {clean(sealed.get('algorithm'))} key {clean(sealed.get('fingerprint'))} "
+                f"({clean(sealed.get('source'))}); signature {clean(sealed.get('path'))}")
+    if not isinstance(found, dict):
+        return None
+    statement = found.get("statement") if isinstance(found.get("statement"), dict) else {}
+    beside = found.get("archive_signature") if isinstance(found.get("archive_signature"), dict) else {}
+    if not found.get("signed") and beside.get("state", "absent") == "absent":
+        return "not signed" + (f" (required by {clean(found.get('allowed_signers'))})"
+                               if found.get("allowed_signers") else "")
+    who = (f"signed by {clean(found.get('algorithm'))} key {clean(found.get('signer'))}" if found.get("signer")
+           else "signature present but no valid signer")
+    line = f"{who}: statement {clean(statement.get('state', 'absent'))}, archive signature " \
+           f"{clean(beside.get('state', 'absent'))}"
+    principals = found.get("principals")
+    if isinstance(principals, list):
+        line += (f"; allowed as {', '.join(clean(p) for p in principals)} ({clean(found.get('allowed_signers'))})"
+                 if principals else f"; not allowed by {clean(found.get('allowed_signers'))}")
+    else:
+        line += "; no allowed signers given (compare the fingerprint with the sender's key)"
+    return line
