@@ -11,6 +11,7 @@ import os
 import pickle
 import select
 import signal
+import threading
 import traceback
 import warnings
 from typing import Any, Callable
@@ -33,11 +34,32 @@ def can_fork() -> bool:
     return hasattr(os, "fork")
 
 
+# The tool's own worker threads, by the names they are started with (the seal's pass, the archive's readers,
+# writers and compressors, the push's parts). A child forked while one of them runs inherits whatever lock it
+# held at that instant (an allocator's, a compressor's, a file object's) and may wait on it forever.
+TOOL_THREADS = ("seal", "archive-", "push-part", "range-read")
+
+
+class ForkAfterThreads(OSError):
+    """A fork was asked for while the tool's own threads run. An OSError, so every caller's "no fork now" path
+    runs the work in this process instead; the order (fork first, then start threads) is checked here, by code,
+    not left to the order of lines in a workflow."""
+
+
+def tool_threads_running() -> list[str]:
+    return sorted(t.name for t in threading.enumerate() if t.is_alive() and t.name.startswith(TOOL_THREADS))
+
+
 class Forked:
     """Starts `function()` in a forked child at once; result() waits for it and returns its value, or raises
-    what it raised (ChildLost when it died silently). cancel() kills it; both are safe to call more than once."""
+    what it raised (ChildLost when it died silently). cancel() kills it; both are safe to call more than once.
+    Refused (ForkAfterThreads) while the tool's own threads run."""
 
     def __init__(self, function: Callable[[], Any]):
+        running = tool_threads_running()
+        if running:
+            raise ForkAfterThreads(f"fork refused: the tool's threads {', '.join(running)} are running (fork "
+                                   "before starting them)")
         read_fd, write_fd = os.pipe()
         # Ctrl-C and SIGTERM wait until both sides are past the fork: one landing in the child while the
         # interpreter runs its after-fork hooks (random reseeds itself there) printed a traceback as "Exception
