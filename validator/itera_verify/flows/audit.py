@@ -94,6 +94,7 @@ def audit(archive, *, config: Config | None = None, reload: bool = False, max_si
                                    detached=_detached_checksum(path, extraction), unwalkable=unwalkable)
                 # The top folder is the manifest's campaign_id (the seal names it so): compared once re-checked.
                 facts.rechecked, facts.campaign_id = bool(report.audit.get("rechecked")), report.campaign_id
+                facts.collisions = extraction_collisions(path, extraction.top)
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
                 shutil.rmtree(seal_side, ignore_errors=True)
@@ -123,6 +124,34 @@ def audit(archive, *, config: Config | None = None, reload: bool = False, max_si
         archive_findings += signature_findings(signatures, extraction.top, path.name)
     report.findings[:0] = archive_findings
     return report
+
+
+def extraction_collisions(archive: Path, top: str | None) -> tuple[tuple[str, str], ...]:
+    """Where a reviewer would run `tar --zstd -xf` (the current folder, HOME, the archive's own folder), an
+    existing entry named as the archive's top folder: GNU tar would write into it (a .pth into an existing
+    ~/miniconda3/lib/.../site-packages, an executable into ~/bin). An earlier extraction of the same campaign (a
+    folder whose manifest.json names this campaign_id) is not one."""
+    if not top:
+        return ()
+    found: list[tuple[str, str]] = []
+    folders = [Path.cwd(), Path(os.path.expanduser("~")), archive.resolve().parent]
+    for folder in dict.fromkeys(f.resolve() for f in folders if f.is_absolute()):
+        entry = folder / top
+        if not os.path.lexists(entry) or _earlier_extraction(entry, top):
+            continue
+        what = ("a link" if entry.is_symlink() else "a folder" if entry.is_dir() else "a file")
+        found.append((str(folder), what))
+    return tuple(found)
+
+
+def _earlier_extraction(entry: Path, top: str) -> bool:
+    try:
+        if entry.is_symlink() or not (entry / "SEAL").is_dir():
+            return False
+        manifest = read_json((entry / "manifest.json").read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("campaign_id") == top
 
 
 MEMORY_SCRATCH = Path("/dev/shm")

@@ -123,6 +123,9 @@ class AuditFacts:
     record_unreadable: str | None = None  # why SEAL/verification.json is not a report (a pickle, not JSON...)
     rechecked: bool = False  # the extracted package was checked again: its manifest was read
     campaign_id: str | None = None  # the manifest's campaign_id, which the top folder must be
+    # (folder, what is there): places a reviewer extracts in (the current folder, HOME, the archive's folder)
+    # that already hold an entry named as the top folder, which is not an earlier extraction of this campaign.
+    collisions: tuple[tuple[str, str], ...] = ()
 
 
 def audit_findings(facts: AuditFacts) -> list[Finding]:
@@ -148,6 +151,11 @@ def audit_findings(facts: AuditFacts) -> list[Finding]:
             f"the archive's top folder is not the manifest's campaign_id ({facts.campaign_id!r}): the seal "
             "writes the package under <campaign_id>/" if facts.campaign_id is not None else
             "the manifest names no campaign_id: the seal writes the package under <campaign_id>/")))
+    for folder, what in facts.collisions:
+        findings.append(Finding("IV703", f"{extraction.top}/", message=(
+            f"{folder} already holds {extraction.top}/ ({what}): `tar --zstd -xf` there would write the "
+            f"archive's files into it (a campaign_id can name any folder, such as miniconda3 or bin); extract "
+            f"into a new, empty folder instead (mkdir review && tar --zstd -xf {facts.archive_name} -C review)")))
     if facts.unwalkable:
         findings.append(Finding("IV703", extraction.top, message=f"the extracted package cannot be walked "
                                                                  f"({facts.unwalkable}): unsafe member names"))
