@@ -16,7 +16,7 @@ from ..model import Finding, Rule, Severity
 from ..format.layouts import CHECKPOINT_FOLDER, TRAINER_STATE
 from ..package import Package
 from ..runtime.hfcache import resolve_hf_cache
-from ._tensors import Digests, WeightSet, all_zero, converted_to, read_weights
+from ._tensors import FLOATS, Digests, Tensor, WeightSet, all_zero, converted_to, read_weights
 
 RULES = [
     Rule("IV512", Severity.ERROR, "delivered model equals the base or another run's",
@@ -34,8 +34,13 @@ RULES = [
              "reported too, since its delivered weights are the base's. Only weight sets whose safetensors "
              "headers agree on every tensor name and shape are compared, and a comparison stops at the first "
              "tensor that differs. "
+             "A model or adapter equal to a checkpoint of its own run saved before the run's last checkpoint "
+             "(and not the one its trainer_state.json names best_model_checkpoint) is stale: the run trained on, "
+             "and what it delivers is not where it ended. Two checkpoints of one run holding the same weights at "
+             "different steps mix steps: the later one holds an earlier checkpoint's files. "
              "A LoRA adapter whose every B matrix is still zero (PEFT's "
-             "initialisation) and that holds nothing else changes nothing: base plus adapter is the base. "
+             "initialisation) and whose other saved modules (modules_to_save) hold nothing but the base's own "
+             "values changes nothing: base plus adapter is the base. "
              "Deliver the weights the run saved at its end (trainer.save_model(...) or "
              "model.save_pretrained(...)), not a copy of the base snapshot or an adapter saved before training."),
          bad="artifacts/control-model/model.safetensors copied from models--org--base/snapshots/3f1c…a5b4/",
@@ -182,22 +187,46 @@ def _best_checkpoints(package: Package) -> set[tuple[str, str]]:
     return best
 
 
-def _untrained_adapters(package: Package) -> Iterator[Finding]:
-    """A LoRA adapter with nothing but LoRA tensors, every B matrix zero: base + B·A is the base."""
+def _untrained_adapters(package: Package, digests: Digests, bases: list[WeightSet]) -> Iterator[Finding]:
+    """A LoRA adapter whose every B matrix is zero and whose other tensors (modules_to_save) are the base's own:
+    base + B·A is the base, and the saved modules change nothing either."""
     for artifact in package.artifacts():
         rel = package.normalise_ref(artifact["path"]) if _text(artifact.get("path")) else None
         if artifact.get("kind") != "peft-adapter" or not rel or not package.is_file(f"{rel}/{ADAPTER_WEIGHTS}"):
             continue
         tensors = read_weights([os.path.realpath(package.os_path(f"{rel}/{ADAPTER_WEIGHTS}"))])
-        if not tensors or not all(LORA_TENSOR.fullmatch(name) for name in tensors):
-            continue  # a trained head (modules_to_save) or another method: not this rule's to judge
-        b_matrices = [tensor for name, tensor in tensors.items() if LORA_B.fullmatch(name)]
-        if b_matrices and all(all_zero(tensor) for tensor in b_matrices):
-            yield Finding("IV512", f"{rel}/{ADAPTER_WEIGHTS}", run=_text(artifact.get("run")),
-                          artifact=_text(artifact.get("id")),
-                          message=f"every LoRA B matrix of {_text(artifact.get('id')) or rel} is zero (as PEFT "
-                                  f"initialises it): the adapter changes nothing, its model is the base; nothing "
-                                  "was trained (save the adapter after training)")
+        b_matrices = [tensor for name, tensor in (tensors or {}).items() if LORA_B.fullmatch(name)]
+        if not b_matrices or not all(all_zero(tensor) for tensor in b_matrices):
+            continue
+        saved = {name: tensor for name, tensor in tensors.items() if not LORA_TENSOR.fullmatch(name)}
+        base = next((b for b in bases if _modules_equal_base(digests, saved, b)), None) if saved else None
+        if saved and base is None:
+            continue  # a saved module the base lacks or that differs from it (a head that was trained)
+        label = _text(artifact.get("id")) or rel
+        modules = (f" and its saved modules ({', '.join(sorted(saved)[:3])}{', …' if len(saved) > 3 else ''}) "
+                   f"equal {base.label}'s" if base else "")
+        yield Finding("IV512", f"{rel}/{ADAPTER_WEIGHTS}", run=_text(artifact.get("run")),
+                      artifact=_text(artifact.get("id")),
+                      message=f"every LoRA B matrix of {label} is zero (as PEFT initialises it){modules}: the "
+                              "adapter changes nothing, its model is the base; nothing was trained (save the "
+                              "adapter after training)")
+
+
+# PEFT saves a modules_to_save copy under the base model's name of the module, behind its own prefix.
+PEFT_PREFIX = "base_model.model."
+
+
+def _modules_equal_base(digests: Digests, saved: dict[str, Tensor], base: WeightSet) -> bool:
+    """Every saved module tensor equals the base's tensor of that name (byte for byte, or its values converted)."""
+    for name, tensor in sorted(saved.items(), key=lambda item: (item[1].size, item[0])):
+        original = base.tensors.get(name.removeprefix(PEFT_PREFIX))
+        if original is None or original.shape != tensor.shape:
+            return False
+        if original.dtype != tensor.dtype and not {original.dtype, tensor.dtype} <= FLOATS.keys():
+            return False
+        if digests.of(tensor) != digests.of(original, tensor.dtype):
+            return False
+    return True
 
 
 DTYPE_WORDS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
@@ -221,16 +250,17 @@ def _as(dtype: str) -> str:
 
 
 def check(package: Package) -> Iterator[Finding]:
-    yield from _untrained_adapters(package)
-    artifacts = _artifact_weight_sets(package)
     digests = Digests()
+    bases = _base_weight_sets(package)
+    untrained = list(_untrained_adapters(package, digests, bases))
+    yield from untrained
+    artifacts = _artifact_weight_sets(package)
     yield from _repeated_checkpoints(digests, artifacts)
     if not any(delivered for delivered, _ in artifacts):
         return
-    bases = _base_weight_sets(package)
     best = _best_checkpoints(package)
     for position, (delivered, model) in enumerate(artifacts):
-        if not delivered:
+        if not delivered or model.artifact in {f.artifact for f in untrained}:
             continue
         where = dict(run=model.run, artifact=model.artifact)
         found = _match(digests, model, bases)
