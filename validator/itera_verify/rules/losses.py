@@ -1,5 +1,6 @@
-"""IV409–IV410: what a run's loss metrics show. A loss or gradient norm that went non-finite in a run nobody
-stopped, and the metric a `nonfinite_loss` rule watches missing from an accepted run.
+"""IV409–IV411: what a run's loss metrics show. A loss or gradient norm that went non-finite in a run nobody
+stopped, the metric a `nonfinite_loss` rule watches missing from an accepted run, and a run every process of
+which wrote its own values (and its own stop record).
 
 Besides the run's metrics file, IV409 reads the `log_history` of the Trainer's own `trainer_state.json` files
 under the run's artifacts: it keeps the NaN `grad_norm` even when a metrics file written from it leaves it out.
@@ -12,7 +13,7 @@ from typing import Iterator
 
 from ..model import Finding, Rule, Severity
 from ..package import Package, pointer_of
-from ..package.campaign import accepted_entries, indexed_runs, runs_by_id, shown, stopped_by_record
+from ..package.campaign import accepted_entries, indexed_runs, runs_by_id, shown, stop_records, stopped_by_record
 from ..package.campaign import metrics_of
 from .stops import nonfinite_token, watched_metrics
 
@@ -39,7 +40,23 @@ RULES = [
          bad='rule {"kind": "nonfinite_loss", "metric": "train_loss"}   metrics: {"name": "loss", ...} only',
          good='rule {"kind": "nonfinite_loss", "metric": "loss"}   '
               'metrics: {"step": 1, "name": "loss", "value": 2.31}'),
+    Rule("IV411", Severity.ERROR, "every process of a multi-process run wrote its own record",
+         explain="Under torchrun every rank runs the same script: unless only rank 0 writes, a loss-like metric "
+                 "(`loss`, `*_loss`, `grad_norm`) appears twice at the same step, in place, each line with one "
+                 "rank's own value, and a stopped run gets one stop record per rank. Nobody can tell which value "
+                 "is the run's (the mean over ranks is what the Trainer logs). A resumed run that repeats a block "
+                 "of steps once, after going back to its checkpoint's step, is not this: the repeated steps "
+                 "follow a lower step, not the same one. Write from the main process only (the recorder and its "
+                 "callbacks do: `RANK` 0 writes, the others check the rules), and log the value gathered over "
+                 "ranks.",
+         bad='{"step": 1, "name": "loss", "value": 2.31}  {"step": 1, "name": "loss", "value": 2.27}  '
+             '{"step": 2, "name": "loss", "value": 2.12}  {"step": 2, "name": "loss", "value": 2.15}',
+         good='{"step": 1, "name": "loss", "value": 2.29}  {"step": 2, "name": "loss", "value": 2.14}'),
 ]
+
+# In-place repeats of one metric (the same step twice in a row, two values) a single resume cannot make: its
+# replay starts below the step it crashed at, or at most repeats that one step.
+EVERY_RANK_REPEATS = 2
 
 
 def check(package: Package) -> Iterator[Finding]:
@@ -47,6 +64,50 @@ def check(package: Package) -> Iterator[Finding]:
         return  # missing or unparsable manifest: IV101/IV104 say so
     yield from _nonfinite_loss_like_in_unstopped_runs(package)
     yield from _accepted_runs_log_the_watched_metric(package)
+    yield from _every_rank_wrote_metrics(package)
+    yield from _every_rank_wrote_a_stop(package)
+
+
+def _every_rank_wrote_metrics(package: Package) -> Iterator[Finding]:
+    for index, run, run_id in indexed_runs(package):
+        scan = metrics_of(package, run)
+        found = []  # (line of the first repeat, metric, repeats, steps): the earliest is reported
+        for metric in sorted(scan.series) if scan is not None else ():
+            points = scan.series[metric]
+            repeats = [(line, step, points[i - 1][1], value) for i, (step, value, line) in enumerate(points)
+                       if i and step == points[i - 1][0] and not _same(value, points[i - 1][1])]
+            if is_loss_like(metric) and len(repeats) >= EVERY_RANK_REPEATS:
+                found.append((repeats[0], metric, len(repeats), len({p[0] for p in points})))
+        if not found:
+            continue  # one finding per run: the other metrics repeat the same mistake
+        (line, step, before, value), metric, count, steps = min(found)
+        yield Finding("IV411", scan.path, line=line, run=run_id,
+                      message=f"run {run_id or f'#{index}'}: {metric} is logged twice in a row at {count} of its "
+                              f"{steps} steps with two values (step {step}: {shown(before)} then {shown(value)}): "
+                              "every process of the multi-process run wrote its own value; write from rank 0 "
+                              "only, the value gathered over ranks")
+
+
+def _same(one: float, other: float) -> bool:
+    return one == other or (math.isnan(one) and math.isnan(other))
+
+
+def _every_rank_wrote_a_stop(package: Package) -> Iterator[Finding]:
+    first: dict[str, int] = {}
+    for index, record in stop_records(package):
+        run = record.get("run")
+        if not isinstance(run, str):
+            continue
+        if run not in first:
+            first[run] = index
+            continue
+        if first[run] < 0:
+            continue  # reported once per run, however many ranks wrote
+        yield Finding("IV411", "stops.json", pointer=pointer_of(["stops", index]), run=run,
+                      message=f"stops.json holds a second stop record for run {run} (entries {first[run]} and "
+                              f"{index}): every process of the multi-process run recorded the stop; one record "
+                              "per run, written by rank 0")
+        first[run] = -1
 
 
 def _nonfinite_loss_like_in_unstopped_runs(package: Package) -> Iterator[Finding]:
