@@ -61,6 +61,13 @@ class _ChecksumRefused(Exception):
     """The store refused a part's CRC64NVME header: start again with Content-MD5 only."""
 
 
+class _UploadGone(Exception):
+    """The store dropped the upload (rclone fails a whole upload once one part is refused): start a new one."""
+
+
+RESTARTS = 2
+
+
 def upload(s3, archive: Path, location: S3Location, *, sha256: str, endpoint: str | None, jobs: int,
            part_size: int, progress: Progress = NULL_PROGRESS) -> Uploaded:
     """Upload (or resume uploading) `archive` to `location`. Raises PushError (exit 2) or PushUnverified (1)."""
@@ -74,7 +81,7 @@ def upload(s3, archive: Path, location: S3Location, *, sha256: str, endpoint: st
                               started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     journal, listed = _resume(s3, location, journal_file, wanted)
     _abort_strays(s3, location, keep=journal.upload_id if journal else None)
-    modes = [CHECKSUM_CRC64NVME, CHECKSUM_MD5]
+    modes, restarts = [CHECKSUM_CRC64NVME, CHECKSUM_MD5], 0
     while True:
         if journal is None:
             journal = _create(s3, location, wanted, modes[0])
@@ -86,6 +93,11 @@ def upload(s3, archive: Path, location: S3Location, *, sha256: str, endpoint: st
             _abort(s3, location, journal.upload_id)
             journals.remove(journal_file)
             journal, modes = None, [CHECKSUM_MD5]
+        except _UploadGone:
+            journals.remove(journal_file)
+            journal, restarts = None, restarts + 1
+            if restarts > RESTARTS:
+                raise PushError(f"{where}: the store dropped the upload {restarts} times") from None
 
 
 def _resume(s3, location: S3Location, journal_file: Path, wanted: journals.Journal):
@@ -249,6 +261,8 @@ def _put_part(s3, location: S3Location, journal: journals.Journal, number: int, 
                                      f"{PART_ATTEMPTS} times ({code}); the connection corrupts data") from None
             if code in CHECKSUM_REFUSED and journal.checksum == CHECKSUM_CRC64NVME and number == 1:
                 raise _ChecksumRefused() from None
+            if code == "NoSuchUpload":
+                raise _UploadGone() from None
             if is_connection_error(exc) and attempt + 1 < PART_ATTEMPTS:
                 continue
             raise explain(exc, f"sending part {number}", location.url) from None
