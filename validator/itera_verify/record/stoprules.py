@@ -1,4 +1,5 @@
-"""Declared stop rules, checked live against each logged value (the reading of IV404, IV405 and IV409)."""
+"""Declared stop rules, checked live against each logged value (the reading of IV404, IV405 and IV409): a
+non-finite loss, a floor (`below_threshold`) and a ceiling (`above_threshold`) on a metric."""
 from __future__ import annotations
 
 import math
@@ -6,7 +7,8 @@ from dataclasses import dataclass
 
 from .errors import RecordError
 
-KINDS = ("nonfinite_loss", "below_threshold", "truncated_input", "no_usable_resume")
+KINDS = ("nonfinite_loss", "below_threshold", "above_threshold", "truncated_input", "no_usable_resume")
+THRESHOLDS = ("below_threshold", "above_threshold")  # a floor, a ceiling
 
 
 @dataclass(frozen=True)
@@ -33,11 +35,12 @@ def validate_rules(rules: list[dict]) -> list[dict]:
         if rule["id"] in seen:
             raise RecordError(f"stop rule id {rule['id']!r} is declared twice")
         seen.add(rule["id"])
-        if rule["kind"] in ("nonfinite_loss", "below_threshold") and not isinstance(rule.get("metric"), str):
+        if rule["kind"] in ("nonfinite_loss", *THRESHOLDS) and not isinstance(rule.get("metric"), str):
             raise RecordError(f"stop rule {rule['id']!r} ({rule['kind']}) needs the metric it watches")
-        if rule["kind"] == "below_threshold" and (
-                isinstance(rule.get("threshold"), bool) or not isinstance(rule.get("threshold"), (int, float))):
-            raise RecordError(f"stop rule {rule['id']!r} (below_threshold) needs a numeric threshold")
+        threshold = rule.get("threshold")
+        if rule["kind"] in THRESHOLDS and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
+                                           or not math.isfinite(threshold)):
+            raise RecordError(f"stop rule {rule['id']!r} ({rule['kind']}) needs a numeric threshold")
     return [dict(rule) for rule in rules]
 
 
@@ -61,4 +64,7 @@ def check(rules: list[dict], step: int, name: str, value: float) -> Violation | 
         if kind == "below_threshold" and name == rule.get("metric") and (not finite or value < rule["threshold"]):
             return Violation(rule["id"], step, name, value,
                              f"{name} = {spelled(value)} at step {step}, under the floor {rule['threshold']}")
+        if kind == "above_threshold" and name == rule.get("metric") and (not finite or value > rule["threshold"]):
+            return Violation(rule["id"], step, name, value,
+                             f"{name} = {spelled(value)} at step {step}, above the ceiling {rule['threshold']}")
     return None

@@ -37,9 +37,10 @@ RULES = [
                  "loss-like metrics and `grad_norm` are IV409's.",
          bad='metrics/control.jsonl: {"step": 3, "name": "train_loss", "value": NaN}   (control completed)',
          good='metrics/control.jsonl: {"step": 3, "name": "train_loss", "value": 2.31}'),
-    Rule("IV405", Severity.ERROR, "accepted run under a declared threshold",
-         explain="A `below_threshold` stop rule sets a floor for a metric. An accepted run whose last value of "
-                 "that metric (at its highest step) is under the floor, or that has no value of it at all, "
+    Rule("IV405", Severity.ERROR, "accepted run past a declared threshold",
+         explain="A `below_threshold` stop rule sets a floor for a metric, an `above_threshold` rule a ceiling "
+                 "(eval loss above 6: the run diverged). An accepted run whose last value of that metric (at its "
+                 "highest step) is under the floor or above the ceiling, or that has no value of it at all, "
                  "shows nothing that lets it pass. Remove it from `decision.accepted` or deliver the "
                  "measurements.",
          bad='{"step": 400, "name": "eval_macro_f1", "value": 0.41}   (floor 0.6, run accepted)',
@@ -58,8 +59,8 @@ RULES = [
     Rule("IV408", Severity.ERROR, "stop record contradicts its run",
          explain="A stop record says when (`at`), at which step, and under which rule a run was stopped. Its step "
                  "lies within the steps the run's metrics log, its time within the run's `started_at`–`ended_at` "
-                 "(to the second), and a `below_threshold` stop is one the metrics show: the rule's metric at "
-                 "that step (or the last value logged before it) is under the threshold. A record that "
+                 "(to the second), and a `below_threshold` (`above_threshold`) stop is one the metrics show: the "
+                 "rule's metric at that step (or the last value logged before it) is under (above) the threshold. A record that "
                  "contradicts the run was written from memory or copied from another run: write what happened.",
          bad='{"run": "lora-r64", "rule": "f1-floor", "step": 2, ...}   metrics: {"step": 2, "name": '
              '"eval_macro_f1", "value": 0.71}   (floor 0.6)',
@@ -172,9 +173,30 @@ def nonfinite_token(value: float) -> str:
     return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
 
 
+THRESHOLD_KINDS = ("below_threshold", "above_threshold")
+
+
+def is_threshold_rule(rule: dict) -> bool:
+    """A floor or a ceiling on a named metric, with a numeric threshold."""
+    return rule.get("kind") in THRESHOLD_KINDS and isinstance(rule.get("metric"), str) \
+        and is_number(rule.get("threshold"))
+
+
+def crosses(rule: dict, value: float) -> bool:
+    """`value` breaks the floor or the ceiling (a non-finite value breaks either)."""
+    if not math.isfinite(value):
+        return True
+    return value < rule["threshold"] if rule["kind"] == "below_threshold" else value > rule["threshold"]
+
+
+def limit(rule: dict) -> str:
+    """'under the floor 0.6' or 'above the ceiling 6'."""
+    return (f"under the floor {rule['threshold']:g}" if rule["kind"] == "below_threshold"
+            else f"above the ceiling {rule['threshold']:g}")
+
+
 def _accepted_above_thresholds(package: Package) -> Iterator[Finding]:
-    floors = [r for r in declared_rules(package) if r.get("kind") == "below_threshold"
-              and isinstance(r.get("metric"), str) and is_number(r.get("threshold"))]
+    floors = [r for r in declared_rules(package) if is_threshold_rule(r)]
     if not floors:
         return
     runs = runs_by_id(package)
@@ -191,12 +213,16 @@ def _accepted_above_thresholds(package: Package) -> Iterator[Finding]:
                 yield Finding("IV405", where if scan is not None else MANIFEST, run=name,
                               pointer=None if scan is not None else _run_pointer(package, name, "metrics"),
                               message=f"accepted run {name} has no value of {metric} in {where}: nothing shows it "
-                                      f"passed the floor {floor:g} of stop rule {shown(rule.get('id'))}")
-            elif not math.isfinite(last[1]) or last[1] < floor:
+                                      f"passed the {_bound(rule)} {floor:g} of stop rule {shown(rule.get('id'))}")
+            elif crosses(rule, last[1]):
                 yield Finding("IV405", scan.path, line=last[2], run=name,
-                              message=f"accepted run {name}: last {metric} (step {last[0]}) is {last[1]:g}, under "
-                                      f"the floor {floor:g} of stop rule {shown(rule.get('id'))}: remove it from "
+                              message=f"accepted run {name}: last {metric} (step {last[0]}) is {last[1]:g}, "
+                                      f"{limit(rule)} of stop rule {shown(rule.get('id'))}: remove it from "
                                       f"decision.accepted")
+
+
+def _bound(rule: dict) -> str:
+    return "floor" if rule["kind"] == "below_threshold" else "ceiling"
 
 
 def _run_pointer(package: Package, run_id: str, key: str) -> str | None:
@@ -259,8 +285,7 @@ def _stops_agree_with_runs(package: Package) -> Iterator[Finding]:
         yield from _stop_time_in_run(index, who, record, run, run_id)
         rule_id = record.get("rule")
         rule = rules.get(rule_id) if isinstance(rule_id, str) else None  # IV105 says a non-text one is wrong
-        if rule is None or rule.get("kind") != "below_threshold" or not isinstance(rule.get("metric"), str) \
-                or not is_number(rule.get("threshold")) or scan is None or not scan.series:
+        if rule is None or not is_threshold_rule(rule) or scan is None or not scan.series:
             continue
         if inside:
             yield from _floor_crossed(index, who, scan, step, rule, run_id)
@@ -287,32 +312,34 @@ def _stop_time_in_run(index: int, who: str, record: dict, run: dict, run_id: str
 
 def _floor_ever_crossed(index: int, who: str, scan: readers.MetricsScan, rule: dict,
                         run_id: str) -> Iterator[Finding]:
-    """A floor stop without a step: some logged value at least must be under the floor (or not finite)."""
-    metric, floor = rule["metric"], rule["threshold"]
+    """A threshold stop without a step: some logged value at least must cross it (or not be finite)."""
+    metric = rule["metric"]
     points = scan.series.get(metric, ())
-    if any(not math.isfinite(p[1]) or p[1] < floor for p in points):
+    if any(crosses(rule, p[1]) for p in points):
         return
-    lowest = f"its lowest is {min(p[1] for p in points):g}" if points else f"it logs no {metric}"
+    floor = rule["kind"] == "below_threshold"
+    extreme = (f"its {'lowest' if floor else 'highest'} is {(min if floor else max)(p[1] for p in points):g}"
+               if points else f"it logs no {metric}")
     yield Finding("IV408", STOPS, pointer=pointer_of(["stops", index, "rule"]), run=run_id,
-                  message=f"{who} says stop rule {rule['id']} ({metric} under {floor:g}) fired, but no {metric} "
-                          f"in {scan.path} is under the floor ({lowest}): the metrics deny the stop; give the rule "
-                          f"and step that really stopped the run")
+                  message=f"{who} says stop rule {rule['id']} ({metric} {limit(rule)}) fired, but no {metric} "
+                          f"in {scan.path} is {limit(rule).split(' ', 1)[0]} the {_bound(rule)} ({extreme}): the "
+                          f"metrics deny the stop; give the rule and step that really stopped the run")
 
 
 def _floor_crossed(index: int, who: str, scan: readers.MetricsScan, step: int, rule: dict,
                    run_id: str) -> Iterator[Finding]:
-    metric, floor = rule["metric"], rule["threshold"]
+    metric = rule["metric"]
     earlier = [point for point in scan.series.get(metric, ()) if point[0] <= step]
     if not earlier:
         yield Finding("IV408", STOPS, pointer=pointer_of(["stops", index, "rule"]), run=run_id,
-                      message=f"{who} says stop rule {rule['id']} ({metric} under {floor:g}) fired at step {step}, "
-                              f"but {scan.path} logs no {metric} at or before that step: nothing shows the floor "
-                              f"was crossed")
+                      message=f"{who} says stop rule {rule['id']} ({metric} {limit(rule)}) fired at step {step}, "
+                              f"but {scan.path} logs no {metric} at or before that step: nothing shows the "
+                              f"{_bound(rule)} was crossed")
         return
     at_step, value, line = max(earlier, key=lambda p: (p[0], p[2]))
-    if math.isfinite(value) and value >= floor:
+    if not crosses(rule, value):
         shown_step = f"at step {step}" if at_step == step else f"at step {at_step}, the last value before step {step}"
         yield Finding("IV408", STOPS, pointer=pointer_of(["stops", index, "rule"]), run=run_id,
                       message=f"{who} says stop rule {rule['id']} fired at step {step}, but {metric} is {value:g} "
-                              f"{shown_step} ({scan.path} line {line}), not under the floor {floor:g}: the metrics "
+                              f"{shown_step} ({scan.path} line {line}), not {limit(rule)}: the metrics "
                               f"deny the stop; give the rule and step that really stopped the run")
