@@ -61,10 +61,14 @@ def numeric_logs(logs: dict) -> dict[str, float]:
     return {k: v for k, v in (logs or {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def save_final_model(run: Run, model, rel_path: str, hf_cache=None) -> str:
+def save_final_model(run: Run, model, rel_path: str, hf_cache=None, processing_class=None) -> str:
     """Save `model` into the package at `rel_path` as safetensors and register it: a PeftModel as an adapter
-    pinned to its base's commit, any other transformers model as a model folder."""
+    pinned to its base's commit, any other transformers model as a model folder. `processing_class` (the
+    Trainer's tokenizer or processor) is saved beside it, as in every checkpoint: without it a reviewer cannot
+    turn the frozen eval inputs into ids (IV513)."""
     target = prepare_target(run.root, rel_path, is_folder=True)
+    if processing_class is not None and callable(getattr(processing_class, "save_pretrained", None)):
+        processing_class.save_pretrained(target)
     if hasattr(model, "peft_config"):
         # save_embedding_layers=False: "auto" would look the base config up on the hub.
         model.save_pretrained(target, safe_serialization=True, save_embedding_layers=False)

@@ -50,10 +50,10 @@ def training_params(args, run: Run) -> dict:
 class RecordCallback(TrainerCallback):
     """Record `run` (a handle from `campaign.run(...)`) while a Trainer trains it.
 
-    save_model_to: a folder inside the package where the final model (or adapter) is saved and registered at
-    the end of a run that was not stopped. hf_cache: the hub cache the base of an adapter was loaded from
-    (default: the environment's). checkpoint_id: the artifact id of each checkpoint, formatted with the run id
-    and the step."""
+    save_model_to: a folder inside the package where the final model (or adapter) is saved, with the Trainer's
+    processing_class (tokenizer or processor), and registered at the end of a run that was not stopped.
+    hf_cache: the hub cache the base of an adapter was loaded from (default: the environment's). checkpoint_id:
+    the artifact id of each checkpoint, formatted with the run id and the step."""
 
     def __init__(self, run: Run, save_model_to: str | None = None, hf_cache=None,
                  checkpoint_id: str = "{run}-checkpoint-{step}"):
