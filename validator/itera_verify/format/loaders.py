@@ -13,7 +13,7 @@ from dataclasses import dataclass
 FOLDER, FILE, EITHER = "folder", "file", "either"
 
 # The artifact kinds of manifest.artifacts[].kind, in the order the docs list them.
-KINDS = ("safetensors", "transformers-model", "peft-adapter", "resume-checkpoint")
+KINDS = ("safetensors", "transformers-model", "peft-adapter", "resume-checkpoint", "gguf", "onnx")
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,8 @@ class Loader:
     light: bool = False  # its child imports no modelling library (transformers, peft): the light zygote serves it
     default_for: tuple[str, ...] = ()  # the kinds the recorder registers with this loader unless told otherwise
     what: str = ""  # what its path is, in words, where a kind has several loaders (IV510's explanation)
+    libraries: tuple[str, ...] = ()  # what its child imports beyond the tool's own dependencies (reload/common.require)
+    extra: str = ""  # the pip extra that installs them: `pip install 'itera-verify[EXTRA]'`
 
 
 TABLE = (
@@ -43,6 +45,11 @@ TABLE = (
            what="an Accelerator.save_state folder"),
     Loader("lightning-checkpoint", "lightning", ("resume-checkpoint",), FILE, "one .ckpt file", ".ckpt",
            what="one .ckpt file"),
+    # SPEC §1 "Loaders beyond Hugging Face text models": each library is an optional extra of the tool.
+    Loader("gguf", "gguf", ("gguf",), FILE, "one .gguf file", light=True, default_for=("gguf",),
+           libraries=("gguf",), extra="gguf"),
+    Loader("onnx", "onnx", ("onnx",), EITHER, light=True, default_for=("onnx",),
+           libraries=("onnx", "onnxruntime"), extra="onnx"),
 )
 LOADERS: dict[str, Loader] = {row.name: row for row in TABLE}
 NAMES = tuple(LOADERS)

@@ -12,6 +12,7 @@ from ..package.pickles import has_pickle_extension, scan_file, sniff
 
 # Failure kinds, mapped to codes by rules/reload.py.
 LOAD, BASE_UNAVAILABLE, MISSING, INCONSISTENT = "load", "base-unavailable", "missing-component", "inconsistent"
+MISSING_LIBRARY = "missing-library"  # the loader's library is not installed here: nothing about the artifact
 
 DTYPES = {"float32": "float32", "fp32": "float32", "float": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16", "half": "float16", "float64": "float64"}
@@ -63,6 +64,28 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+
+def require(job: dict, *modules: str):
+    """Import the loader's own libraries (format/loaders.py's row: `libraries`, or `modules`) in the reload child.
+    One that cannot be imported stops the reload as MISSING_LIBRARY, naming the extra that installs it: a
+    library missing on the reviewer's machine says nothing about the artifact (never IV504)."""
+    import importlib
+
+    from ..format.loaders import LOADERS
+
+    row = LOADERS.get(job.get("loader"))
+    names = modules or (row.libraries if row else ())
+    imported = []
+    for name in names:
+        try:
+            imported.append(importlib.import_module(name))
+        except ImportError as exc:
+            extra = row.extra if row and row.extra else name
+            raise Stop(MISSING_LIBRARY, f"the `{job.get('loader')}` loader needs {extra}, which is not installed "
+                                        f"here ({exc.name or name} cannot be imported): "
+                                        f"pip install 'itera-verify[{extra}]'") from None
+    return imported[0] if len(imported) == 1 else imported
 
 
 def torch_dtype(job: dict):

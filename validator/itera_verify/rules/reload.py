@@ -31,7 +31,10 @@ RULES = [
              "adapter_config.json, at its pinned revision, in the local Hugging Face cache (--hf-cache, never the "
              "network). When it is not there the adapter is unverified, and unverified is not verified. Download "
              "the base at that revision into the cache (huggingface-cli download ORG/NAME --revision SHA) and "
-             "run again."),
+             "run again. Likewise when the library an artifact's loader needs (diffusers, timm, "
+             "sentence-transformers, gguf, onnx) is not installed on the verifying machine: nothing is said "
+             "about the artifact, it is not verified; one finding per library names the extra to install "
+             "(pip install 'itera-verify[diffusers]') and the artifacts waiting for it."),
          bad="adapter_config.json pins 3f1c…a5b4, the cache holds only snapshots/9e8d…0c1b",
          good="HF cache: models--org--base-model/snapshots/3f1c…a5b4/ with config.json and the weights"),
     Rule("IV507", Severity.ERROR, "resume checkpoint lacks a component",
@@ -72,7 +75,8 @@ RULES = [
          good='"accepted": ["lora-r16"]   # artifacts/lora-r16 reloads on its pinned base'),
 ]
 
-CODE_FOR_FAILURE = {"base-unavailable": "IV505", "missing-component": "IV507", "inconsistent": "IV508"}
+CODE_FOR_FAILURE = {"base-unavailable": "IV505", "missing-library": "IV505", "missing-component": "IV507",
+                    "inconsistent": "IV508"}
 NOT_REPORTED_HERE = {"no-loader", "skipped"}  # IV510 / IV205 already say why nothing ran
 
 
@@ -93,12 +97,31 @@ def _message(result: ReloadResult, problem: dict) -> str:
     return f"{result.artifact} ({result.loader}): {text}"
 
 
+def missing_library_findings(package: Package, runs_by_artifact: dict[str, str | None]) -> Iterator[Finding]:
+    """One finding per library the verifying machine lacks (its message names the extra), whatever the number of
+    artifacts waiting for it: the fix is one install, not one per artifact."""
+    waiting: dict[str, list[str]] = {}
+    for result in package.reloads or []:
+        for problem in ([] if result.ok else _problems(result)):
+            if problem.get("failure") == "missing-library":
+                waiting.setdefault(problem.get("message") or "a library is missing", []).append(result.artifact)
+    for message, artifacts in waiting.items():
+        runs = {runs_by_artifact.get(a) for a in artifacts}
+        yield Finding("IV505", None, message=f"not verified: {message} ({len(artifacts)} artifact(s): "
+                                             f"{', '.join(artifacts[:5])})",
+                      run=runs.pop() if len(runs) == 1 else None,
+                      artifact=artifacts[0] if len(artifacts) == 1 else None)
+
+
 def failure_findings(package: Package, runs_by_artifact: dict[str, str | None]) -> Iterator[Finding]:
     seen_statically = resume_facts(package)
+    yield from missing_library_findings(package, runs_by_artifact)
     for result in package.reloads or []:
         if result.ok or result.failure in NOT_REPORTED_HERE:
             continue
         for problem in _problems(result):
+            if problem.get("failure") == "missing-library":
+                continue  # said once for every artifact that needs it, above
             code = CODE_FOR_FAILURE.get(problem.get("failure") or "", "IV504")
             if any(fact.same_as(result.artifact, problem) for fact in seen_statically):
                 continue  # the static phase reported this requirement already (same id, format/layouts.py)

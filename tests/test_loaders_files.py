@@ -1,0 +1,110 @@
+"""The `gguf` and `onnx` loaders (SPEC §1): real files written by each library's own save call, reloaded in one
+run (one child per artifact, as `verify` does); each planted defect is its own artifact of the same package."""
+from __future__ import annotations
+
+import pytest
+
+from fixtures.artifacts import truncate
+from fixtures.extra_loaders import copy_artifact, reload_package, write_gguf, write_onnx, write_package
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def messages(findings, artifact) -> list[str]:
+    return [f"{f.code} {f.message}" for f in findings if f.artifact == artifact]
+
+
+@pytest.fixture(scope="module")
+def reloaded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("loaders-files") / "package"
+    art = root / "artifacts"
+    art.mkdir(parents=True)
+    write_gguf(art / "clean.gguf")
+    truncated = copy_artifact(art / "clean.gguf", art / "truncated.gguf")
+    truncate(truncated, 900)
+    write_gguf(art / "no-vocabulary.gguf", tokenizer=False)
+    write_gguf(art / "overflow.gguf", overflow=True)
+    write_gguf(art / "other-source.gguf", block_count=7)
+    (art / "source").mkdir()
+    (art / "source/config.json").write_text('{"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 32, '
+                                            '"vocab_size": 64}')
+    write_onnx(art / "onnx-clean")
+    write_onnx(art / "onnx-nan", nan=True)
+    copy_artifact(art / "onnx-clean", art / "onnx-no-data")
+    (art / "onnx-no-data/model.onnx.data").unlink()
+    copy_artifact(art / "onnx-clean", art / "onnx-short-data")
+    truncate(art / "onnx-short-data/model.onnx.data", 100)
+    gguf_entry, onnx_entry = {"loader": "gguf"}, {"loader": "onnx"}
+    write_package(root, [
+        ("gguf-clean", "gguf", "artifacts/clean.gguf", {"loader": "gguf", "config": "artifacts/source"}),
+        ("gguf-truncated", "gguf", "artifacts/truncated.gguf", gguf_entry),
+        ("gguf-no-vocabulary", "gguf", "artifacts/no-vocabulary.gguf", gguf_entry),
+        ("gguf-overflow", "gguf", "artifacts/overflow.gguf", gguf_entry),
+        ("gguf-other-source", "gguf", "artifacts/other-source.gguf", {"loader": "gguf", "config": "artifacts/source"}),
+        ("onnx-clean", "onnx", "artifacts/onnx-clean", onnx_entry),
+        ("onnx-file", "onnx", "artifacts/onnx-clean/model.onnx", onnx_entry),
+        ("onnx-nan", "onnx", "artifacts/onnx-nan", onnx_entry),
+        ("onnx-no-data", "onnx", "artifacts/onnx-no-data", onnx_entry),
+        ("onnx-short-data", "onnx", "artifacts/onnx-short-data", onnx_entry),
+    ])
+    return reload_package(root)
+
+
+def test_clean_gguf_is_read_dequantized_and_passes(reloaded):
+    results, findings = reloaded
+    result = results["gguf-clean"]
+    assert result.ok, result.error
+    assert not messages(findings, "gguf-clean")
+    assert result.facts["tensors"] == 3 and result.facts["tensor_types"] == {"F16": 1, "Q8_0": 1, "F32": 1}
+    assert result.facts["tokenizer"] == "llama, 64 tokens" and result.facts["architecture"] == "llama"
+
+
+def test_truncated_gguf_is_IV504_naming_the_truncation(reloaded):
+    _, findings = reloaded
+    [message] = messages(findings, "gguf-truncated")
+    assert message.startswith("IV504") and "truncated" in message and "truncated.gguf" in message
+
+
+def test_gguf_without_a_vocabulary_is_IV504(reloaded):
+    _, findings = reloaded
+    [message] = messages(findings, "gguf-no-vocabulary")
+    assert message.startswith("IV504") and "no tokenizer" in message
+
+
+def test_gguf_whose_f16_conversion_overflowed_is_IV504(reloaded):
+    _, findings = reloaded
+    [message] = messages(findings, "gguf-overflow")
+    assert "token_embd.weight (F16) holds 1 non-finite value" in message
+
+
+def test_gguf_converted_from_another_model_than_its_source_is_IV504(reloaded):
+    _, findings = reloaded
+    [message] = messages(findings, "gguf-other-source")
+    assert "llama.block_count is 7" in message and "says 1" in message
+
+
+def test_clean_onnx_export_runs_in_onnxruntime(reloaded):
+    results, findings = reloaded
+    for artifact in ("onnx-clean", "onnx-file"):
+        assert results[artifact].ok, results[artifact].error
+        assert results[artifact].forward == "finite output logits (1, 3) (onnxruntime, CPU)"
+        assert results[artifact].facts["external_data_files"] == ["model.onnx.data"]
+        assert not messages(findings, artifact)
+
+
+def test_onnx_with_a_nan_weight_is_IV504(reloaded):
+    _, findings = reloaded
+    [message] = messages(findings, "onnx-nan")
+    assert "non-finite weights" in message and "2.weight" in message
+
+
+def test_onnx_missing_its_external_data_is_IV504_naming_the_file(reloaded):
+    _, findings = reloaded
+    found = messages(findings, "onnx-no-data")
+    assert found and all("model.onnx.data is missing" in m for m in found)
+
+
+def test_onnx_whose_external_data_is_cut_short_is_IV504(reloaded):
+    _, findings = reloaded
+    found = messages(findings, "onnx-short-data")
+    assert found and all("truncated" in m for m in found)
