@@ -166,106 +166,6 @@ _quiet = click.option("-q", "--quiet", is_flag=True, help="Only the verdict and 
 _verbose = click.option("-v", "--verbose", is_flag=True, help="More detail (passing reloads, timings).")
 
 
-@main.command("verify")
-@click.argument("outdir", type=click.Path(path_type=Path))
-@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default=None, help="Where reloads run.")
-@click.option("--no-reload", is_flag=True, help="Skip the reloads (the report says nothing was reloaded).")
-@click.option("--no-seal", is_flag=True, help="Run every check but do not write the archive.")
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Archive path or destination folder.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing archive of the same name.")
-@_format_option
-@_report_option
-@click.option("--strict", is_flag=True, help="Warnings fail too.")
-@click.option("--select", help="Only these codes or prefixes (comma-separated, e.g. IV1,IV303).")
-@click.option("--ignore", help="Skip these codes or prefixes.")
-@click.option("--hf-cache", type=click.Path(path_type=Path), help="Hugging Face hub cache holding the base models.")
-@click.option("--timeout", type=click.FloatRange(min=1, max=7 * 86400), default=None, callback=_finite_seconds,
-              help="Seconds per reload (default 600).")
-@click.option("--jobs", type=click.IntRange(min=1), default=1, help="Parallel CPU reloads.")
-@_isolation_option
-@click.option("--level", type=click.IntRange(1, 19), default=3, help="zstd level (default 3).")
-@click.option("--threads", type=click.IntRange(min=0), default=0, help="zstd threads (0 = all cores).")
-@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="Configuration file (default: itera-verify.toml or pyproject.toml, searched upward).")
-@_quiet
-@click.option("--sign", "sign", metavar="ssh:KEY", default=None,
-              help="Sign the seal with an SSH key: ssh:KEY.pub (its private half in ssh-agent) or ssh:KEY (a "
-                   "private key file); writes SEAL/statement.json(.sig) and ARCHIVE.sig.")
-@_verbose
-def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, reports, strict, select, ignore,
-                   hf_cache, timeout, jobs, isolation, level, threads, config_path, sign, quiet, verbose):
-    """Check OUTDIR, reload every artifact and seal it (exit 0 pass, 1 findings, 2 could not run)."""
-    from ..flows.verify import verify
-
-    def action() -> int:
-        config = load_config(explicit=config_path)
-        fmt_chosen = _choose_format(fmt)
-        targets = _report_targets(reports, fmt_chosen)
-        _refuse_reports_inside(targets, outdir, "package")
-        selection = _selection(config, select, ignore, strict)
-        with _make_progress(quiet, verbose) as progress:
-            report = verify(outdir, config=config, device=device, reload=not no_reload, seal=not no_seal,
-                            output=output, overwrite=overwrite, selection=selection, hf_cache=hf_cache,
-                            timeout=timeout, jobs=jobs, level=level, threads=threads, progress=progress,
-                            isolation=isolation, sign=sign)
-        _emit(report, fmt_chosen, targets, quiet, verbose)
-        return _exit_code(report)
-
-    _run(action)
-
-
-@main.command("audit")
-@click.argument("archive", type=click.Path(path_type=Path))
-@click.option("--reload", "do_reload", is_flag=True, help="Also reload every artifact.")
-@click.option("--max-size", type=click.IntRange(min=1), default=None,
-              help="Refuse to expand beyond this many bytes (default: 20 × the archive size, at least 1 GiB).")
-@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default=None,
-              help="Where --reload runs (default: the configuration's device, else auto).")
-@click.option("--hf-cache", type=click.Path(path_type=Path))
-@click.option("--timeout", type=click.FloatRange(min=1, max=7 * 86400), default=None, callback=_finite_seconds,
-              help="Seconds per reload (default: the configuration's timeout, else 600).")
-@click.option("--jobs", type=click.IntRange(min=1), default=1)
-@_isolation_option
-@_format_option
-@_report_option
-@click.option("--strict", is_flag=True)
-@click.option("--select", help="Only these codes or prefixes in the re-check (comma-separated).")
-@click.option("--ignore", help="Skip these codes or prefixes in the re-check (comma-separated).")
-@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="The reviewer's configuration (default: itera-verify.toml or pyproject.toml, searched upward "
-                   "from the current folder; never one inside the archive or in a folder holding an extracted "
-                   "package: manifest.json or SEAL/).")
-@_quiet
-@click.option("--allowed-signers", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Require a seal signed by one of these keys (OpenSSH allowed_signers format).")
-@click.option("--signer", default=None, metavar="IDENTITY",
-              help="Require this principal of --allowed-signers (as ssh-keygen -Y verify -I).")
-@_verbose
-def audit_command(archive, do_reload, max_size, device, hf_cache, timeout, jobs, isolation, fmt, reports, strict,
-                  select, ignore, config_path, allowed_signers, signer, quiet, verbose):
-    """Audit a sealed ARCHIVE without trusting it: members, checksums, then every check again."""
-    from ..flows.audit import audit
-
-    keep_freed_buffers()
-
-    def action() -> int:
-        # The reviewer's configuration, never the sender's (not one in an extracted package, where the README
-        # sends the reviewer next): the sender's is shown beside it from the record.
-        config = load_config(explicit=config_path, reviewer=True)
-        fmt_chosen = _choose_format(fmt)
-        targets = _report_targets(reports, fmt_chosen)
-        _refuse_reports_inside(targets, archive, "archive")
-        with _make_progress(quiet, verbose) as progress:
-            report = audit(archive, config=config, reload=do_reload, max_size=max_size, device=device,
-                           hf_cache=hf_cache, timeout=timeout, jobs=jobs,
-                           selection=_selection(config, select, ignore, strict), progress=progress,
-                           isolation=isolation, allowed_signers=allowed_signers, signer=signer)
-        _emit(report, fmt_chosen, targets, quiet, verbose)
-        return _exit_code(report)
-
-    _run(action)
-
-
 def _byte_count(ctx, param, value):
     """--part-size 64M, 64MiB or 67108864."""
     if value is None:
@@ -317,6 +217,137 @@ def _with_push_options(function):
     for option in reversed(_push_options):
         function = option(function)
     return function
+
+
+@main.command("verify")
+@click.argument("outdir", type=click.Path(path_type=Path))
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default=None, help="Where reloads run.")
+@click.option("--no-reload", is_flag=True, help="Skip the reloads (the report says nothing was reloaded).")
+@click.option("--no-seal", is_flag=True, help="Run every check but do not write the archive.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Archive path or destination folder.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing archive of the same name.")
+@_format_option
+@_report_option
+@click.option("--strict", is_flag=True, help="Warnings fail too.")
+@click.option("--select", help="Only these codes or prefixes (comma-separated, e.g. IV1,IV303).")
+@click.option("--ignore", help="Skip these codes or prefixes.")
+@click.option("--hf-cache", type=click.Path(path_type=Path), help="Hugging Face hub cache holding the base models.")
+@click.option("--timeout", type=click.FloatRange(min=1, max=7 * 86400), default=None, callback=_finite_seconds,
+              help="Seconds per reload (default 600).")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, help="Parallel CPU reloads.")
+@_isolation_option
+@click.option("--level", type=click.IntRange(1, 19), default=3, help="zstd level (default 3).")
+@click.option("--threads", type=click.IntRange(min=0), default=0, help="zstd threads (0 = all cores).")
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Configuration file (default: itera-verify.toml or pyproject.toml, searched upward).")
+@_quiet
+@click.option("--sign", "sign", metavar="ssh:KEY", default=None,
+              help="Sign the seal with an SSH key: ssh:KEY.pub (its private half in ssh-agent) or ssh:KEY (a "
+                   "private key file); writes SEAL/statement.json(.sig) and ARCHIVE.sig.")
+@click.option("--push", "push_dest", metavar="DEST", default=None,
+              help="After a successful seal, push the archive to s3://bucket/prefix/ or a folder (as `push`).")
+@_with_push_options
+@_verbose
+def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, reports, strict, select, ignore,
+                   hf_cache, timeout, jobs, isolation, level, threads, config_path, sign,
+                   push_dest, endpoint_url, read_back, part_size, quiet, verbose):
+    """Check OUTDIR, reload every artifact and seal it (exit 0 pass, 1 findings, 2 could not run); with --push,
+    then push the archive (exit 1 when the copy is not verified, 2 when the push could not run)."""
+    from ..flows.verify import verify
+
+    def action() -> int:
+        config = load_config(explicit=config_path)
+        fmt_chosen = _choose_format(fmt)
+        targets = _report_targets(reports, fmt_chosen)
+        _refuse_reports_inside(targets, outdir, "package")
+        selection = _selection(config, select, ignore, strict)
+        if push_dest:  # no credentials or no such folder: said before the checks and the seal, not after
+            from ..push import check_destination
+
+            check_destination(push_dest, endpoint_url)
+        with _make_progress(quiet, verbose) as progress:
+            report = verify(outdir, config=config, device=device, reload=not no_reload, seal=not no_seal,
+                            output=output, overwrite=overwrite, selection=selection, hf_cache=hf_cache,
+                            timeout=timeout, jobs=jobs, level=level, threads=threads, progress=progress,
+                            isolation=isolation, sign=sign)
+        failure = _push_sealed(report, push_dest, endpoint_url=endpoint_url, read_back=read_back,
+                               part_size=part_size, quiet=quiet or fmt_chosen != "text", verbose=verbose)
+        _emit(report, fmt_chosen, targets, quiet, verbose)
+        if failure is not None:
+            click.echo(plain_lines(clean(failure[1])), err=True)
+            return failure[0]
+        return _exit_code(report)
+
+    _run(action)
+
+
+def _push_sealed(report: Report, dest, **options):
+    """--push: the sealed archive, once sealed; the receipt (or the error) goes into the report's archive."""
+    if not dest or not report.sealed or not isinstance(report.archive, dict) or not report.archive.get("path"):
+        return None
+    result, failure = _push_archive(Path(report.archive["path"]), dest, jobs=4, **options)
+    report.archive["push"] = result.to_json() if result else {"destination": dest, "error": failure[1]}
+    return failure
+
+
+@main.command("audit")
+@click.argument("archive", type=click.Path())  # a file, or s3://bucket/key.tar.zst
+@click.option("--reload", "do_reload", is_flag=True, help="Also reload every artifact.")
+@click.option("--endpoint-url", default=None,
+              help="For s3://bucket/key.tar.zst: an S3-compatible store's endpoint (default: the AWS environment).")
+@click.option("--max-size", type=click.IntRange(min=1), default=None,
+              help="Refuse to expand beyond this many bytes (default: 20 × the archive size, at least 1 GiB).")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default=None,
+              help="Where --reload runs (default: the configuration's device, else auto).")
+@click.option("--hf-cache", type=click.Path(path_type=Path))
+@click.option("--timeout", type=click.FloatRange(min=1, max=7 * 86400), default=None, callback=_finite_seconds,
+              help="Seconds per reload (default: the configuration's timeout, else 600).")
+@click.option("--jobs", type=click.IntRange(min=1), default=1)
+@_isolation_option
+@_format_option
+@_report_option
+@click.option("--strict", is_flag=True)
+@click.option("--select", help="Only these codes or prefixes in the re-check (comma-separated).")
+@click.option("--ignore", help="Skip these codes or prefixes in the re-check (comma-separated).")
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="The reviewer's configuration (default: itera-verify.toml or pyproject.toml, searched upward "
+                   "from the current folder; never one inside the archive or in a folder holding an extracted "
+                   "package: manifest.json or SEAL/).")
+@_quiet
+@click.option("--allowed-signers", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Require a seal signed by one of these keys (OpenSSH allowed_signers format).")
+@click.option("--signer", default=None, metavar="IDENTITY",
+              help="Require this principal of --allowed-signers (as ssh-keygen -Y verify -I).")
+@_verbose
+def audit_command(archive, do_reload, endpoint_url,
+                  max_size, device, hf_cache, timeout, jobs, isolation, fmt, reports, strict,
+                  select, ignore, config_path, allowed_signers, signer, quiet, verbose):
+    """Audit a sealed ARCHIVE without trusting it: members, checksums, then every check again."""
+    from ..flows.audit import audit
+
+    keep_freed_buffers()
+
+    def action() -> int:
+        # The reviewer's configuration, never the sender's (not one in an extracted package, where the README
+        # sends the reviewer next): the sender's is shown beside it from the record.
+        config = load_config(explicit=config_path, reviewer=True)
+        fmt_chosen = _choose_format(fmt)
+        targets = _report_targets(reports, fmt_chosen)
+        from ..push import is_s3
+
+        if not is_s3(archive):
+            _refuse_reports_inside(targets, Path(archive), "archive")
+        with _make_progress(quiet, verbose) as progress:
+            source = archive if is_s3(archive) else Path(archive)
+            report = audit(source, endpoint_url=endpoint_url, config=config, reload=do_reload,
+                           max_size=max_size, device=device,
+                           hf_cache=hf_cache, timeout=timeout, jobs=jobs,
+                           selection=_selection(config, select, ignore, strict), progress=progress,
+                           isolation=isolation, allowed_signers=allowed_signers, signer=signer)
+        _emit(report, fmt_chosen, targets, quiet, verbose)
+        return _exit_code(report)
+
+    _run(action)
 
 
 @main.command("push")

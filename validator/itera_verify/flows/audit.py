@@ -55,7 +55,7 @@ def audit(archive, *, config: Config | None = None, reload: bool = False, max_si
           device: str | None = None, hf_cache=None, timeout: float | None = None, jobs: int = 1,
           selection: Selection | None = None, progress: Progress = NULL_PROGRESS, isolation: str = "auto",
           tmp_patterns: tuple[str, ...] | None = None, tariffs: dict | None = None,
-          allowed_signers=None, signer: str | None = None) -> Report:
+          allowed_signers=None, signer: str | None = None, endpoint_url: str | None = None) -> Report:
     """Audit a sealed archive. Raises UsageError (exit 2) when it cannot be read at all.
 
     The options are the reviewer's configuration (flows/config.py `settle`, as for verify: `config` None is the
@@ -63,50 +63,56 @@ def audit(archive, *, config: Config | None = None, reload: bool = False, max_si
     sender's configuration (as its record shows it) is compared beside it. The archive's own findings
     (IV701-IV706) are always errors: no configuration makes bytes that differ from their checksums pass.
     `allowed_signers` (an OpenSSH allowed_signers file) requires a signed seal, by `signer` when given
-    (flows/signatures.py, IV801-IV803); without it a signature present is still checked and its signer shown."""
+    (flows/signatures.py, IV801-IV803); without it a signature present is still checked and its signer shown.
+    `archive` may be `s3://bucket/key.tar.zst` (push/remote.py): streamed from the store, never copied here; its
+    signatures are not checked there yet (--allowed-signers is then exit 2)."""
     reviewer = read_reviewer(allowed_signers, signer)
     options = settle(config, reviewer=True, selection=selection, device=device, timeout=timeout,
                      tmp_patterns=tmp_patterns, tariffs=tariffs)
     selection, device, timeout = options.selection, options.device, options.timeout
     tmp_patterns, tariffs, configuration = options.tmp_patterns, options.tariffs, options.configuration
-    path = Path(archive)
+    remote = _open_remote(archive, endpoint_url, allowed_signers)
+    path = Path(archive) if remote is None else Path(remote.name)
     resolved_device = None
     if reload:
         from ..reload import resolve_device
 
         resolved_device = resolve_device(device)
-    fd = open_archive(path)
+    fd = open_archive(path) if remote is None else None
     try:
-        size = os.fstat(fd).st_size
+        size = os.fstat(fd).st_size if remote is None else remote.size
         limit = max_size or default_max_size(size)
         with termination_unwinds():
-            folder = scratch_folder(path, fd)
+            folder = scratch_folder(path, fd) if remote is None else None
             workdir = tempfile.mkdtemp(prefix="itera-audit-", dir=folder)  # mode 0700: private
             seal_side = tempfile.mkdtemp(prefix="itera-audit-seal-", dir=folder)  # SEAL/ extras, outside the tree
             try:
                 # Every member is written whole: IV512 compares tensor payloads without --reload too.
-                extraction = _extract(path, fd, workdir, limit, progress, seal_side)
+                extraction = _extract(path, fd, workdir, limit, progress, seal_side, remote=remote)
                 report, unwalkable = _recheck(path, size, workdir, extraction, selection, reload=reload,
                                               device=resolved_device, hf_cache=hf_cache, timeout=timeout,
                                               jobs=jobs, progress=progress, isolation=isolation,
                                               tmp_patterns=tmp_patterns, tariffs=tariffs, scan_budget=limit)
                 facts = AuditFacts(path.name, limit, extraction, seal_scans=_scan_seal_files(extraction),
-                                   detached=_detached_checksum(path, extraction), unwalkable=unwalkable)
+                                   detached=_detached_checksum(path, extraction, remote), unwalkable=unwalkable)
                 # The top folder is the manifest's campaign_id (the seal names it so): compared once re-checked.
                 facts.rechecked, facts.campaign_id = bool(report.audit.get("rechecked")), report.campaign_id
                 facts.collisions = extraction_collisions(path, extraction.top)
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
                 shutil.rmtree(seal_side, ignore_errors=True)
-        signatures = check_signatures(path, fd, extraction, reviewer)
+        signatures = check_signatures(path, fd, extraction, reviewer) if remote is None else None
         if extraction.error is not None or not extraction.archive_sha256:
             # The stream failed before its end, so the reader hashed part of it: the whole file's digest all the same.
-            extraction.archive_sha256 = _file_sha256(path, fd)
+            extraction.archive_sha256 = _file_sha256(path, fd) if remote is None else remote.sha256()
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
     archive_sha256 = extraction.archive_sha256
     report.configuration = configuration
-    report.archive = {"path": str(path), "sha256": archive_sha256, "bytes": size}
+    report.archive = {"path": str(path) if remote is None else remote.url, "sha256": archive_sha256, "bytes": size}
+    if remote is not None:  # the object, never its name alone
+        report.package = report.audit["archive"] = remote.url
     report.audit["archive_sha256"] = archive_sha256
     comparison = _compare_record(extraction, report)
     report.audit["comparison"] = comparison
@@ -229,12 +235,28 @@ def _file_sha256(path: Path, fd: int) -> str:
         raise UsageError(f"{path}: cannot read ({exc.strerror or exc})") from exc
 
 
-def _extract(path: Path, fd: int, workdir: str, limit: int, progress: Progress, seal_side: str,
-             keep_prefix=None) -> Extraction:
+def _open_remote(archive, endpoint_url: str | None, allowed_signers):
+    """`s3://...`: the object in the store (push/remote.py); None for a file here."""
+    from ..push import is_s3
+
+    if not is_s3(str(archive)):
+        return None
+    if allowed_signers is not None:
+        raise UsageError(f"{archive}: --allowed-signers checks a local archive and its .sig for now (copy both "
+                         "from the bucket first)")
+    from ..push.remote import open_remote
+
+    return open_remote(str(archive), endpoint_url)
+
+
+def _extract(path: Path, fd: int | None, workdir: str, limit: int, progress: Progress, seal_side: str,
+             keep_prefix=None, remote=None) -> Extraction:
     progress.start("audit", f"reading {path.name}", total=None, unit="B")
     try:
-        with os.fdopen(os.dup(fd), "rb", buffering=0) as source:
-            source.seek(0)
+        # From a bucket: one ordered stream (a file object), its frames decompressed one after another.
+        with os.fdopen(os.dup(fd), "rb", buffering=0) if remote is None else remote.open() as source:
+            if remote is None:
+                source.seek(0)
             return safe_extract(source, workdir, max_expanded=limit, keep_prefix=keep_prefix, seal_side=seal_side,
                                 reserved=SEAL_LAYOUT,
                                 on_bytes=lambda n: progress.advance("audit", n))
@@ -291,8 +313,11 @@ def _scan_seal_files(extraction: Extraction) -> dict:
     return {rel: scan_file(side) for rel, side in extraction.seal_side.items()}
 
 
-def _detached_checksum(path: Path, extraction: Extraction) -> tuple[str, bool] | None:
-    """`<archive>.sha256` beside the archive, when there is one: whether it names this archive's bytes."""
+def _detached_checksum(path: Path, extraction: Extraction, remote=None) -> tuple[str, bool] | None:
+    """`<archive>.sha256` beside the archive, when there is one: whether it names this archive's bytes. From a
+    bucket: the object's sha256 metadata, `.sha256` and receipt there (push/remote.py)."""
+    if remote is not None:
+        return None if extraction.error is not None else remote.detached(extraction.archive_sha256)
     beside = path.with_name(path.name + ".sha256")
     try:
         recorded = beside.read_text(encoding="utf-8", errors="replace").split()[:1]

@@ -26,7 +26,7 @@ from ..format.push import (CHECKSUM_LOCAL, CHECKSUM_SUFFIX, DEFAULT_PART_SIZE, M
 from ..runtime.progress import NULL_PROGRESS, Progress
 from .store import PushError, PushUnverified, S3Location, is_s3
 
-__all__ = ["PushError", "PushResult", "PushUnverified", "is_s3", "push"]
+__all__ = ["PushError", "PushResult", "PushUnverified", "check_destination", "is_s3", "push"]
 
 
 @dataclass
@@ -58,6 +58,18 @@ def push(archive, dest, *, endpoint_url: str | None = None, read_back: bool = Fa
                         uploaded_at=uploaded_at)
     return _push_folder(archive, dest, sha256, sidecars, progress=progress, started=started,
                         uploaded_at=uploaded_at)
+
+
+def check_destination(dest, endpoint_url: str | None = None) -> None:
+    """Before a seal that `--push` follows: a folder that is not there, or S3 without boto3 or credentials, is
+    PushError now rather than after the seal's hours."""
+    from .store import client, folder_destination, parse_s3
+
+    if is_s3(str(dest)):
+        parse_s3(str(dest))
+        client(endpoint_url, 1)
+    else:
+        folder_destination(dest)
 
 
 def _now() -> str:

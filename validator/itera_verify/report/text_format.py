@@ -67,7 +67,14 @@ def _seal_clause(report: Report) -> str:
 def verdict_line(report: Report) -> str:
     """`PASS: 0 errors, 1 warning; 4 artifacts reloaded on cpu; sealed reviews-lora-2026-11.tar.zst`"""
     head = "PASS" if report.verdict == "pass" else "FAIL"
-    return f"{head}: " + "; ".join([_counts(report), _reload_clause(report), _seal_clause(report)])
+    clauses = [_counts(report), _reload_clause(report), _seal_clause(report)]
+    pushed = (report.archive or {}).get("push") if isinstance(report.archive, dict) else None
+    if isinstance(pushed, dict):  # --push: the receipt, or why there is none
+        clauses.append(f"NOT pushed to {clean(pushed.get('destination'))}" if pushed.get("error") else
+                       f"pushed to {clean(pushed.get('destination')).rstrip('/')}/"
+                       f"{clean(pushed.get('key')).rsplit('/', 1)[-1]}"
+                       f" (verified: {clean(pushed.get('verified_by'))})")
+    return f"{head}: " + "; ".join(clauses)
 
 
 def cost_per_accepted(budget: dict) -> str:

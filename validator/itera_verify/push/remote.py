@@ -1,0 +1,98 @@
+"""`itera-verify audit s3://bucket/key.tar.zst`: the archive as a stream from the bucket, no local copy.
+
+The object is read once, in parallel ranges handed out in order (ranged.py), every range pinned by If-Match to
+the ETag seen first: an object replaced during the audit stops it. What the push left beside it is compared
+with the bytes streamed: the object's sha256 metadata, `<key>.sha256` and the receipt's sha256. An object
+changed after the push (one byte is enough) differs from all three and from SEAL/SHA256SUMS: IV701.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from ..format.push import CHECKSUM_SUFFIX, METADATA_SHA256, RECEIPT_SUFFIX
+from .ranged import RangedReader, read_back_sha256
+from .store import PushError, client, error_code, explain, parse_s3
+
+SIDECAR_MAX = 1 << 20  # a checksum file or a receipt; anything larger is not one
+
+
+@dataclass
+class RemoteArchive:
+    s3: object
+    bucket: str
+    key: str
+    size: int
+    etag: str | None
+    version_id: str | None
+    metadata_sha256: str | None
+    jobs: int = 4
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+    @property
+    def name(self) -> str:
+        return self.key.rsplit("/", 1)[-1]
+
+    def open(self) -> RangedReader:
+        return RangedReader(self.s3, self.bucket, self.key, self.size, self.etag, jobs=self.jobs,
+                            version_id=self.version_id)
+
+    def sha256(self) -> str:
+        return read_back_sha256(self.s3, self.bucket, self.key, self.size, self.etag, self.jobs,
+                                version_id=self.version_id)[0]
+
+    def _sidecar(self, suffix: str) -> bytes | None:
+        try:
+            response = self.s3.get_object(Bucket=self.bucket, Key=self.key + suffix, Range=f"bytes=0-{SIDECAR_MAX}")
+            body = response["Body"]
+            try:
+                return body.read(SIDECAR_MAX + 1)
+            finally:
+                body.close()
+        except Exception as exc:  # noqa: BLE001 - a missing sidecar is no error; the rest is one line
+            if error_code(exc) in ("NoSuchKey", "404", "AccessDenied", "InvalidRange"):
+                return None
+            raise explain(exc, f"reading {self.name}{suffix}", self.url) from None
+
+    def detached(self, streamed_sha256: str) -> tuple[str, bool] | None:
+        """What the push recorded of the archive's SHA-256 (metadata, `.sha256`, receipt), and whether every one
+        names the bytes streamed; None when nothing was recorded."""
+        recorded: list[tuple[str, str]] = []
+        if self.metadata_sha256:
+            recorded.append((f"the object's {METADATA_SHA256} metadata", self.metadata_sha256.lower()))
+        checksum = self._sidecar(CHECKSUM_SUFFIX)
+        if checksum is not None:
+            match = re.match(rb"\\?([0-9a-fA-F]{64})", checksum)
+            recorded.append((self.name + CHECKSUM_SUFFIX, match.group(1).decode().lower() if match else ""))
+        receipt = self._sidecar(RECEIPT_SUFFIX)
+        if receipt is not None:
+            try:
+                value = json.loads(receipt).get("sha256")
+            except (ValueError, AttributeError):
+                value = None
+            recorded.append((self.name + RECEIPT_SUFFIX, value.lower() if isinstance(value, str) else ""))
+        if not recorded:
+            return None
+        differing = [what for what, value in recorded if value != streamed_sha256]
+        return (", ".join(differing or [what for what, _ in recorded]), not differing)
+
+
+def open_remote(url: str, endpoint_url: str | None = None, jobs: int = 4) -> RemoteArchive:
+    """HEAD the object once: its size, ETag and version are what the whole audit reads. PushError (exit 2)."""
+    location = parse_s3(url)
+    if not location.key or location.key.endswith("/"):
+        raise PushError(f"{url}: give the archive's key (s3://bucket/prefix/name.tar.zst)")
+    s3 = client(endpoint_url, jobs)
+    try:
+        head = s3.head_object(Bucket=location.bucket, Key=location.key)
+    except Exception as exc:  # noqa: BLE001 - one line
+        if error_code(exc) in ("404", "NoSuchKey", "NotFound"):
+            raise PushError(f"{url}: no such object") from None
+        raise explain(exc, "reading the archive", url) from None
+    metadata = {k.lower(): v for k, v in (head.get("Metadata") or {}).items()}
+    return RemoteArchive(s3, location.bucket, location.key, int(head["ContentLength"]), head.get("ETag"),
+                         head.get("VersionId"), metadata.get(METADATA_SHA256), jobs)
