@@ -89,16 +89,17 @@ class RecordCallback(TrainerCallback):
         values = numeric_logs(logs)
         if not values:
             return
-        # Written by the main process only; every rank checks the rules, so all of them stop together.
+        # Written by the main process only; every rank checks the rules, and under torch.distributed takes rank
+        # 0's decision, so all of them stop together and see the same run.stopped.
         if state.is_world_process_zero:
             violation = self.run.log_dict(state.global_step, values)
         else:
             violation = self.run.check(state.global_step, values)
+        violation = _rank_zeros(args, violation)
         if violation is None or self.stopped:
             return
         self.stopped = True
-        if state.is_world_process_zero:
-            self.run.stop_for(violation)
+        self.run.stop_for(violation)  # another rank writes nothing: its run.stopped turns true
         control.should_training_stop = True
 
     def on_save(self, args, state, control, **kwargs):
@@ -115,8 +116,22 @@ class RecordCallback(TrainerCallback):
         if state.is_world_process_zero:
             forget_missing(self.run, "resume-checkpoint")
             if self.save_model_to and model is not None and not self.stopped:
-                save_final_model(self.run, model, self.save_model_to, self.hf_cache)
+                # The tokenizer or processor too, as the Trainer saves it in every checkpoint (IV513).
+                save_final_model(self.run, model, self.save_model_to, self.hf_cache,
+                                 processing_class=kwargs.get("processing_class") or kwargs.get("tokenizer"))
         _barrier(args)
+
+
+def _rank_zeros(args, violation):
+    """Rank 0's stop decision on every rank (each called on_log at this step), when torch.distributed runs."""
+    if args.world_size > 1:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            shared = [violation if dist.get_rank() == 0 else None]
+            dist.broadcast_object_list(shared, src=0)
+            return shared[0]
+    return violation
 
 
 def _barrier(args) -> None:

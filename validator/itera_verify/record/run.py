@@ -14,6 +14,7 @@ from . import artifacts, resume
 from .errors import RecordError
 from .files import append_lines, cut_partial_line, dumps, json_line, read_bytes, write_atomic
 from .ids import check_id
+from .lock import package_lock
 from .stoprules import Violation, check
 from .store import EVAL_IDS, MANIFEST, STOPS, read, transaction
 
@@ -163,6 +164,14 @@ class Run:
 
     @property
     def stopped(self) -> bool:
+        """A declared rule stopped the run: the same on every rank. The writing process (rank 0) decides and
+        records it; another rank knows it when it took the decision itself (its `stop` writes nothing) or, else,
+        reads it from the package: the run's status, under the lock, as rank 0 last wrote it."""
+        if self._stopped or self.writer or not self.started:
+            return self._stopped
+        with package_lock(self.root):
+            entry = self.entry()
+        self._stopped = isinstance(entry, dict) and entry.get("status") == "stopped"
         return self._stopped
 
     def stop(self, rule: str, step: int | None, reason: str) -> None:

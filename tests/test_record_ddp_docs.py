@@ -1,0 +1,53 @@
+"""docs/record.md's DDP example runs as written under `torchrun --nproc_per_node 2` (gloo, CPU): without a stop
+rank 0 writes the predictions every rank computed; with the ceiling broken at the first step every rank sees
+run.stopped and none enters all_gather_object (before, rank 1 did, and the job hung or crashed)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fixtures.hub import BASE_MODEL
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def ddp_example() -> str:
+    text = (ROOT / "docs/record.md").read_text()
+    section = text.split("## Several processes: `run.stopped` and the predictions", 1)[1]
+    return re.findall(r"```python\n(.*?)```", section, re.DOTALL)[0]
+
+
+def torchrun(folder: Path, hf_cache: Path, ceiling: float) -> subprocess.CompletedProcess:
+    (folder / "train.py").write_text(ddp_example())
+    with socket.socket() as probe:  # a free port: other test sessions may run torchrun too
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    env = dict(os.environ, BASE_MODEL=BASE_MODEL, HF_HUB_CACHE=str(hf_cache), HF_HUB_OFFLINE="1",
+               CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", CEILING=str(ceiling),
+               PYTHONPATH=str(ROOT / "validator"))
+    return subprocess.run([str(ROOT / ".venv/bin/torchrun"), "--nproc_per_node", "2", "--master_port", port,
+                           "train.py"], cwd=folder, env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ceiling, status", [(100.0, "completed"), (0.5, "stopped")])
+def test_the_ddp_example_takes_one_branch_on_every_rank(tmp_path, hf_cache, ceiling, status):
+    done = torchrun(tmp_path, hf_cache, ceiling)
+    assert done.returncode == 0, done.stderr[-3000:]
+    package = tmp_path / "campaign"
+    [run] = json.loads((package / "manifest.json").read_text())["runs"]
+    assert run["status"] == status
+    predictions = package / "predictions/full.jsonl"
+    if status == "completed":  # every eval id once, though each rank computed half of them
+        assert sorted(json.loads(line)["id"] for line in predictions.read_text().splitlines()) == \
+            [f"ex-{i}" for i in range(4)]
+    else:
+        assert len(json.loads((package / "stops.json").read_text())["stops"]) == 1
+        assert not predictions.exists() or not predictions.read_text().strip()
