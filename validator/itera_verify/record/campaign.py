@@ -204,19 +204,28 @@ class Campaign:
         with transaction(self.root) as tx:
             tx.get(MANIFEST)["timeline"].setdefault("decisions", []).append(entry)
 
+    def _explain_deviation(self, manifest: dict, observed_hours: float, explanation: str) -> None:
+        hours = _unexplained_hours(manifest, observed_hours)
+        if hours:
+            manifest["timeline"].setdefault("deviations", []).append({"hours": hours, "explanation": explanation})
+
     # ---- closing ----------------------------------------------------------------------------------------
     def close(self, outcome: str, summary: str, accepted: list[str], error_analysis: str | None = None,
-              observed_hours: float | None = None) -> dict:
+              observed_hours: float | None = None, deviation: str | None = None) -> dict:
         """The decision: outcome (positive | negative | inconclusive), summary, accepted runs (completed ones)
         and the error analysis (its text, written to analysis/errors.md). Observed hours default to the time
         since the campaign was created; the cost per accepted run is computed from the lots and the included
-        expenses (omitted when nothing is accepted: the ratio is undefined). Returns the manifest."""
+        expenses (omitted when nothing is accepted: the ratio is undefined). `deviation`: why the observed hours
+        differ from the reserved ones; the hours the deviations recorded so far leave unexplained (observed -
+        reserved - their sum, IV605) are recorded with it. Returns the manifest."""
         if not self.writer:
             return {}
         if outcome not in ("positive", "negative", "inconclusive"):
             raise RecordError(f"outcome is positive, negative or inconclusive, not {outcome!r}")
         if not isinstance(summary, str) or not summary.strip():
             raise RecordError("the decision needs its summary")
+        if deviation is not None and (not isinstance(deviation, str) or not deviation.strip()):
+            raise RecordError("a deviation needs its explanation")
         with transaction(self.root) as tx:
             manifest = tx.get(MANIFEST)
             if "plan" not in manifest:
@@ -240,6 +249,8 @@ class Campaign:
                 elapsed = parse_time(self.now()) - parse_time(manifest["created_at"])
                 observed_hours = round(elapsed.total_seconds() / 3600, 2)
             manifest["timeline"]["observed_hours"] = observed_hours
+            if deviation is not None:
+                self._explain_deviation(manifest, observed_hours, deviation)
             decision = {"outcome": outcome, "summary": summary, "accepted": list(accepted)}
             if error_analysis is not None:
                 decision["error_analysis"] = "analysis/errors.md"
@@ -248,6 +259,13 @@ class Campaign:
                 decision["cost_per_accepted_usd"] = cost
             manifest["decision"] = decision
             return manifest
+
+
+def _unexplained_hours(manifest: dict, observed_hours: float) -> float:
+    """observed - reserved - the deviations already recorded: what IV605 wants explained."""
+    recorded = sum(d.get("hours", 0) for d in manifest["timeline"].get("deviations", [])
+                   if isinstance(d, dict) and isinstance(d.get("hours"), (int, float)))
+    return round(observed_hours - manifest["plan"]["reserved_hours"] - recorded, 2)
 
 
 def cost_per_accepted(plan: dict, accepted: list[str]) -> float | None:
