@@ -13,7 +13,8 @@ from dataclasses import dataclass
 FOLDER, FILE, EITHER = "folder", "file", "either"
 
 # The artifact kinds of manifest.artifacts[].kind, in the order the docs list them.
-KINDS = ("safetensors", "transformers-model", "peft-adapter", "resume-checkpoint", "gguf", "onnx")
+KINDS = ("safetensors", "transformers-model", "peft-adapter", "resume-checkpoint", "diffusers-pipeline",
+         "sentence-transformers-model", "gguf", "onnx")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,11 @@ TABLE = (
     Loader("lightning-checkpoint", "lightning", ("resume-checkpoint",), FILE, "one .ckpt file", ".ckpt",
            what="one .ckpt file"),
     # SPEC §1 "Loaders beyond Hugging Face text models": each library is an optional extra of the tool.
+    Loader("diffusers", "diffusers", ("diffusers-pipeline",), FOLDER, default_for=("diffusers-pipeline",),
+           libraries=("diffusers",), extra="diffusers"),
+    Loader("sentence-transformers", "sentence_transformers", ("sentence-transformers-model",), FOLDER,
+           default_for=("sentence-transformers-model",), libraries=("sentence_transformers",),
+           extra="sentence-transformers"),
     Loader("gguf", "gguf", ("gguf",), FILE, "one .gguf file", light=True, default_for=("gguf",),
            libraries=("gguf",), extra="gguf"),
     Loader("onnx", "onnx", ("onnx",), EITHER, light=True, default_for=("onnx",),
