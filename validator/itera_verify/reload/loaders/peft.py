@@ -191,7 +191,9 @@ def attach(base, folder: Path, device, outcome: Outcome, *, trainable: bool = Fa
                         f"{', '.join(sorted(result.missing_keys)[:4])}")
     if result.unexpected_keys:
         problems.append(f"{len(result.unexpected_keys)} key(s) in the file match nothing in the base: "
-                        f"{', '.join(sorted(result.unexpected_keys)[:4])}")
+                        f"{', '.join(sorted(result.unexpected_keys)[:4])}"
+                        + (" (the keys carry the DDP wrapper's `module.` prefix: save the unwrapped model, "
+                           "model.module)" if all(".module." in f".{k}" for k in result.unexpected_keys) else ""))
     if problems:
         raise Stop(LOAD, "; ".join(problems))
     if not spread(base):
