@@ -7,7 +7,8 @@ import json
 import re
 from pathlib import Path
 
-from ..common import LOAD, MISSING, Outcome, Stop, check_parameters, forward_pass, scan_folder, short, torch_dtype
+from ..common import (LOAD, MISSING, Outcome, Stop, check_parameters, forward_pass, nonfinite_count, scan_folder,
+                      short, torch_dtype)
 
 CLASS_NAME = re.compile(r"[A-Z][A-Za-z0-9]*")
 # Values a config may declare beyond those its weight files hold: a new task head, buffers, a head the adapter
@@ -293,6 +294,80 @@ def load_model(folder: Path, job: dict, device, outcome: Outcome, *, default_cla
     return model
 
 
+# Audio models without a declared input length: one second at 16 kHz (wav2vec2's input_values).
+AUDIO_SAMPLES = 16_000
+
+
+def _sizes(config, name: str, default):
+    """A size the config declares, also under its vision or audio sub-config (CLIP, LLaVA)."""
+    for part in (config, getattr(config, "vision_config", None), getattr(config, "audio_config", None)):
+        value = getattr(part, name, None) if part is not None else None
+        if value is not None:
+            return value
+    return default
+
+
+def synthetic_inputs(model, device) -> dict | None:
+    """An input of the shape the config declares for a model that takes no token ids: images (pixel_values:
+    num_channels x image_size), spectrograms (input_features: num_mel_bins x twice max_source_positions, Whisper's
+    3000 frames), waveforms (input_values). None when the forward takes none of these."""
+    import inspect
+
+    import torch
+
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    config = model.config
+    dtype = next(model.parameters()).dtype
+    generator = torch.Generator().manual_seed(0)
+    if "pixel_values" in params:
+        size = _sizes(config, "image_size", 224)
+        height, width = (size, size) if isinstance(size, int) else tuple(size)[-2:]
+        shape = (1, _sizes(config, "num_channels", 3), height, width)
+        inputs = {"pixel_values": torch.randn(shape, generator=generator)}
+    elif "input_features" in params:
+        frames = 2 * _sizes(config, "max_source_positions", 50)
+        inputs = {"input_features": torch.randn((1, _sizes(config, "num_mel_bins", 80), frames), generator=generator)}
+    elif "input_values" in params:
+        inputs = {"input_values": torch.randn((1, AUDIO_SAMPLES), generator=generator)}
+    else:
+        return None
+    inputs = {name: value.to(device=device, dtype=dtype) for name, value in inputs.items()}
+    if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:
+        start = getattr(config, "decoder_start_token_id", None)
+        inputs["decoder_input_ids"] = torch.tensor([[start if isinstance(start, int) else 0]], device=device)
+    return inputs
+
+
+def other_forward(model, device) -> str | None:
+    """The forward pass of an image or audio model on synthetic_inputs; None when it takes none of them."""
+    import torch
+
+    inputs = synthetic_inputs(model, device)
+    if inputs is None:
+        return None
+    try:
+        with torch.no_grad():
+            output = model(**inputs)
+    except Exception as exc:  # noqa: BLE001 - any failure of the forward is a model that does not run
+        raise Stop(LOAD, f"forward pass on a synthetic {'/'.join(inputs)} failed: {short(exc)}") from exc
+    values = next((getattr(output, name) for name in ("logits", "last_hidden_state", "pooler_output")
+                   if torch.is_tensor(getattr(output, name, None))), None)
+    if values is None:
+        return f"ran on a synthetic {', '.join(inputs)}, no tensor output to check"
+    bad = nonfinite_count(values)
+    if bad:
+        raise Stop(LOAD, f"forward pass on a synthetic {', '.join(inputs)} gave {bad} non-finite value(s) out of "
+                         f"{values.numel()}")
+    given = ", ".join(f"{name} {tuple(value.shape)}" for name, value in inputs.items())
+    return f"finite output {tuple(values.shape)} {str(values.dtype).removeprefix('torch.')} (synthetic {given})"
+
+
 def reload(job: dict, device, outcome: Outcome) -> None:
     model = load_model(Path(job["path"]), job, device, outcome)
-    outcome.forward = forward_pass(model, device)
+    forward = forward_pass(model, device)
+    if forward.startswith("not run"):  # takes no token ids: an image or audio model
+        forward = other_forward(model, device) or forward
+    outcome.forward = forward
