@@ -240,10 +240,11 @@ def _with_push_options(function):
 @click.option("--threads", type=click.IntRange(min=0), default=0, help="zstd threads (0 = all cores).")
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
               help="Configuration file (default: itera-verify.toml or pyproject.toml, searched upward).")
-@_quiet
-@click.option("--sign", "sign", metavar="ssh:KEY", default=None,
+@click.option("--sign", "sign", metavar="ssh:KEY", multiple=True,
               help="Sign the seal with an SSH key: ssh:KEY.pub (its private half in ssh-agent) or ssh:KEY (a "
-                   "private key file); writes SEAL/statement.json(.sig) and ARCHIVE.sig.")
+                   "private key file); writes SEAL/statement.json(.sig) and ARCHIVE.sig. Also (or instead) "
+                   "model-signing:KEY.pem: an OpenSSF model-signing signature, SEAL/model.sig.")
+@_quiet
 @click.option("--push", "push_dest", metavar="DEST", default=None,
               help="After a successful seal, push the archive to s3://bucket/prefix/ or a folder (as `push`).")
 @_with_push_options
@@ -269,7 +270,7 @@ def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, r
             report = verify(outdir, config=config, device=device, reload=not no_reload, seal=not no_seal,
                             output=output, overwrite=overwrite, selection=selection, hf_cache=hf_cache,
                             timeout=timeout, jobs=jobs, level=level, threads=threads, progress=progress,
-                            isolation=isolation, sign=sign)
+                            isolation=isolation, sign=sign or None)
         failure = _push_sealed(report, push_dest, endpoint_url=endpoint_url, read_back=read_back,
                                part_size=part_size, quiet=quiet or fmt_chosen != "text", verbose=verbose)
         _emit(report, fmt_chosen, targets, quiet, verbose)
@@ -313,15 +314,17 @@ def _push_sealed(report: Report, dest, **options):
               help="The reviewer's configuration (default: itera-verify.toml or pyproject.toml, searched upward "
                    "from the current folder; never one inside the archive or in a folder holding an extracted "
                    "package: manifest.json or SEAL/).")
-@_quiet
 @click.option("--allowed-signers", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Require a seal signed by one of these keys (OpenSSH allowed_signers format).")
 @click.option("--signer", default=None, metavar="IDENTITY",
               help="Require this principal of --allowed-signers (as ssh-keygen -Y verify -I).")
+@click.option("--oms-public-key", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Require SEAL/model.sig, an OpenSSF model-signing signature, made by this EC key (PEM).")
+@_quiet
 @_verbose
 def audit_command(archive, do_reload, endpoint_url,
                   max_size, device, hf_cache, timeout, jobs, isolation, fmt, reports, strict,
-                  select, ignore, config_path, allowed_signers, signer, quiet, verbose):
+                  select, ignore, config_path, allowed_signers, signer, oms_public_key, quiet, verbose):
     """Audit a sealed ARCHIVE without trusting it: members, checksums, then every check again."""
     from ..flows.audit import audit
 
@@ -343,7 +346,8 @@ def audit_command(archive, do_reload, endpoint_url,
                            max_size=max_size, device=device,
                            hf_cache=hf_cache, timeout=timeout, jobs=jobs,
                            selection=_selection(config, select, ignore, strict), progress=progress,
-                           isolation=isolation, allowed_signers=allowed_signers, signer=signer)
+                           isolation=isolation, allowed_signers=allowed_signers, signer=signer,
+                           oms_public_key=oms_public_key)
         _emit(report, fmt_chosen, targets, quiet, verbose)
         return _exit_code(report)
 

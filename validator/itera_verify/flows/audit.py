@@ -55,7 +55,8 @@ def audit(archive, *, config: Config | None = None, reload: bool = False, max_si
           device: str | None = None, hf_cache=None, timeout: float | None = None, jobs: int = 1,
           selection: Selection | None = None, progress: Progress = NULL_PROGRESS, isolation: str = "auto",
           tmp_patterns: tuple[str, ...] | None = None, tariffs: dict | None = None,
-          allowed_signers=None, signer: str | None = None, endpoint_url: str | None = None) -> Report:
+          allowed_signers=None, signer: str | None = None, endpoint_url: str | None = None,
+          oms_public_key=None) -> Report:
     """Audit a sealed archive. Raises UsageError (exit 2) when it cannot be read at all.
 
     The options are the reviewer's configuration (flows/config.py `settle`, as for verify: `config` None is the
@@ -64,14 +65,15 @@ def audit(archive, *, config: Config | None = None, reload: bool = False, max_si
     (IV701-IV706) are always errors: no configuration makes bytes that differ from their checksums pass.
     `allowed_signers` (an OpenSSH allowed_signers file) requires a signed seal, by `signer` when given
     (flows/signatures.py, IV801-IV803); without it a signature present is still checked and its signer shown.
+    `oms_public_key` (PEM) requires SEAL/model.sig, an OpenSSF model-signing signature, and verifies it.
     `archive` may be `s3://bucket/key.tar.zst` (push/remote.py): streamed from the store, never copied here; its
     signatures are not checked there yet (--allowed-signers is then exit 2)."""
-    reviewer = read_reviewer(allowed_signers, signer)
+    reviewer = read_reviewer(allowed_signers, signer, oms_public_key)
     options = settle(config, reviewer=True, selection=selection, device=device, timeout=timeout,
                      tmp_patterns=tmp_patterns, tariffs=tariffs)
     selection, device, timeout = options.selection, options.device, options.timeout
     tmp_patterns, tariffs, configuration = options.tmp_patterns, options.tariffs, options.configuration
-    remote = _open_remote(archive, endpoint_url, allowed_signers)
+    remote = _open_remote(archive, endpoint_url, allowed_signers, oms_public_key)
     path = Path(archive) if remote is None else Path(remote.name)
     resolved_device = None
     if reload:
@@ -235,12 +237,15 @@ def _file_sha256(path: Path, fd: int) -> str:
         raise UsageError(f"{path}: cannot read ({exc.strerror or exc})") from exc
 
 
-def _open_remote(archive, endpoint_url: str | None, allowed_signers):
+def _open_remote(archive, endpoint_url: str | None, allowed_signers, oms_public_key=None):
     """`s3://...`: the object in the store (push/remote.py); None for a file here."""
     from ..push import is_s3
 
     if not is_s3(str(archive)):
         return None
+    if oms_public_key is not None:
+        raise UsageError(f"{archive}: --oms-public-key checks a local archive for now (copy it from the bucket "
+                         "first)")
     if allowed_signers is not None:
         raise UsageError(f"{archive}: --allowed-signers checks a local archive and its .sig for now (copy both "
                          "from the bucket first)")

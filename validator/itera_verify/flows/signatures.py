@@ -1,8 +1,10 @@
 """The audit's step for a signed seal (SPEC §7): read the reviewer's allowed_signers file and `<archive>.sig`,
 check them with the pure verifier (format/statement.py, format/sshsig.py), hand the facts to rules/signatures.py.
+An OpenSSF model-signing signature (SEAL/model.sig) is checked with the model-signing library and the reviewer's
+--oms-public-key (seal/oms.py); without that key it is reported unchecked, never passed.
 
-Reading happens before the archive is: an allowed_signers file that cannot be read, or that holds no entry this
-verifier can use, is exit 2 with nothing audited.
+Reading happens before the archive is: an allowed_signers file or a public key that cannot be read, or that holds
+no key this verifier can use, is exit 2 with nothing audited.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from ..archive.extract import Extraction
 from ..format import sshsig
 from ..format.names import ARCHIVE_SIG_SUFFIX, RECORD, STATEMENT, STATEMENT_SIG, SUMS
 from ..format.statement import SealSignatures, check_seal
+from ..format.names import OMS_SIGNATURE
 from ..model import UsageError
 
 ALLOWED_SIGNERS_MAX = 16 << 20
@@ -29,9 +32,23 @@ class Reviewer:
     name: str | None = None
     principal: str | None = None
     unreadable_lines: tuple = ()
+    oms_public_key: Path | None = None  # requires SEAL/model.sig, verified with it
 
 
-def read_reviewer(allowed_signers: str | os.PathLike | None, principal: str | None) -> Reviewer:
+def read_reviewer(allowed_signers: str | os.PathLike | None, principal: str | None,
+                  oms_public_key: str | os.PathLike | None = None) -> Reviewer:
+    oms_key = None
+    if oms_public_key is not None:
+        from ..seal.oms import read_public_key
+
+        oms_key = Path(oms_public_key)
+        read_public_key(oms_key)
+    reviewer = _read_allowed_signers(allowed_signers, principal)
+    reviewer.oms_public_key = oms_key
+    return reviewer
+
+
+def _read_allowed_signers(allowed_signers: str | os.PathLike | None, principal: str | None) -> Reviewer:
     if allowed_signers is None:
         if principal is not None:
             raise UsageError("--signer names a principal of the allowed signers: give --allowed-signers FILE too")
@@ -82,4 +99,8 @@ def check_signatures(archive: Path, fd: int, extraction: Extraction, reviewer: R
                         principal=reviewer.principal, now=time.time())
     result.allowed_signers = reviewer.name
     result.unreadable_lines = list(reviewer.unreadable_lines)
+    if OMS_SIGNATURE in seal or reviewer.oms_public_key is not None:
+        from ..seal.oms import check
+
+        result.model_signing = check(seal.get(OMS_SIGNATURE), reviewer.oms_public_key, extraction.files)
     return result

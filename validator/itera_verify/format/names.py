@@ -17,7 +17,10 @@ REPORT_PAGE = f"{SEAL_DIR}/report.html"
 # statement holds. The archive's own signature is `<archive>` + ARCHIVE_SIG_SUFFIX beside it.
 STATEMENT = f"{SEAL_DIR}/statement.json"
 STATEMENT_SIG = f"{SEAL_DIR}/statement.json.sig"
-SIGNATURE_MEMBERS = (STATEMENT, STATEMENT_SIG)
+# An OpenSSF model-signing (OMS) signature (`--sign model-signing:KEY.pem`, seal/oms.py): a Sigstore bundle over
+# every other regular file of the extracted folder, SEAL/ included; never listed in SHA256SUMS either.
+OMS_SIGNATURE = f"{SEAL_DIR}/model.sig"
+SIGNATURE_MEMBERS = (STATEMENT, STATEMENT_SIG, OMS_SIGNATURE)
 ARCHIVE_SIG_SUFFIX = ".sig"
 # An extracted package holds both a manifest and SEAL/: either one marks a folder as the sender's.
 PACKAGE_MARKS = (MANIFEST, SEAL_DIR)

@@ -80,6 +80,7 @@ class SealSignatures:
     principal: str | None = None  # --signer
     principals: list[str] | None = None  # the allowed signers' principals admitting the signer (None: not asked)
     facts: dict = field(default_factory=dict)  # the statement's sealed_at, host, version (short strings)
+    model_signing: dict | None = None  # SEAL/model.sig as the audit checked it (flows/signatures.py, seal/oms.py)
 
     @property
     def signer(self) -> sshsig.PublicKey | None:
@@ -96,6 +97,7 @@ class SealSignatures:
             "statement": self.statement.to_json(), "archive_signature": self.archive.to_json(),
             "content_problems": list(self.content), "allowed_signers": self.allowed_signers,
             "required_principal": self.principal, "principals": self.principals, "statement_facts": self.facts,
+            **({"model_signing": self.model_signing} if self.model_signing is not None else {}),
         }
 
 

@@ -146,16 +146,22 @@ def signer_line(report) -> str | None:
     archive = report.archive if isinstance(report.archive, dict) else {}
     sealed = archive.get("signature") if isinstance(archive.get("signature"), dict) else None
     found = (report.audit or {}).get("signature") if isinstance(report.audit, dict) else None
-    if report.mode != "audit" and sealed:
-        return (f"signed by {clean(sealed.get('algorithm'))} key {clean(sealed.get('fingerprint'))} "
-                f"({clean(sealed.get('source'))}); signature {clean(sealed.get('path'))}")
+    oms = archive.get("model_signing") if isinstance(archive.get("model_signing"), dict) else None
+    if report.mode != "audit" and (sealed or oms):
+        said = [f"signed by {clean(sealed.get('algorithm'))} key {clean(sealed.get('fingerprint'))} "
+                f"({clean(sealed.get('source'))}); signature {clean(sealed.get('path'))}"] if sealed else []
+        if oms:
+            said.append(f"model-signing signature {clean(oms.get('path'))} by EC key {clean(oms.get('key'))} "
+                        f"({clean(oms.get('source'))})")
+        return "; ".join(said)
     if not isinstance(found, dict):
         return None
+    oms_line = _model_signing_words(found.get("model_signing"))
     statement = found.get("statement") if isinstance(found.get("statement"), dict) else {}
     beside = found.get("archive_signature") if isinstance(found.get("archive_signature"), dict) else {}
     if not found.get("signed") and beside.get("state", "absent") == "absent":
-        return "not signed" + (f" (required by {clean(found.get('allowed_signers'))})"
-                               if found.get("allowed_signers") else "")
+        return ("not signed" if not oms_line else "no SSH signature") + (
+            f" (required by {clean(found.get('allowed_signers'))})" if found.get("allowed_signers") else "") + oms_line
     who = (f"signed by {clean(found.get('algorithm'))} key {clean(found.get('signer'))}" if found.get("signer")
            else "signature present but no valid signer")
     line = f"{who}: statement {clean(statement.get('state', 'absent'))}, archive signature " \
@@ -166,4 +172,15 @@ def signer_line(report) -> str | None:
                  if principals else f"; not allowed by {clean(found.get('allowed_signers'))}")
     else:
         line += "; no allowed signers given (compare the fingerprint with the sender's key)"
-    return line
+    return line + oms_line
+
+
+def _model_signing_words(oms) -> str:
+    """The audit's words on SEAL/model.sig (seal/oms.py `check`), to follow the SSH signer's; "" when absent and
+    not required."""
+    if not isinstance(oms, dict) or (oms.get("state") == "absent" and not oms.get("required")):
+        return ""
+    state = clean(oms.get("state"))
+    key = f" by EC key {clean(oms.get('key'))}" if oms.get("key") else ""
+    why = f" ({clean(oms.get('problem'))})" if oms.get("problem") else ""
+    return f"; model-signing signature {state}{key}{why}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ..format.names import ARCHIVE_SIG_SUFFIX, STATEMENT, STATEMENT_SIG
+from ..format.names import ARCHIVE_SIG_SUFFIX, OMS_SIGNATURE, STATEMENT, STATEMENT_SIG
 from ..format.statement import NAMESPACE, SealSignatures
 from ..model import Finding, Rule, Severity
 from ..package import Package
@@ -20,7 +20,9 @@ RULES = [
                  f"writes {STATEMENT} (the campaign id and the SHA-256 of SEAL/SHA256SUMS and of the report) and "
                  f"{STATEMENT_SIG}, its OpenSSH signature, when the sender runs `itera-verify OUTDIR --sign "
                  "ssh:~/.ssh/id_ed25519.pub` (the key in ssh-agent). An archive without them may come from anyone "
-                 "who could touch it on its way. Ask the sender to seal again with --sign.",
+                 "who could touch it on its way. Ask the sender to seal again with --sign. With --oms-public-key "
+                 f"the reviewer requires {OMS_SIGNATURE}, an OpenSSF model-signing signature (--sign "
+                 "model-signing:KEY.pem), in the same way.",
          bad="itera-verify audit x.tar.zst --allowed-signers signers   # x sealed without --sign",
          good="itera-verify OUTDIR --sign ssh:~/.ssh/id_ed25519.pub   # then the audit names the signer"),
     Rule("IV802", Severity.ERROR, "audit: a signature does not verify, or covers other content",
@@ -29,8 +31,9 @@ RULES = [
                  "SEAL/verification.json by their SHA-256, and its campaign. A changed member with a recomputed "
                  "SHA256SUMS (a re-sealed archive), a swapped statement or report, a damaged signature, "
                  f"`<archive>{ARCHIVE_SIG_SUFFIX}` for other bytes, or two different keys for the statement and the "
-                 "archive are reported here, with or without --allowed-signers. Ask the sender for the archive and "
-                 "its .sig again.",
+                 "archive are reported here, with or without --allowed-signers. So is an OpenSSF model-signing "
+                 f"signature ({OMS_SIGNATURE}) that the reviewer's --oms-public-key does not verify, or whose signed "
+                 "file digests differ from the archive's files. Ask the sender for the archive and its .sig again.",
          bad="SEAL/SHA256SUMS is not the one signed (a member was changed and the sums recomputed)",
          good=_VERIFY + "   # Good \"itera-verify-seal@v1\" signature"),
     Rule("IV803", Severity.ERROR, "audit: the signer is not an allowed signer",
@@ -70,6 +73,14 @@ def signature_findings(facts: SealSignatures, top: str | None, archive_name: str
         findings.append(Finding("IV802", sig_name, message=(
             f"the statement is signed by {facts.statement.key.fingerprint} and the archive by "
             f"{facts.archive.key.fingerprint}: one seal, one key")))
+    oms = facts.model_signing or {}
+    oms_path = f"{top}/{OMS_SIGNATURE}"
+    if oms.get("state") == "absent" and oms.get("required"):
+        findings.append(Finding("IV801", oms_path, message=(
+            "the archive carries no model-signing signature and the reviewer requires one (--oms-public-key)")))
+    elif oms.get("state") == "invalid":
+        findings.append(Finding("IV802", oms_path, message=(
+            f"the model-signing signature does not verify with --oms-public-key: {oms.get('problem')}")))
     signer = facts.signer
     if facts.required and signer is not None and not facts.principals:
         wanted = f" for {facts.principal!r}" if facts.principal else ""

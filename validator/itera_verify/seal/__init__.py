@@ -44,7 +44,7 @@ from ..runtime.progress import NULL_PROGRESS, Progress
 from .changes import Changed, refuse_changed, unchanged_since_discovery
 from .members import write_package_members, write_seal_members
 from .plan import RECORD, SealRefused, check_extra_members, plan_members
-from .sign import Signer, signed_members, write_signature_file
+from .sign import Signers, signed_members, write_signature_file
 from ..format.names import ARCHIVE_SIG_SUFFIX
 
 # What the workflows and the tests import from here; the plan, the change checks and the members are submodules.
@@ -147,15 +147,20 @@ class Sealing:
         except BaseException as exc:  # noqa: BLE001 - handed to finish(), never lost in the thread
             self._failure = exc
 
-    def finish(self, members: dict[str, bytes], signer: "Signer | None" = None) -> dict:
+    def finish(self, members: dict[str, bytes], signers: "Signers | None" = None) -> dict:
         """Add SEAL/ (`members`: SEAL/<name> -> bytes), verify, publish. Returns the report's `archive` object.
-        With `signer` (seal/sign.py), SEAL/ also holds the signed statement and `<archive>.sig` is written beside
-        the archive before the archive gets its name. Raises SealRefused (IV704 ...) or UsageError (disk full,
-        unreadable file, an agent that refuses); the partial files are gone then."""
+        With an SSH key in `signers` (seal/sign.py), SEAL/ also holds the signed statement and `<archive>.sig` is
+        written beside the archive before the archive gets its name; with an OMS key, SEAL/model.sig
+        (seal/oms.py). Raises SealRefused (IV704 ...) or UsageError (disk full, unreadable file, an agent that
+        refuses); the partial files are gone then."""
         check_extra_members(members)
-        sign = None
+        signer = signers.ssh if signers is not None else None
+        oms_signer = signers.oms if signers is not None else None
+        sign = oms = None
         if signer is not None:
             sign = partial(signed_members, signer, self.campaign_id, record=members.get(RECORD))
+        if oms_signer is not None:
+            oms = partial(oms_signer.members, self.campaign_id, links=list(self.package.links))
         signature_file = self.destination.with_name(self.destination.name + ARCHIVE_SIG_SUFFIX)
         try:
             with termination_unwinds():
@@ -167,7 +172,7 @@ class Sealing:
                     raise self._failure
                 digests, expected = self._result
                 unchanged_since_discovery(self.package, digests)
-                write_seal_members(self._writer, self.campaign_id, digests, expected, members, sign)
+                write_seal_members(self._writer, self.campaign_id, digests, expected, members, sign, oms)
                 self._output.flush()
                 os.fsync(self._output.fileno())
                 self.progress.finish("seal")
@@ -212,6 +217,7 @@ class Sealing:
             "seconds": round(time.monotonic() - self.started, 3), "write_seconds": round(sealed_at - self.started, 3),
             "verify_seconds": round(published_at - sealed_at, 3),
             **({"signature": signature} if signature is not None else {}),
+            **({"model_signing": oms_signer.describe(self.campaign_id)} if oms_signer is not None else {}),
         }
 
     def cancel(self) -> None:
@@ -233,7 +239,7 @@ class Sealing:
 
 def seal_package(package: Package, campaign_id: str, members: dict[str, bytes], destination: Path, *,
                  overwrite: bool = False, level: int = 3, threads: int = 0,
-                 progress: Progress = NULL_PROGRESS, signer: "Signer | None" = None) -> dict:
+                 progress: Progress = NULL_PROGRESS, signer: "Signers | None" = None) -> dict:
     """Seal `package` into `destination` in one go (SPEC §3). Returns the report's `archive` object.
     Raises SealRefused (findings) or UsageError (exit 2: destination exists, disk full, unreadable file)."""
     check_extra_members(members)  # before anything is written

@@ -85,9 +85,11 @@ def write_package_members(package: Package, campaign_id: str, plan: list[MemberE
 
 
 def write_seal_members(writer, campaign_id: str, digests: dict[str, str], expected: list[tuple],
-                       extra: dict[str, bytes], sign: Callable[[bytes], dict[str, bytes]] | None = None) -> None:
+                       extra: dict[str, bytes], sign: Callable[[bytes], dict[str, bytes]] | None = None,
+                       oms: Callable[[dict[str, str]], dict[str, bytes]] | None = None) -> None:
     """SEAL/ last: SHA256SUMS is the product of the pass, then the workflow's own members and, with `sign`, the
-    signed statement over SHA256SUMS (not listed in it: it holds SHA256SUMS's digest); then the end."""
+    signed statement over SHA256SUMS (not listed in it: it holds SHA256SUMS's digest); with `oms`, the OMS
+    signature over every other file, from their digests (seal/oms.py); then the end."""
     now = int(time.time())
     writer.add_directory(f"{campaign_id}/{SEAL_DIR}", mtime=now)
     expected.append((f"{campaign_id}/{SEAL_DIR}/", "directory", 0, ""))
@@ -95,6 +97,9 @@ def write_seal_members(writer, campaign_id: str, digests: dict[str, str], expect
         digests[member] = hashlib.sha256(data).hexdigest()
     sums = format_sums(digests)
     signed = sign(sums) if sign is not None else {}
+    if oms is not None:  # last: it covers SHA256SUMS and the signed statement too
+        seal = {SUMS: sums, **extra, **signed}
+        signed.update(oms({**digests, **{m: hashlib.sha256(d).hexdigest() for m, d in seal.items()}}))
     for member, data in sorted({SUMS: sums, **extra, **signed}.items(), key=lambda kv: archive_order(kv[0])):
         digest = writer.add_bytes(f"{campaign_id}/{member}", data, mtime=now)
         expected.append((f"{campaign_id}/{member}", "file", len(data), digest))

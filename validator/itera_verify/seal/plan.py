@@ -18,13 +18,14 @@ from ..archive.extract import Reserved
 from ..package import Package
 
 from ..format.names import RECORD, REPORT_PAGE, SEAL_DIR, SUMS  # noqa: F401  (REPORT_PAGE: handed over by flows/verify.py)
-from ..format.names import SIGNATURE_MEMBERS, STATEMENT, STATEMENT_SIG
+from ..format.names import OMS_SIGNATURE, SIGNATURE_MEMBERS, STATEMENT, STATEMENT_SIG
 from ..format.sshsig import MAX_SIGNATURE_FILE
 from ..format.statement import STATEMENT_MAX
 # What the audit keeps out of the extracted tree: SEAL/ holds these members and nothing else; the two records are
-# read in memory, up to 64 MiB each, and so are a signed seal's statement and its signature.
+# read in memory, up to 64 MiB each, and so are a signed seal's statement and its signatures (an OMS bundle lists
+# every file: about 150 bytes each).
 SEAL_LAYOUT = Reserved(SEAL_DIR, {SUMS: 64 << 20, RECORD: 64 << 20, STATEMENT: STATEMENT_MAX,
-                                  STATEMENT_SIG: MAX_SIGNATURE_FILE},
+                                  STATEMENT_SIG: MAX_SIGNATURE_FILE, OMS_SIGNATURE: 64 << 20},
                        frozenset({SUMS, RECORD, REPORT_PAGE, *SIGNATURE_MEMBERS}))
 
 

@@ -1,5 +1,6 @@
 """Signing a seal (SPEC §7 "Signed seals"): `--sign ssh:KEY.pub` (the key in the running ssh-agent) or
-`--sign ssh:KEY` (a private key file, loaded into a temporary agent of our own: seal/agent.py).
+`--sign ssh:KEY` (a private key file, loaded into a temporary agent of our own: seal/agent.py); with
+`--sign model-signing:KEY.pem` too or instead, an OpenSSF model-signing signature (seal/oms.py).
 
 The signer is opened before any work, so a key that is not in the agent or a file that cannot be read stops
 the command at once (exit 2). At the seal it signs `SEAL/statement.json` (format/statement.py) and then the
@@ -16,6 +17,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from ..format import sshsig
 from ..format.names import STATEMENT, STATEMENT_SIG
@@ -24,8 +26,9 @@ from ..model import UsageError
 from ..package import Package, inside_package
 from ..version import __version__
 from .agent import RSA_SHA2_512, Agent, AgentError, TemporaryAgent, running_agent
+from .oms import OmsSigner, open_oms_signer
 
-SCHEMES = ("ssh",)
+SCHEMES = ("ssh", "model-signing")
 KEY_FILE_MAX = 1 << 20
 
 
@@ -61,22 +64,55 @@ class Signer:
             self.temporary.close()
 
 
-def open_signer(spec: str, package: Package | None = None) -> Signer:
-    """`ssh:PATH`: a public key (its private half in SSH_AUTH_SOCK's agent) or a private key file. UsageError
-    (exit 2) for anything that cannot sign."""
-    scheme, sep, where = spec.partition(":")
-    if scheme == "model-signing" and sep:
-        raise UsageError("--sign model-signing:KEY is not available in this version (docs/format.md, Signatures); "
-                         "use --sign ssh:KEY.pub")
-    if scheme not in SCHEMES or not sep or not where:
-        raise UsageError(f"--sign {spec}: expected ssh:KEY.pub (the key in your ssh-agent) or ssh:KEY (a private "
-                         "key file)")
-    path = Path(where).expanduser()
+@dataclass
+class Signers:
+    """What --sign named: an SSH key (the signed statement and `<archive>.sig`), an OMS key (SEAL/model.sig), or
+    one of each."""
+
+    ssh: Signer | None = None
+    oms: OmsSigner | None = None
+
+    def close(self) -> None:
+        if self.ssh is not None:
+            self.ssh.close()
+
+
+def open_signer(specs: str | Sequence[str], package: Package | None = None) -> Signers:
+    """`ssh:PATH`: a public key (its private half in SSH_AUTH_SOCK's agent) or a private key file;
+    `model-signing:PATH`: an EC private key (PEM). At most one of each. UsageError (exit 2) for anything that
+    cannot sign."""
+    signers = Signers()
+    try:
+        for spec in [specs] if isinstance(specs, str) else specs:
+            scheme, sep, where = spec.partition(":")
+            if scheme not in SCHEMES or not sep or not where:
+                raise UsageError(f"--sign {spec}: expected ssh:KEY.pub (the key in your ssh-agent), ssh:KEY (a "
+                                 "private key file) or model-signing:KEY.pem (an EC private key)")
+            if getattr(signers, "ssh" if scheme == "ssh" else "oms") is not None:
+                raise UsageError(f"--sign {spec}: one {scheme} key per seal")
+            if scheme == "ssh":
+                signers.ssh = _open_ssh(spec, where, package)
+            else:
+                path = Path(where).expanduser()
+                _refuse_sealed_key(spec, path, _read_key(spec, path), package)
+                signers.oms = open_oms_signer(spec, path)
+    except BaseException:
+        signers.close()
+        raise
+    return signers
+
+
+def _read_key(spec: str, path: Path) -> bytes:
     try:
         with open(path, "rb") as fh:
-            head = fh.read(KEY_FILE_MAX + 1)
+            return fh.read(KEY_FILE_MAX + 1)
     except OSError as exc:
         raise UsageError(f"--sign {spec}: cannot read the key ({exc.strerror or exc})") from None
+
+
+def _open_ssh(spec: str, where: str, package: Package | None) -> Signer:
+    path = Path(where).expanduser()
+    head = _read_key(spec, path)
     if head.lstrip().startswith(b"-----BEGIN") and b"PRIVATE KEY" in head[:100]:
         _refuse_sealed_key(spec, path, head, package)
         temporary = TemporaryAgent(path)
