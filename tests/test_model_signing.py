@@ -5,6 +5,8 @@ accepting the extracted folder and refusing a changed file; the audit verifying 
 never contacts Sigstore."""
 from __future__ import annotations
 
+import base64
+import json
 import os
 import shutil
 import subprocess
@@ -170,3 +172,29 @@ def test_without_the_library_the_seal_names_the_extra(built, keys, tmp_path):
     assert "pip install 'itera-verify[model-signing]'" in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert not list(tmp_path.glob("*.tar.zst*"))
+
+
+@pytest.mark.skipif(shutil.which("ssh-keygen") is None or shutil.which("ssh-agent") is None,
+                    reason="needs OpenSSH's ssh-keygen and ssh-agent")
+def test_ssh_and_model_signing_together_cover_each_other(built, keys, tmp_path):
+    """Both keys: the OMS signature is made last, over the signed statement too; the audit checks both."""
+    from tests.test_signatures import allowed_signers, keygen
+
+    shutil.copytree(built["package"], tmp_path / "pkg", symlinks=True)
+    ssh_key = keygen(tmp_path, "alice")
+    report = verify(tmp_path / "pkg", reload=False, output=tmp_path,
+                    sign=(f"ssh:{ssh_key}", f"model-signing:{keys['alice'][0]}"))
+    assert report.sealed and report.archive["signature"] and report.archive["model_signing"]
+    archive = tmp_path / f"{CAMPAIGN}.tar.zst"
+    bundle = json.loads(members_of(archive)[f"{CAMPAIGN}/{OMS_SIGNATURE}"])
+    signed = {r["name"] for r in json.loads(base64.b64decode(bundle["dsseEnvelope"]["payload"]))["predicate"]
+              ["resources"]}
+    assert {"SEAL/SHA256SUMS", "SEAL/statement.json", "SEAL/statement.json.sig", "manifest.json"} <= signed
+    assert OMS_SIGNATURE not in signed
+    allowed = allowed_signers(tmp_path / "allowed", ("alice@example.com", ssh_key.with_suffix(".pub")))
+    report = audit(archive, allowed_signers=allowed, oms_public_key=keys["alice"][1])
+    assert signature_codes(report) == [], [f.to_json() for f in report.findings]
+    assert report.audit["signature"]["model_signing"]["state"] == "valid"
+    assert report.audit["signature"]["statement"]["state"] == "valid"
+    with pytest.raises(UsageError, match="one ssh key per seal"):
+        verify(tmp_path / "pkg", reload=False, output=tmp_path, sign=(f"ssh:{ssh_key}", f"ssh:{ssh_key}"))
