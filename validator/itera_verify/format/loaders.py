@@ -14,7 +14,7 @@ FOLDER, FILE, EITHER = "folder", "file", "either"
 
 # The artifact kinds of manifest.artifacts[].kind, in the order the docs list them.
 KINDS = ("safetensors", "transformers-model", "peft-adapter", "resume-checkpoint", "diffusers-pipeline",
-         "sentence-transformers-model", "gguf", "onnx")
+         "timm-model", "sentence-transformers-model", "gguf", "onnx")
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,8 @@ TABLE = (
     # SPEC §1 "Loaders beyond Hugging Face text models": each library is an optional extra of the tool.
     Loader("diffusers", "diffusers", ("diffusers-pipeline",), FOLDER, default_for=("diffusers-pipeline",),
            libraries=("diffusers",), extra="diffusers"),
+    Loader("timm", "timm", ("timm-model",), FOLDER, light=True, default_for=("timm-model",), libraries=("timm",),
+           extra="timm"),
     Loader("sentence-transformers", "sentence_transformers", ("sentence-transformers-model",), FOLDER,
            default_for=("sentence-transformers-model",), libraries=("sentence_transformers",),
            extra="sentence-transformers"),
