@@ -9,17 +9,24 @@ of test_pickle_red_team), so a stream stops at its first import. Two properties:
   as a Python without the 4300-digit limit reads them, as older ones do; FLOAT forms only the two unpicklers
   read alike: where they differ, the walk goes on where either does.)
 - never less: on any byte stream, the first global either unpickler asks for is among the scanner's names.
+
+Both again with the walk's MAX_LINE / MAX_ARGUMENT lowered to a few bytes, so that generated streams hold
+arguments the walk reads through without keeping (tests/test_redteam3_pickle_lengths.py covers the real
+sizes): the walk still reaches every global the unpicklers reach.
 """
 from __future__ import annotations
 
 import io
 import pickle
+import re
 import struct
 import sys
+from contextlib import contextmanager
 
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from itera_verify.package.pickles import opcodes
 from itera_verify.package.pickles.budget import Budget
 from itera_verify.package.pickles.opcodes import Reader, read_ops, scan_stream
 from tests.fuzz.binary import pickle_streams
@@ -166,3 +173,64 @@ def test_every_global_an_unpickler_asks_for_is_named(data):
     names = walked_names(data)
     for name in first_requests(data):
         assert name in names or "<name computed at load time>" in names, (name, names, data)
+
+
+@contextmanager
+def _short_limits(line: int, argument: int):
+    """The walk's kept-argument limits lowered for the block (hypothesis forbids function-scoped fixtures)."""
+    saved = opcodes.MAX_LINE, opcodes.MAX_ARGUMENT
+    opcodes.MAX_LINE, opcodes.MAX_ARGUMENT = line, argument
+    try:
+        yield
+    finally:
+        opcodes.MAX_LINE, opcodes.MAX_ARGUMENT = saved
+
+
+@RUNS
+@given(typed_streams(), st.integers(2, 8), st.integers(0, 6))
+def test_arguments_read_through_never_stop_the_walk_early(data, line, argument):
+    """Where C reaches the sentinel, so does the walk, however many of the arguments it only read through. (Not
+    the converse: an invalid INT the walk does not keep is taken as read, so it may go on where C stops.)"""
+    assume(b"\x94" not in data or b"g" not in data)
+    assume(_memo_indices_small(data))
+    reached_by_cpython = SENTINEL in first_requests(data, (_Recorder,))
+    with _short_limits(line, argument):
+        assert not reached_by_cpython or _named(SENTINEL, walked_names(data), line), data
+
+
+@RUNS
+@given(st.one_of(pickle_streams(), typed_streams(_float_any), st.binary(max_size=64),
+                 st.tuples(st.binary(max_size=12), typed_streams(_float_any)).map(b"".join)),
+       st.integers(2, 8), st.integers(0, 6))
+def test_every_global_is_named_past_arguments_read_through(data, line, argument):
+    assume(_memo_indices_small(data))
+    requests = first_requests(data)
+    with _short_limits(line, argument):
+        names = walked_names(data)
+    for name in requests:
+        assert _named(name, names, line) or "<name computed at load time>" in names, (name, names, data)
+
+
+def _named(name: str, names: set[str], line: int) -> bool:
+    """`name` is among the walk's names, itself or as a GLOBAL line read through: "<head>...<N bytes>" stands for
+    a line of N bytes (its newline included) that begins with its first `line` bytes (the lowered MAX_LINE)."""
+    for walked in names:
+        pieces = re.split(r"\.\.\.<(\d+) bytes>", walked)
+        pattern, index = "", 0
+        while index < len(pieces):
+            head = pieces[index]
+            pattern += re.escape(head)
+            if index + 1 < len(pieces):
+                pattern += f".{{{int(pieces[index + 1]) - 1 - min(line, opcodes.LONG_HEAD)}}}"
+            index += 2
+        if re.fullmatch(pattern, name, re.S):
+            return True
+    return False
+
+
+def test_a_long_line_in_the_red_team_form_is_walked_through():
+    """V + a line past MAX_LINE + POP + STACK_GLOBAL builtins.open: C asks for builtins.open, and so the walk."""
+    data = b"V" + b"A" * 40 + b"\n0\x8c\x08builtins\x8c\x04open\x93(Vx\nVw\ntR."
+    assert first_requests(data) == ["builtins.open", "builtins.open"]
+    with _short_limits(16, 16):
+        assert "builtins.open" in walked_names(data)

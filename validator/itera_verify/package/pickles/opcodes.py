@@ -6,6 +6,10 @@ pure-Python one (`pickle._Unpickler`, joblib's) read them, and stops only where 
 without escapes. `pickletools.genops` reads INT and LONG in base 10 and GLOBAL lines with escapes: a stream it
 gave up on at byte 0 could still run. tests/test_pickle_differential.py compares the two with `pickle.loads`.
 
+An argument longer than the walk keeps (MAX_LINE, MAX_ARGUMENT) is read through in chunks, paid from the
+package's scan budget, and stands for an UNKNOWN value: CPython reads a line of any length and a counted
+argument of any length the data holds, then runs what follows, so the walk goes on where it does.
+
 A small model of the stack, the marks and the memo keeps names pushed as strings and fetched back through the
 memo from hiding. The model fails where the real unpickler fails (a stack underflow, a missing MARK or memo
 entry), so a stream the scanner calls complete is one the unpickler would also read to its STOP. It keeps
@@ -22,8 +26,10 @@ from dataclasses import dataclass, field
 
 from .budget import OPCODE_UNITS, Budget
 
-MAX_ARGUMENT = 1 << 30  # one opcode argument larger than this is not read: the stream is unscannable
-MAX_LINE = 64 << 20  # likewise for a protocol-0 text argument
+MAX_ARGUMENT = 1 << 20  # a counted argument longer than this is read through, never kept: its value is UNKNOWN
+MAX_LINE = 1 << 20  # likewise for a protocol-0 text argument (a line)
+SKIP_CHUNK = 1 << 20  # what one read takes while streaming past a long argument
+LONG_HEAD = 256  # bytes of a long line kept for naming it (a GLOBAL's long name)
 HIGHEST_PROTOCOL = 5
 
 _STRING_OPS = {"UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8", "STRING", "BINSTRING",
@@ -67,6 +73,26 @@ class _Global(str):
     """An imported object on the stack: never a usable module or attribute name for STACK_GLOBAL."""
 
 
+class _Unknown:
+    """The value of an argument read through but not kept: never a usable name, never a memo index."""
+
+    def __repr__(self) -> str:
+        return f"<an argument longer than {MAX_ARGUMENT} bytes>"
+
+
+UNKNOWN = _Unknown()
+
+
+class Long(bytes):
+    """A line longer than MAX_LINE, read through: its first LONG_HEAD bytes (and its newline when it has one)."""
+
+    length: int = 0
+
+
+class _LongValue(Exception):
+    """An argument read through: its value is UNKNOWN (read_ops catches it)."""
+
+
 class CutGlobal(ValueError):
     """A GLOBAL or INST whose last line the data cuts short: pickle.py imports what it names, then stops."""
 
@@ -88,6 +114,8 @@ def _line(stream) -> bytes:
     line = stream.readline()
     if not line.endswith(b"\n"):
         raise ValueError("a text argument has no newline before the end of the data")
+    if isinstance(line, Long):
+        raise _LongValue
     return line
 
 
@@ -176,11 +204,17 @@ def _names(stream, encoding: str, pos: int) -> tuple[str, str]:
     second = stream.readline() if first.endswith(b"\n") else b""
     if not second.endswith(b"\n"):
         try:
-            name = f"{first[:-1].decode(encoding)}.{second[:-1].decode(encoding)}" if first else None
+            name = f"{_name_part(first, encoding)}.{_name_part(second, encoding)}" if first else None
         except UnicodeDecodeError:
             name = None
-        raise CutGlobal(name, pos)
-    return first[:-1].decode(encoding), second[:-1].decode(encoding)
+        raise CutGlobal(None if isinstance(first, Long) else name, pos)  # a long module name never imports
+    return _name_part(first, encoding), _name_part(second, encoding)
+
+
+def _name_part(line: bytes, encoding: str) -> str:
+    """One line of a GLOBAL / INST name; a long one is named by its head (never on the allowlist)."""
+    text = line.rstrip(b"\n").decode(encoding, "replace" if isinstance(line, Long) else "strict")
+    return f"{text}...<{line.length} bytes>" if isinstance(line, Long) else text
 
 
 def _counted(width: int, fmt: str, kind: str):
@@ -188,6 +222,9 @@ def _counted(width: int, fmt: str, kind: str):
         (n,) = struct.unpack(fmt, _exact(stream, width))
         if n < 0:
             raise ValueError(f"a negative length ({n})")
+        if n > MAX_ARGUMENT:
+            stream.skip(n)
+            raise _LongValue
         data = _exact(stream, n)
         if kind == "str":
             return data.decode("latin-1")
@@ -246,7 +283,10 @@ def read_ops(stream):
             arg = _names(stream, "utf-8" if op.name == "GLOBAL" else "ascii", pos)
         else:
             reader = _ARGUMENTS.get(op.name)
-            arg = reader(stream) if reader else None
+            try:
+                arg = reader(stream) if reader else None
+            except _LongValue:
+                arg = UNKNOWN
         yield op, arg, pos
         if op.name == "STOP":
             return
@@ -265,6 +305,7 @@ def scan_stream(stream, found: set[str]) -> Stream:
     stack: list = []
     marks: list[int] = []  # stack heights at each MARK: the unpickler's metastack
     memo: dict = {}
+    memo_unknown = False  # a PUT at an index read through: any later GET may fetch what it stored
     info = Stream()
     budget: Budget = stream.budget
     walked = 0
@@ -294,13 +335,19 @@ def scan_stream(stream, found: set[str]) -> Stream:
         if name in _MEMO_PUT or name == "MEMOIZE":
             if above_mark < 1:
                 raise _underflow(name, pos)
-            if name == "PUT" and arg < 0:
+            if arg is UNKNOWN:
+                memo_unknown = True
+            elif name == "PUT" and arg < 0:
                 raise ValueError(f"PUT at offset {pos} has a negative index")
-            memo[len(memo) if name == "MEMOIZE" else arg] = stack[-1]
+            else:
+                memo[len(memo) if name == "MEMOIZE" else arg] = stack[-1]
         elif name in _MEMO_GET:
-            if arg not in memo:
+            if arg in memo:
+                stack.append(memo[arg])
+            elif arg is UNKNOWN or memo_unknown:  # an older Python reads "000…01" as 1: it may fetch anything
+                stack.append(_Global("<a memo entry at an index the walk did not keep>"))
+            else:
                 raise ValueError(f"{name} at offset {pos} fetches memo entry {arg}, which was never stored")
-            stack.append(memo[arg])
         elif name == "DUP":
             if above_mark < 1:
                 raise _underflow(name, pos)
@@ -332,7 +379,7 @@ def scan_stream(stream, found: set[str]) -> Stream:
                 stack[-1] = _Global(f"{module}.{attr}")
             elif name in _STRING_OPS:
                 stack[-1] = arg
-                if len(info.strings) < MAX_STRINGS_KEPT:
+                if type(arg) is str and len(info.strings) < MAX_STRINGS_KEPT:
                     info.strings.append(arg)
     budget.spend((walked & 1023) * OPCODE_UNITS)
     return info
@@ -369,25 +416,50 @@ def _apply_stack_effect(stack: list, marks: list[int], opcode, name: str, pos, a
 
 class Reader:
     """The stream the walk reads: tell(), and no argument longer than what is left (a forged length must fail
-    here, not allocate gigabytes). `budget`: the package's scan budget (a fresh default one when None)."""
+    here, not allocate gigabytes). An argument longer than the walk keeps is read through in SKIP_CHUNK pieces,
+    each byte paid from `budget`: the package's scan budget (a fresh default one when None)."""
 
     def __init__(self, raw, size: int, budget: Budget | None = None):
         self.raw, self.size, self.pos = raw, size, 0
         self.budget = budget if budget is not None else Budget()
 
     def read(self, n: int) -> bytes:
-        if n < 0 or n > self.size - self.pos or n > MAX_ARGUMENT:
+        if n < 0 or n > self.size - self.pos:
             raise ValueError(f"an argument of {n} bytes at offset {self.pos} runs past the end of the data")
         data = self.raw.read(n)
         self.pos += len(data)
         return data
 
+    def skip(self, n: int) -> None:
+        """Read `n` bytes through without keeping them (the unpickler reads them all)."""
+        if n > self.size - self.pos:
+            raise ValueError(f"an argument of {n} bytes at offset {self.pos} runs past the end of the data")
+        while n:
+            self.budget.spend(min(n, SKIP_CHUNK))
+            chunk = self.raw.read(min(n, SKIP_CHUNK))
+            if not chunk:
+                raise ValueError(f"the data ends at offset {self.pos}, inside an argument")
+            self.pos += len(chunk)
+            n -= len(chunk)
+
     def readline(self) -> bytes:
+        """A line with its newline (without one: the data ended); a Long for a line longer than MAX_LINE."""
         line = self.raw.readline(min(MAX_LINE, max(self.size - self.pos, 0)))
         self.pos += len(line)
-        if len(line) >= MAX_LINE and not line.endswith(b"\n"):
-            raise ValueError(f"a text argument longer than {MAX_LINE} bytes at offset {self.pos}")
-        return line
+        if len(line) < MAX_LINE or line.endswith(b"\n"):
+            return line
+        length, chunk = len(line), b""
+        self.budget.spend(length)
+        while not chunk.endswith(b"\n"):
+            chunk = self.raw.readline(min(SKIP_CHUNK, max(self.size - self.pos, 0)))
+            if not chunk:
+                break
+            self.budget.spend(len(chunk))
+            self.pos += len(chunk)
+            length += len(chunk)
+        long = Long(line[:LONG_HEAD] + (b"\n" if chunk.endswith(b"\n") else b""))
+        long.length = length
+        return long
 
     def tell(self) -> int:
         return self.pos

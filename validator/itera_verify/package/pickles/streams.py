@@ -5,9 +5,11 @@ seek past junk. So after the last complete stream the rest of the file must be a
 storage records (a size, then raw bytes, for each key of the storage-key list), or nothing. Anything else is
 searched for streams (bounded) and, in a file that is a pickle, refused: it cannot be scanned whole.
 
-A first stream that breaks is not yet "not a pickle": the bytes after the break are searched (bounded) for the
-imports a looser reader would reach (GLOBAL / INST lines, PROTO-started streams), and one that names a module
-that exists makes the file a pickle that cannot be scanned.
+A first stream that breaks is not yet "not a pickle": the bytes after the break are searched for the imports a
+looser reader would reach (GLOBAL / INST lines, PROTO-started streams, STACK_GLOBAL of two short strings), and
+one that names a module that exists makes the file a pickle that cannot be scanned. Padding cannot hide one: a
+stream tried near the break is walked to its end (valid opcodes of any length, paid from the budget), not
+through a fixed window.
 """
 from __future__ import annotations
 
@@ -29,9 +31,11 @@ _ELEMENT_SIZES = {f"torch.{name}Storage": size for name, size in {
 MAX_TRAILING_SEARCH = 64 << 20  # junk is searched this far
 SEARCH_AFTER_BREAK = 1 << 20  # after a first stream that breaks, this far
 MAX_CANDIDATES = 512
-MAX_CANDIDATE_BYTES = 256 << 10  # each later stream is read this far at most: the search stays bounded
-JUNK_SKIP = 16  # streams that start within this many bytes after the junk are tried one by one
-_STREAM_STARTS = re.compile(rb"\x80[\x00-\x05]|[ci][A-Za-z_][\w.]*\n[\w.]+\n")  # PROTO, GLOBAL / INST
+MAX_CANDIDATE_BYTES = 256 << 10  # a stream found by its start pattern is read this far at most
+JUNK_SKIP = 16  # streams that start within this many bytes after the junk are tried one by one, each to its end
+# PROTO, GLOBAL / INST, STACK_GLOBAL of two SHORT_BINUNICODE names (each maybe memoised): where a stream imports.
+_STREAM_STARTS = re.compile(rb"\x80[\x00-\x05]|[ci][A-Za-z_][\w.]*\n[\w.]+\n"
+                            rb"|\x8c[\x01-\x7f][A-Za-z_][\w.]*\x94?\x8c[\x01-\x7f][A-Za-z_]\w*\x94?\x93")
 
 
 def scan_raw(fh, base: int, size: int, found: set[str], certain: bool = False, named: bool = False,
@@ -153,10 +157,17 @@ def _search(fh, base: int, size: int, start: int, budget: Budget, window: int = 
     names: set[str] = set()
     view = io.BytesIO(data)
     for offset in sorted(offsets):
-        view.seek(offset)
+        # Right after the break: read from the file to the stream's end, so no length of valid padding hides an
+        # import; at a start pattern: within the window (many of them must not make the search quadratic).
+        if offset < JUNK_SKIP:
+            fh.seek(base + start + offset)
+            reader = Reader(fh, size - start - offset, budget)
+        else:
+            view.seek(offset)
+            reader = Reader(view, min(len(data) - offset, MAX_CANDIDATE_BYTES), budget)
         seen: set[str] = set()
         try:
-            scan_stream(Reader(view, min(len(data) - offset, MAX_CANDIDATE_BYTES), budget), seen)
+            scan_stream(reader, seen)
         except ValueError:
             seen = {n for n in seen if IMPORTABLE.fullmatch(n)}
         names |= seen
