@@ -8,12 +8,15 @@
 #      is spread over every GPU or, where they are too few or too small, refused: must end in IV504 naming the
 #      offload (never a silent pass);
 #   4. the multi-GPU training outputs the fixtures build (fixtures/multigpu.py), reloaded on the GPU;
-#   5. the pytest GPU tests.
+#   5. the pytest GPU tests;
+#   6. the loaders beyond text models (fixtures/extra_loaders.py): a tiny diffusers pipeline's denoising step and a
+#      GGUF file dequantized on the device.
 #
 #   bash scripts/gpu-check.sh            (or: make gpu-check)
 #
 # On a real GPU the whole output is kept as benchmarks/results/gpu-check-<date>.txt. GPU_CHECK_TESTS=0 skips the
-# pytest GPU tests, GPU_CHECK_MIDSIZE=0 the mid-size model, GPU_CHECK_MULTIGPU=0 the multi-GPU fixtures.
+# pytest GPU tests, GPU_CHECK_MIDSIZE=0 the mid-size model, GPU_CHECK_MULTIGPU=0 the multi-GPU fixtures,
+# GPU_CHECK_LOADERS=0 the diffusers and GGUF loaders.
 # GPU_CHECK_DEVICE=cpu rehearses it without a GPU (sections 1, 2 and 4 on the CPU; 3, 4b and 5 need CUDA and are
 # skipped; nothing kept): the device time a lent GPU has is short, so the plumbing is proven before it is spent.
 set -euo pipefail
@@ -172,6 +175,30 @@ PYEOF
             tail -n 15 "$WORK/fsdp-trainer.log"; status=1
         fi
     fi
+    if [ "${GPU_CHECK_LOADERS:-1}" != 0 ]; then
+        echo "== 6. loaders beyond text models on $DEVICE: a diffusers pipeline's denoising step, a GGUF file read"
+        "$PY" - "$WORK/loaders" "$DEVICE" <<'PYEOF' || status=1
+import sys
+from pathlib import Path
+
+from fixtures.extra_loaders import reload_package, write_diffusers_pipeline, write_gguf, write_package
+
+root, device = Path(sys.argv[1]) / "package", sys.argv[2]
+(root / "artifacts").mkdir(parents=True)
+write_diffusers_pipeline(root / "artifacts/sd", root.parent / "tokenizer")
+write_gguf(root / "artifacts/model.gguf")
+write_package(root, [("sd", "diffusers-pipeline", "artifacts/sd", {"loader": "diffusers"}),
+                     ("gguf", "gguf", "artifacts/model.gguf", {"loader": "gguf"})])
+results, findings = reload_package(root, device=device)
+for r in results.values():
+    print(f"{r.artifact}: ok={r.ok} device={r.device} {r.seconds:.1f} s, peak {r.peak_memory_bytes} B, "
+          f"forward: {r.forward}; {r.error or ''}")
+for finding in findings:
+    print(f"{finding.code} {finding.message}")
+sys.exit(0 if all(r.ok and r.device.startswith(device) for r in results.values()) and not findings else 1)
+PYEOF
+    fi
+
     if [ "${GPU_CHECK_TESTS:-1}" != 0 ] && [ "$DEVICE" = cuda ]; then
         echo "== 5. pytest GPU tests"
         "$PY" -m pytest tests/test_gpu.py -q -p no:cacheprovider -m gpu || status=1

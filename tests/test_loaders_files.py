@@ -108,3 +108,30 @@ def test_onnx_whose_external_data_is_cut_short_is_IV504(reloaded):
     _, findings = reloaded
     found = messages(findings, "onnx-short-data")
     assert found and all("truncated" in m for m in found)
+
+
+def test_the_recorder_registers_each_new_kind_with_its_loader_and_the_schemas_know_them(tmp_path):
+    import json
+    from pathlib import Path
+
+    from itera_verify.format import loaders as table
+    from itera_verify.record import open_campaign
+
+    schemas = Path(__file__).resolve().parents[1] / "schemas"
+    manifest_schema = json.loads((schemas / "manifest.schema.json").read_text())
+    kinds = manifest_schema["properties"]["artifacts"]["items"]["properties"]["kind"]["enum"]
+    assert tuple(kinds) == table.KINDS
+    campaign = open_campaign(tmp_path / "pkg", "loaders", "Does it reload?", "toy", "v1", ["q-0"])
+    campaign.declare_plan(lots=[{"gpu": "RTX 4090", "days": 3, "gpus": 1, "price_usd": 47.14}], reserved_hours=2)
+    campaign.declare_stop_rules([{"id": "nonfinite-loss", "kind": "nonfinite_loss", "metric": "loss"}])
+    run = campaign.start_run("control", "control", params={"seed": 1})
+    (tmp_path / "pkg/artifacts").mkdir()
+    write_gguf(tmp_path / "pkg/artifacts/model.gguf")
+    write_onnx(tmp_path / "pkg/artifacts/onnx")
+    (tmp_path / "pkg/artifacts/sd").mkdir()
+    assert run.artifact("artifacts/model.gguf", kind="gguf") == "control-gguf"
+    assert run.artifact("artifacts/onnx", kind="onnx") == "control-onnx"
+    assert run.artifact("artifacts/sd", kind="diffusers-pipeline") == "control-pipeline"
+    entries = json.loads((tmp_path / "pkg/reload.json").read_text())["artifacts"]
+    assert {name: entry["loader"] for name, entry in entries.items()} == {
+        "control-gguf": "gguf", "control-onnx": "onnx", "control-pipeline": "diffusers"}

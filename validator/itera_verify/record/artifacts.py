@@ -19,7 +19,9 @@ from .store import EVAL_IDS, MANIFEST, RELOAD, transaction
 if TYPE_CHECKING:
     from .run import Run
 
-ID_SUFFIX = {"safetensors": "weights", "transformers-model": "model", "peft-adapter": "adapter"}
+ID_SUFFIX = {"safetensors": "weights", "transformers-model": "model", "peft-adapter": "adapter",
+             "diffusers-pipeline": "pipeline", "timm-model": "model", "sentence-transformers-model": "model",
+             "gguf": "gguf", "onnx": "onnx"}
 
 
 def package_path(root: Path, path) -> str:
