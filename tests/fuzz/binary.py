@@ -313,3 +313,42 @@ def sealed_archive_mutations(draw, base_tar: bytes, cid: str) -> bytes:
                 continue
     compressed = zstandard.ZstdCompressor(level=1).compress(out.getvalue())
     return draw(st.one_of(st.just(compressed), st.just(compressed), byte_noise(compressed)))
+
+
+# ---------------------------------------------------------------------------------------------- SSH signatures
+
+_KEY_TYPES = [b"ssh-ed25519", b"ecdsa-sha2-nistp256", b"ecdsa-sha2-nistp384", b"ssh-rsa", b"sk-ssh-ed25519@openssh.com",
+              b"ssh-ed25519-cert-v01@openssh.com", b"x"]
+
+
+def _ssh_string(data: bytes) -> bytes:
+    return len(data).to_bytes(4, "big") + data
+
+
+@st.composite
+def ssh_signatures(draw) -> bytes:
+    """Armored SSHSIG files: key blobs, namespaces, hash names and signature blobs that may lie about their
+    lengths or types, then byte noise."""
+    from itera_verify.format.sshsig import armor
+
+    key_type = draw(st.sampled_from(_KEY_TYPES))
+    key_blob = _ssh_string(key_type) + b"".join(_ssh_string(draw(st.binary(max_size=80)))
+                                                for _ in range(draw(st.integers(0, 3))))
+    if draw(st.booleans()):
+        key_blob = key_blob[:draw(st.integers(0, len(key_blob)))]
+    namespace = draw(st.sampled_from(["itera-verify-seal@v1", "file", "", "itera-verify-seal@v1\0x"]))
+    hash_name = draw(st.sampled_from(["sha256", "sha512", "md5", ""]))
+    signature = _ssh_string(draw(st.sampled_from(_KEY_TYPES))) + _ssh_string(draw(st.binary(max_size=140)))
+    data = armor(key_blob, namespace, hash_name, signature)
+    return draw(byte_noise(data)) if draw(st.booleans()) else data
+
+
+_ALLOWED_TOKENS = ["alice@example.com", "*@example.org", "!mallory@x", "namespaces=\"itera-verify-seal@v1\"",
+                   "cert-authority", "valid-after=20260101", "valid-before=\"20991231235959Z\"", "ssh-ed25519",
+                   "ecdsa-sha2-nistp256", "AAAAC3NzaC1lZDI1NTE5AAAAIGv0", "#", "\"", ",", " ", "\t", "="]
+
+
+def allowed_signers_files():
+    """allowed_signers text: lines of principals, options, key types and base64, in any order."""
+    line = st.lists(st.one_of(st.sampled_from(_ALLOWED_TOKENS), st.text(max_size=12)), max_size=8).map("".join)
+    return st.lists(line, max_size=6).map("\n".join)

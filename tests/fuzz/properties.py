@@ -263,6 +263,30 @@ def safetensors_header_property(ws: Workspace, data: bytes) -> None:
     assert {name: (e.dtype, e.shape) for name, e in header.entries.items()} == library
 
 
+
+def ssh_signature_property(ws: Workspace, data: bytes) -> None:
+    """The SSH signature reader and verifier (format/sshsig.py, the audit's pure-Python OpenSSH): any bytes end
+    in a verified signature or SshSigError, never another exception, in bounded time."""
+    from itera_verify.format.sshsig import SshSigError, verify
+
+    with time_limit():
+        try:
+            verify(data, "itera-verify-seal@v1", message=b"the archive's bytes")
+        except SshSigError:
+            pass
+
+
+def allowed_signers_property(ws: Workspace, text: str) -> None:
+    """The allowed_signers reader: every line is an entry or a problem with its line number, never an exception."""
+    from itera_verify.format.sshsig import parse_allowed_signers
+
+    with time_limit():
+        entries, problems = parse_allowed_signers(text)
+    lines = len(text.splitlines())
+    assert all(1 <= number <= lines for number, _ in problems)
+    assert len(entries) + len(problems) <= lines
+
+
 # ---------------------------------------------------------------------------------------------- archives
 
 def tar_reader_property(ws: Workspace, data: bytes) -> None:
@@ -328,6 +352,8 @@ READERS: list[Reader] = [
            document_property("artifacts/control-model/model.safetensors")),
     Reader("safetensors loader (reload child)", lambda ws: binary.safetensors_files(), safetensors_loader_property),
     Reader("safetensors header (format layer)", lambda ws: binary.safetensors_files(), safetensors_header_property),
+    Reader("SSH signature (format layer)", lambda ws: binary.ssh_signatures(), ssh_signature_property),
+    Reader("allowed_signers (format layer)", lambda ws: binary.allowed_signers_files(), allowed_signers_property),
     Reader("pickle scanner", lambda ws: binary.pickle_streams(), direct_scan_property),
     Reader("pickle scanner (IV506)", lambda ws: st.tuples(binary.pickle_streams(), st.sampled_from(SUFFIXES)),
            pickle_property),

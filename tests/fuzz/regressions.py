@@ -95,6 +95,13 @@ REGRESSIONS: dict[str, list[tuple[str, object]]] = {
         ("a valid float8 tensor", _safetensors({"w": {"dtype": "F8_E4M3", "shape": [1], "data_offsets": [0, 1]}},
                                                b"\x00")),
     ],
+    "safetensors header (format layer)": [
+        ("a null __metadata__, which the library reads as none",
+         b"\x1a\x00\x00\x00\x00\x00\x00\x00" + b'{"__metadata__": null}    '),
+    ],
+    "allowed_signers (format layer)": [
+        ("a key whose base64 holds a non-ASCII character", "alice@example.com ssh-ed25519 AAAA\u00e9BBB\n"),
+    ],
 }
 
 # (reader, what broke) -> why it is still expected to fail; the lead removes an entry with the fix.

@@ -84,6 +84,8 @@ def parse(head: bytes, raw_header: bytes, file_size: int) -> Header | None:
     metadata = None
     for name, info in value.items():
         if name == "__metadata__":
+            if info is None:  # the library reads a null metadata as none
+                continue
             if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
                 return None
             metadata = info

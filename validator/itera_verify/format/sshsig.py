@@ -143,7 +143,7 @@ def parse_public_key_text(text: str) -> PublicKey:
                           "'ssh-rsa ...')")
     try:
         blob = base64.b64decode(parts[1], validate=True)
-    except binascii.Error:
+    except (binascii.Error, ValueError):  # ValueError: a non-ASCII character (base64 refuses it before decoding)
         raise SshSigError("the public key's base64 is malformed") from None
     key = parse_public_key(blob)
     if key.algorithm != parts[0]:
