@@ -39,7 +39,8 @@ def record(root, prices: list[float], expenses: list[tuple[float, bool]], accept
 
 def budget_codes(root) -> list[str]:
     report = verify(root, reload=False, seal=False)
-    return sorted(f"{f.code} {f.message}" for f in report.findings if f.code.startswith("IV6"))
+    # IV614 (info) says the test GPU's lots are unpriced, as it should; the money rules are what is swept.
+    return sorted(f"{f.code} {f.message}" for f in report.findings if f.code.startswith("IV6") and f.code != "IV614")
 
 
 def test_the_reported_disagreements_are_gone(tmp_path):

@@ -1,4 +1,4 @@
-"""IV601–IV611: the budget and the timeline. What was bought, what it cost per accepted run, what was decided.
+"""IV601–IV611, IV614: the budget and the timeline. What was bought, what it cost per accepted run, what was decided.
 
 The arithmetic is exact to the cent (decimal, not float): 47.14 + 1.50 over 2 accepted runs is 24.32.
 """
@@ -80,6 +80,14 @@ RULES = [
          bad='"timeline": {"observed_hours": 52.5, "decisions": []}',
          good='"decisions": [{"at": "2026-11-20T12:00:00Z", "after": "pilot", "decision": "reduce", '
               '"note": "dropped the r=64 sweep"}]'),
+    Rule("IV614", Severity.INFO, "lot not in the catalog",
+         explain="IV602 compares a lot's price with the tariff catalog; a lot the catalog does not price (another "
+                 "GPU, another number of GPUs, another length) is not compared, and the report says so rather "
+                 "than pass it in silence. Add the offer to the configuration's tariffs "
+                 "([tool.itera-verify.tariffs], \"GPU\" = { \"DAYS\" = USD }, \"2x GPU\" for a 2-GPU lot) and the "
+                 "lot is checked like a catalog lot.",
+         bad='{"gpu": "B200", "days": 3, "gpus": 1, "price_usd": 500}   (no B200 in the catalog)',
+         good='[tool.itera-verify.tariffs]\n"B200" = { "3" = 500 }'),
 ]
 
 DEVIATION_TOLERANCE_HOURS = 0.1
@@ -121,6 +129,8 @@ def _rental_total(plan: dict) -> Iterator[Finding]:
 def _catalog_prices(plan: dict, catalog: dict) -> Iterator[Finding]:
     for index, lot in lots(plan):
         stated, listed_price = usd(lot.get("price_usd")), catalog_price(catalog, lot)
+        if stated is not None and listed_price is None:
+            yield _unpriced(index, lot, stated, catalog)
         if stated is None or listed_price is None or to_cent(stated) == to_cent(listed_price):
             continue
         yield Finding("IV602", MANIFEST, pointer=pointer_of(["plan", "lots", index, "price_usd"]),
@@ -128,6 +138,24 @@ def _catalog_prices(plan: dict, catalog: dict) -> Iterator[Finding]:
                               "but "
                               f"the catalog says {fmt_usd(listed_price)}: check the offer, or update the catalog "
                               f"([tool.itera-verify.tariffs]) if the price changed")
+
+
+def _unpriced(index: int, lot: dict, stated: Decimal, catalog: dict) -> Finding:
+    name, days = lot_name(lot), shown(lot.get("days"))
+    lengths = catalog.get(name)
+    known = (f"the catalog prices {name} for {', '.join(sorted(lengths, key=_length))} days only"
+             if isinstance(lengths, dict) and lengths else f"the catalog has no {name} lot")
+    return Finding("IV614", MANIFEST, pointer=pointer_of(["plan", "lots", index]),
+                   message=f"lot {index} ({name}, {days} days, {fmt_usd(stated)}) is not compared with any tariff: "
+                           f"{known}; add it to the configuration's tariffs ([tool.itera-verify.tariffs] "
+                           f"\"{name}\" = {{ \"{days}\" = {stated} }}) to check its price")
+
+
+def _length(days: str) -> float:
+    try:
+        return float(days)
+    except ValueError:
+        return float("inf")
 
 
 def _observed_within_window(plan: dict, timeline: dict, catalog: dict) -> Iterator[Finding]:
