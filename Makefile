@@ -14,9 +14,15 @@ JOBS ?= 2
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "needs $(PYTHON)"; exit 2; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# torch first, pinned: a bare `torch` would pull a multi-GB CUDA build.
-	$(PIP) install -q torch==2.13.0
+	# torch first, with the torchvision built for it in the same command (timm needs it): pinned, or pip pulls a
+	# multi-GB CUDA build of torch.
+	$(PIP) install -q torch==2.13.0 torchvision==0.28.0
 	$(PIP) install -q -e '.[dev]'
+	# That torchvision's compiled operators do not load beside the CPU torch, and transformers imports it: a venv-only
+	# import hook declares the two operator schemas when, and only when, its import fails (the script says why).
+	site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
+	  cp scripts/itera_torchvision_shim.py "$$site/" && \
+	  echo 'import itera_torchvision_shim; itera_torchvision_shim.install()' > "$$site/itera_torchvision_shim.pth"
 	touch $@
 
 install: $(VENV)/.installed system-tools

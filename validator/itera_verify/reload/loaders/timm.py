@@ -16,26 +16,6 @@ WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 DEFAULT_INPUT = (3, 224, 224)
 
 
-def declare_torchvision_operators() -> None:
-    """timm imports torchvision. A torchvision whose compiled operators do not load beside this torch (a CUDA
-    wheel next to a CPU torch) fails at import on its fake-kernel registration for `torchvision::nms`; with the
-    schemas declared, its Python side imports. Nothing here calls these operators."""
-    import torch
-
-    try:
-        torch.ops.torchvision.nms  # noqa: B018 - the lookup fails when the operator is not declared
-        return  # declared already (its compiled operators loaded, or an earlier call)
-    except (AttributeError, RuntimeError):
-        pass
-    try:
-        library = torch.library.Library("torchvision", "FRAGMENT")
-        library.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        library.define("qnms(Tensor qdets, Tensor scores, float iou_threshold) -> Tensor")
-    except RuntimeError:
-        return  # already declared (by torchvision itself, or earlier in this process)
-    declare_torchvision_operators.library = library  # the declarations live as long as the Library object
-
-
 def load_weights(folder: Path, device, outcome: Outcome) -> dict:
     for name in WEIGHTS:
         path = folder / name
@@ -99,7 +79,6 @@ def forward(model, device) -> str:
 
 def reload(job: dict, device, outcome: Outcome) -> None:
     folder = Path(job["path"])
-    declare_torchvision_operators()
     timm = require(job)
     model = build(timm, folder, outcome)
     load_strictly(model, load_weights(folder, device, outcome), "weights")
