@@ -224,7 +224,8 @@ def _with_push_options(function):
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default=None, help="Where reloads run.")
 @click.option("--no-reload", is_flag=True, help="Skip the reloads (the report says nothing was reloaded).")
 @click.option("--no-seal", is_flag=True, help="Run every check but do not write the archive.")
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Archive path or destination folder.")
+@click.option("-o", "--output", type=click.Path(),  # a str: Path() would drop the trailing / that means a folder
+              help="Archive file (NAME.tar.zst) or folder (DIR/, created if its parent exists).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing archive of the same name.")
 @_format_option
 @_report_option

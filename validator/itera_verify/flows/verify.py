@@ -16,12 +16,10 @@ from ..report import summary
 
 
 def default_archive_path(package: Package, campaign_id: str, output: str | os.PathLike | None) -> Path:
-    """-o FILE, -o FOLDER/, or `<campaign_id>.tar.zst` beside the package (never inside it)."""
-    name = f"{campaign_id}.tar.zst"
-    if output is None:
-        return package.root.resolve().parent / name
-    path = Path(output)
-    return path / name if path.is_dir() else path
+    """-o FILE.tar.zst, -o FOLDER/ (created), or `<campaign_id>.tar.zst` beside the package (seal/destination.py)."""
+    from ..seal.destination import archive_destination
+
+    return archive_destination(package.root, campaign_id, output, create=True)
 
 
 PARALLEL_MIN_FILES = 1000
@@ -104,6 +102,10 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
         package.settings["tariffs"] = tariffs
     from ..seal import termination_unwinds
 
+    if seal:  # an -o that cannot work is exit 2 before any check (seal/destination.py)
+        from ..seal.destination import read_output
+
+        read_output(package.root, output)
     seal_options = dict(output=output, overwrite=overwrite, level=level, threads=threads, progress=progress)
     with termination_unwinds():  # SIGTERM unwinds like Ctrl-C: a seal begun beside the checks is removed
         static_checks, sealing, prestarted, signer = None, None, None, None
