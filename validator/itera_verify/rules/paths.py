@@ -4,13 +4,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import struct
 from typing import Any, Iterator
 
 import yaml
 
 from ..package.jsonpos import line_of, pointer_lines
-from ..package.files import open_binary
+from ..package.files import open_binary, read_safetensors_header
 from ..package.layout import references
 from ..format import names
 from ..model import Finding, Rule, Severity, UsageError
@@ -214,18 +213,15 @@ def _binary(package: Package, rel: str, matcher: TmpMatcher) -> Iterator[Finding
 
 def _safetensors_metadata(package: Package, rel: str, pattern: re.Pattern[str]) -> Iterator[Finding]:
     try:
-        with open_binary(package.abspath(rel)) as fh:
-            (length,) = struct.unpack("<Q", fh.read(8))
-            if length > 100_000_000:
-                return  # the reload reports an invalid header
-            header = json.loads(fh.read(length))
-    except OSError as exc:  # a file that cannot be read is unreadable input, with or without --no-reload
+        with open_binary(package.abspath(rel)):
+            pass  # a file that cannot be read is unreadable input, with or without --no-reload
+    except OSError as exc:
         raise UsageError(f"{rel}: cannot read ({exc.strerror or exc})") from exc
-    except (struct.error, ValueError, RecursionError):
+    header = read_safetensors_header(package.abspath(rel))  # the one header reader (format/safetensors.py)
+    if header is None:
         return  # the reload reports a header that does not parse
-    metadata = header.get("__metadata__") if isinstance(header, dict) else None
-    for key, value in (metadata.items() if isinstance(metadata, dict) else []):
-        if isinstance(value, str) and pattern.search(value):
+    for key, value in (header.metadata or {}).items():
+        if pattern.search(value):
             yield Finding("IV201", rel, pointer=pointer_of(["__metadata__", key]),
                           message=f"temporary-directory path in safetensors metadata {key}: {_short(value)}")
 
