@@ -60,8 +60,9 @@ RULES = [
          explain="A stop record says when (`at`), at which step, and under which rule a run was stopped. Its step "
                  "lies within the steps the run's metrics log, its time within the run's `started_at`–`ended_at` "
                  "(to the second), and a `below_threshold` (`above_threshold`) stop is one the metrics show: the "
-                 "rule's metric at that step (or the last value logged before it) is under (above) the threshold. A record that "
-                 "contradicts the run was written from memory or copied from another run: write what happened.",
+                 "rule's metric at that step (or the last value logged before it) is under (above) the threshold. "
+                 "A record that contradicts the run was written from memory or copied from another run: write what "
+                 "happened.",
          bad='{"run": "lora-r64", "rule": "f1-floor", "step": 2, ...}   metrics: {"step": 2, "name": '
              '"eval_macro_f1", "value": 0.71}   (floor 0.6)',
          good='{"run": "lora-r64", "rule": "f1-floor", "step": 2, ...}   metrics: {"step": 2, "name": '
