@@ -50,6 +50,7 @@ class ParseError:
     message: str
     line: int | None = None
     column: int | None = None
+    too_large: bool = False  # not parsed at all: past jsonread.MAX_VALUES
 
 
 @dataclass
@@ -84,6 +85,10 @@ def loads_json(text: str) -> Any:
 
 
 UNPARSED_KEEP = 64 << 20  # bytes of documents read by document_bytes() and kept until document() parses them
+# Parsed documents kept for the next family that reads them, in all: a document past either is parsed again
+# when asked again, so that no number of large documents is ever held at once.
+KEEP_VALUES = 3_000_000
+KEEP_BYTES = 64 << 20
 
 
 @dataclass
@@ -103,6 +108,7 @@ class Package:
     _documents: dict[str, Document] = field(default_factory=dict, repr=False)
     _unparsed: dict[str, bytes] = field(default_factory=dict, repr=False)  # document_bytes() read, not parsed yet
     _unparsed_bytes: int = field(default=0, repr=False)
+    _kept: list[int] = field(default_factory=lambda: [0, 0], repr=False)  # values, bytes of _documents
     _root_prefix: str | None = field(default=None, repr=False)
 
     # ---- caches --------------------------------------------------------------------------------------
@@ -207,32 +213,45 @@ class Package:
         return raw
 
     def document(self, rel: str) -> Document | None:
-        """The JSON document at `rel`, parsed once; None when there is no such file."""
+        """The JSON document at `rel`, parsed once while the kept documents stay within KEEP_VALUES and
+        KEEP_BYTES (a larger one is parsed again when asked again); None when there is no such file. One of more
+        than jsonread.MAX_VALUES values is never parsed: its error says it is too large to check."""
         if rel in self._documents:
             return self._documents[rel]
         if not self.is_file(rel):
             return None
+        from .jsonread import MAX_VALUES, count_values, too_many_values  # jsonread imports this module
+
         raw = self._unparsed.pop(rel, None)
         if raw is not None:
             self._unparsed_bytes -= len(raw)
         else:
             raw = self.read_bytes(rel)
         doc = Document(rel)
+        values = count_values(raw, exact_above=MAX_VALUES)
         try:
             doc.text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             line = raw[: exc.start].count(b"\n") + 1
             doc.error = ParseError(f"not UTF-8 text (byte {exc.start})", line=line)
         else:
-            try:
-                doc.value = loads_json(doc.text)
-            except json.JSONDecodeError as exc:
-                doc.error = ParseError(exc.msg, line=exc.lineno, column=exc.colno)
-            except RecursionError:
-                doc.error = ParseError("nesting too deep")
-            except ValueError as exc:  # e.g. an integer beyond Python's digit limit
-                doc.error = ParseError(str(exc).split(";")[0])
-        self._documents[rel] = doc
+            if values > MAX_VALUES:
+                doc.error = ParseError(too_many_values(values), too_large=True)
+                doc.text = ""
+            else:
+                try:
+                    doc.value = loads_json(doc.text)
+                except json.JSONDecodeError as exc:
+                    doc.error = ParseError(exc.msg, line=exc.lineno, column=exc.colno)
+                except RecursionError:
+                    doc.error = ParseError("nesting too deep")
+                except ValueError as exc:  # e.g. an integer beyond Python's digit limit
+                    doc.error = ParseError(str(exc).split(";")[0])
+        del raw
+        if self._kept[0] + values <= KEEP_VALUES and self._kept[1] + len(doc.text) <= KEEP_BYTES:
+            self._documents[rel] = doc
+            self._kept[0] += values
+            self._kept[1] += len(doc.text)
         return doc
 
     def parsed(self, rel: str) -> Document | None:

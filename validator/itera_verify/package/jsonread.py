@@ -5,12 +5,18 @@ Python's decoder and every consumer after it (the JSON renderer, `finite()`, sch
 per level: a record of `[` × 100,000, or one nested 950 levels (which parses, then fails wherever it is
 copied), would end in a RecursionError traceback. The depth is measured on the text without recursion, so a
 document too deep or too large is a `JSONLimitError` (a ValueError) with a sentence saying which limit.
+
+The same holds for memory: `[[],[],...]` costs about 80 bytes of Python objects per 3 bytes of text, so a few
+KB of zstd in an archive become gigabytes in json.loads. `count_values` counts what json.loads would build
+(the structural bytes `[{,:` outside strings) without building anything, so a document the rules read is
+parsed only within MAX_VALUES; `validate` checks a document nobody reads the values of with simdjson, which
+builds no Python object at all.
 """
 from __future__ import annotations
 
 import re
 from itertools import accumulate
-from typing import Any
+from typing import Any, Callable
 
 from . import loads_json
 
@@ -21,6 +27,66 @@ MAX_BYTES = 64 << 20  # the tool's own verification.json of 20,000 findings is a
 _STRINGS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
 _NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
 _STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+# The same strings on bytes, possessive and ending at the end of the data when unterminated: a failed match
+# never restarts at every later quote (linear on `"\\"\\"…`).
+_BYTE_STRINGS = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\\?\Z)', re.S)
+MAX_VALUES = 4_000_000  # values of one document built as Python objects (a 250k-entry tokenizer holds ~1.5 M)
+MAX_VALIDATED_BYTES = 64 << 20  # simdjson's own buffers cost up to ~10 bytes per byte of a dense document
+
+
+def count_values(data: bytes, exact_above: int = 0) -> int:
+    """About how many values json.loads would build from `data`: its `[`, `{`, `,` and `:` (one per container,
+    element and key), counted without recursion and without building any value. Those inside strings count
+    too, unless the count passes `exact_above`: then they are removed first (a regex pass that costs more than
+    parsing a small document)."""
+    count = _structural(data)
+    if count > exact_above and b'"' in data:
+        count = _structural(_BYTE_STRINGS.sub(b"", data))
+    return count
+
+
+def _structural(data: bytes) -> int:
+    return data.count(b"[") + data.count(b"{") + data.count(b",") + data.count(b":")
+
+
+def too_many_values(count: int) -> str:
+    return f"holds more than {MAX_VALUES:,} values ({count:,}): too large to check"
+
+
+def _simdjson() -> Callable[[bytes], None] | None:
+    try:
+        import simdjson
+    except ImportError:  # pragma: no cover - a platform without a pysimdjson wheel
+        return None
+
+    def parse(path: str) -> None:
+        parser = simdjson.Parser()  # its own buffers, freed with it: a large document's do not stay
+        parser.load(path)  # read straight into simdjson's padded buffer: no copy of the file in Python
+    return parse
+
+
+_SIMDJSON = _simdjson()
+
+
+def validate(path: str, size: int) -> str | None:
+    """None when simdjson reads the file at `path` (`size` bytes) as JSON (strict RFC 8259: json.loads then
+    reads it too), else why not, or "unchecked" without simdjson or past MAX_VALIDATED_BYTES. A refusal is not
+    yet an error: json.loads also takes NaN, big integers, lone surrogates (and simdjson a byte-order mark
+    json.loads refuses); the caller decides those with json.loads when the document is small enough."""
+    if _SIMDJSON is None or size > MAX_VALIDATED_BYTES:
+        return "unchecked"
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(3) == b"\xef\xbb\xbf":
+                return "a UTF-8 byte-order mark"
+        _SIMDJSON(path)
+    except OSError:
+        return "unchecked"  # the caller's own reading reports it
+    except (ValueError, RuntimeError) as exc:  # simdjson's errors: "CODE: what went wrong"
+        return str(exc).split(":", 1)[-1].split(".")[0].strip() or str(exc)
+    return None
 
 
 class JSONLimitError(ValueError):
@@ -46,4 +112,5 @@ def read_json(data: bytes | str, *, max_depth: int = MAX_DEPTH, max_bytes: int =
     return loads_json(text)
 
 
-__all__ = ["JSONLimitError", "MAX_BYTES", "MAX_DEPTH", "nesting_depth", "read_json"]
+__all__ = ["JSONLimitError", "MAX_BYTES", "MAX_DEPTH", "MAX_VALIDATED_BYTES", "MAX_VALUES", "count_values",
+           "nesting_depth", "read_json", "too_many_values", "validate"]

@@ -10,7 +10,9 @@ from typing import Iterator
 import yaml
 from jsonschema.exceptions import best_match
 
+from ..format.layouts import WEIGHT_INDEXES
 from ..package.jsonpos import line_of, pointer_lines
+from ..package.jsonread import validate
 from ..package.layout import FIXED_DOCUMENTS, document_kinds, references
 from ..model import Finding, Rule, Severity
 from ..package import MANIFEST, RELOAD, Package, pointer_of
@@ -65,6 +67,10 @@ SCHEMA_OF = {"manifest": "manifest", "stops": "stops", "reload": "reload", "para
 ARTIFACT_DOCUMENTS = ("config.json", "adapter_config.json", "trainer_state.json", "model.safetensors.index.json",
                       "generation_config.json")
 MAX_PARSE_BYTES = 256 << 20
+# JSON files some rule reads the values of (package.document / json_value across rules/), in any folder, besides
+# the documents of a kind: built as Python objects (within jsonread.MAX_VALUES). Any other JSON file (a
+# tokenizer.json, an analysis output) is only validated, by simdjson, and never built.
+READ_DOCUMENTS = frozenset((*ARTIFACT_DOCUMENTS, *WEIGHT_INDEXES))
 
 
 def check(package: Package, part: tuple[int, int] = (0, 1)) -> Iterator[Finding]:
@@ -192,16 +198,44 @@ def _parse_and_substance(package: Package, rel: str, kind: str | None) -> Iterat
     if kind in ("metrics", "predictions") or (suffix in ("jsonl", "csv") and kind is None):
         yield from _records(package, rel, kind, suffix)
     elif suffix == "json" and package.files[rel].size <= MAX_PARSE_BYTES:
+        if not (kind or name in READ_DOCUMENTS):
+            yield from _validated(package, rel)
+            return
         doc = package.document(rel)
         if doc.error:
-            yield Finding("IV104", rel, line=doc.error.line, column=doc.error.column,
-                          message=f"invalid JSON: {doc.error.message}")
-        elif (kind or name in ARTIFACT_DOCUMENTS) and doc.value in ({}, [], None):
+            yield _unparsable(rel, doc.error)
+        elif doc.value in ({}, [], None):
             yield Finding("IV103", rel, message=f"the document is {json.dumps(doc.value)}: nothing in it")
     elif suffix in ("yaml", "yml") and package.files[rel].size <= MAX_PARSE_BYTES:
         yield from _yaml(package, rel)
     elif kind in ("eval_ids", "analysis") and not package.read_bytes(rel).strip():
         yield Finding("IV103", rel, message="whitespace only")
+
+
+def _unparsable(rel: str, error) -> Finding:
+    if error.too_large:
+        return Finding("IV104", rel, message=f"the document {error.message}")
+    return Finding("IV104", rel, line=error.line, column=error.column, message=f"invalid JSON: {error.message}")
+
+
+def _validated(package: Package, rel: str) -> Iterator[Finding]:
+    """A JSON file whose values no rule reads: simdjson validates it without building anything. What it refuses
+    (or cannot check) json.loads decides, which also takes NaN and big integers and places the error: within
+    jsonread.MAX_VALUES only; past it, a refused document is said invalid without a position, an unchecked one
+    not at all (as a file past MAX_PARSE_BYTES)."""
+    doc = package.parsed(rel)
+    if doc is None:
+        why = validate(package.os_path(rel), package.files[rel].size)
+        if why is None:
+            return
+        doc = package.document(rel)
+        if doc.error and doc.error.too_large:
+            if why != "unchecked":
+                yield Finding("IV104", rel, message=f"invalid JSON: {why} (no line given: the document "
+                                                    f"{doc.error.message})")
+            return
+    if doc.error:
+        yield _unparsable(rel, doc.error)
 
 
 def _records(package: Package, rel: str, kind: str | None, suffix: str) -> Iterator[Finding]:
