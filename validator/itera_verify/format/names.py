@@ -32,3 +32,9 @@ HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 
 # Suffixes of files torch, pickle and joblib users read with an unpickler (SPEC §6: scanned by name or content).
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle")
+
+
+# The metric lines `run.inputs(split, total, truncated)` writes and the `truncated_input` rule reads (SPEC §7).
+def inputs_metric(count: str, split: str) -> str:
+    """`inputs_total/<split>` or `inputs_truncated/<split>` (count: "total" or "truncated")."""
+    return f"inputs_{count}/{split}"

@@ -2,17 +2,20 @@
 
 It starts the run with the training arguments as params (seed, world size, precision, learning rate, ...),
 appends every logged value to the metrics, enforces the declared stop rules live, registers each saved
-checkpoint as a resume artifact and, when asked, saves and registers the final model. Only the main process
-writes; every process takes the same stop decision (logged values are gathered over ranks)."""
+checkpoint as a resume artifact, prices it (write seconds measured around the save, bytes on disk) and proves
+the first one's resume in the background, and, when asked, saves and registers the final model. Only the main
+process writes; every process takes the same stop decision (rank 0's, handed to every rank)."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from transformers import TrainerCallback
 
 from ..record.artifacts import forget_missing
 from ..record.errors import RecordError
+from ..record.proofs import check_mode, warn
 from ..record.run import Run
 from .common import (
     json_value,
@@ -53,15 +56,24 @@ class RecordCallback(TrainerCallback):
     save_model_to: a folder inside the package where the final model (or adapter) is saved, with the Trainer's
     processing_class (tokenizer or processor), and registered at the end of a run that was not stopped.
     hf_cache: the hub cache the base of an adapter was loaded from (default: the environment's). checkpoint_id:
-    the artifact id of each checkpoint, formatted with the run id and the step."""
+    the artifact id of each checkpoint, formatted with the run id and the step. prove_resume: "first" (the
+    run's first checkpoint), "every" or False: its resume proven in a background process at the lowest
+    priority on `proof_device` (the CPU: the GPU is training); a failed proof stops the run at its next step
+    under a declared `no_usable_resume` rule, else warns on every rank."""
 
     def __init__(self, run: Run, save_model_to: str | None = None, hf_cache=None,
-                 checkpoint_id: str = "{run}-checkpoint-{step}"):
+                 checkpoint_id: str = "{run}-checkpoint-{step}", prove_resume: str | bool = "first",
+                 proof_device: str = "cpu"):
         self.run = run
         self.checkpoint_id = checkpoint_id
         self.save_model_to = save_model_to
         self.hf_cache = hf_cache
+        self.prove_resume = check_mode(prove_resume)
+        self.proof_device = proof_device
         self.stopped = run.stopped
+        self._mark = time.monotonic()  # the end of the last hook before a save: the save's write time runs from it
+        self._saves = 0
+        self._unsettled = 0  # proofs started whose end every rank has not heard of yet
 
     # The Trainer's default logging_nan_inf_filter=True logs a NaN step's loss as the window's average
     # (FIELD-NOTES): the non-finite rule would be blind. The Trainer reads the flag at every step, so turning it
@@ -84,6 +96,33 @@ class RecordCallback(TrainerCallback):
             if model is not None:
                 params.update(model_params(model))
             self.run.start(params)
+        # Inputs counted before train() (run.inputs): recorded at step 0, and a broken truncated_input rule stops
+        # the run before its first step.
+        self._stop(args, control, _rank_zeros(args, self.run.early_inputs()))
+        self._mark = time.monotonic()
+
+    def _stop(self, args, control, violation) -> None:
+        if violation is None or self.stopped:
+            return
+        self.stopped = True
+        self.run.stop_for(violation)  # another rank writes nothing: its run.stopped turns true
+        control.should_training_stop = True
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._unsettled:
+            # While a proof runs, rank 0 says at each step whether it ended and what it broke: every rank stops
+            # (or warns) at the same step.
+            proofs = self.run.proofs
+            news = (self.run.pending_stop(state.global_step), not proofs.running(), proofs.drain_warnings()) \
+                if state.is_world_process_zero else (None, False, [])
+            violation, settled, warnings = _rank_zeros(args, news)
+            if settled:
+                self._unsettled = 0
+            if not state.is_world_process_zero:
+                for message in warnings:
+                    warn(message, stacklevel=2)
+            self._stop(args, control, violation)
+        self._mark = time.monotonic()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         values = numeric_logs(logs)
@@ -95,22 +134,30 @@ class RecordCallback(TrainerCallback):
             violation = self.run.log_dict(state.global_step, values)
         else:
             violation = self.run.check(state.global_step, values)
-        violation = _rank_zeros(args, violation)
-        if violation is None or self.stopped:
-            return
-        self.stopped = True
-        self.run.stop_for(violation)  # another rank writes nothing: its run.stopped turns true
-        control.should_training_stop = True
+        self._stop(args, control, _rank_zeros(args, violation))
+        self._mark = time.monotonic()
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self._mark = time.monotonic()
 
     def on_save(self, args, state, control, **kwargs):
+        # The Trainer calls no hook between the last one (step end, log, evaluate) and the save itself.
+        write_seconds = time.monotonic() - self._mark
         _barrier(args)  # every rank has written its own files (rng_state_<rank>.pth) before it is registered
-        if not state.is_world_process_zero:
-            return
+        prove = self.prove_resume == "every" or (self.prove_resume == "first" and self._saves == 0)
+        self._saves += 1
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if folder.is_dir():
-            artifact_id = self.checkpoint_id.format(run=self.run.id, step=state.global_step)
-            self.run.artifact(folder.absolute(), "resume-checkpoint", id=artifact_id)
-        forget_missing(self.run, "resume-checkpoint")  # save_total_limit deleted older ones
+        if prove and not self.stopped:
+            self._unsettled += 1  # on every rank alike: each asks rank 0 at its next steps
+        if state.is_world_process_zero:
+            if folder.is_dir():
+                artifact_id = self.checkpoint_id.format(run=self.run.id, step=state.global_step)
+                self.run.artifact(folder.absolute(), "resume-checkpoint", id=artifact_id)
+                self.run.saved(artifact_id, state.global_step, write_seconds,
+                               prove_resume="every" if prove and not self.stopped else False,
+                               device=self.proof_device, hf_cache=self.hf_cache)
+            forget_missing(self.run, "resume-checkpoint")  # save_total_limit deleted older ones
+        self._mark = time.monotonic()
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
         if state.is_world_process_zero:
@@ -123,7 +170,8 @@ class RecordCallback(TrainerCallback):
 
 
 def _rank_zeros(args, violation):
-    """Rank 0's stop decision on every rank (each called on_log at this step), when torch.distributed runs."""
+    """Rank 0's stop decision (or news) on every rank (each called the hook at this step), when
+    torch.distributed runs."""
     if args.world_size > 1:
         import torch.distributed as dist
 

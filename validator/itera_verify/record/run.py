@@ -2,20 +2,24 @@
 against the frozen ids, its end (a declared stop rule, or completion) and its artifacts."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import numbers
+import time
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import artifacts, resume
+from .checkpoints import record_save, recorded
 from .errors import RecordError
 from .files import append_lines, cut_partial_line, dumps, json_line, read_bytes, write_atomic
 from .ids import check_id
 from .lock import package_lock
-from .stoprules import Violation, check
+from .proofs import DEFAULT_TIMEOUT, Proof, Proofs, check_mode
+from .stoprules import Violation, check, check_inputs, inputs_metrics
 from .store import EVAL_IDS, MANIFEST, STOPS, read, transaction
 
 if TYPE_CHECKING:
@@ -36,6 +40,9 @@ class Run:
         self._rules: list[dict] = []
         self._appending: set[str] = set()  # files whose partial tail (a crash) was already cut
         self._stopped = False
+        self._early_inputs: dict[str, float] = {}
+        self.step = 0  # the last step a value was logged at: where run.inputs() records its counts
+        self.proofs = Proofs(self)
 
     @property
     def root(self) -> Path:
@@ -134,18 +141,48 @@ class Run:
         lines = b"".join(json_line({"step": step, "name": n, "value": v}) for n, v in values.items())
         if self.writer and lines:
             self._append(self.metrics_path, lines)
-        return self.check(step, values)
+        self.step = max(self.step, step)
+        return self.check(step, values) or self.pending_stop(step)
 
-    def check(self, step: int, values: dict[str, float]) -> Violation | None:
-        """The first declared stop rule these values break, writing nothing (what another rank decides)."""
+    def rules(self) -> list[dict]:
         if not self._rules:
             # A process that writes nothing (a DDP rank) reads the rules the main process declared.
             self._rules = ((read(self.root, MANIFEST) or {}).get("stop_rules") or {}).get("rules", [])
+        return self._rules
+
+    def check(self, step: int, values: dict[str, float]) -> Violation | None:
+        """The first declared stop rule these values break, writing nothing (what another rank decides)."""
         for name, value in values.items():
-            violation = check(self._rules, step, str(name), float(value))
+            violation = check(self.rules(), step, str(name), float(value))
             if violation:
                 return violation
         return None
+
+    def pending_stop(self, step: int | None = None) -> Violation | None:
+        """A stop decided outside the logged values, taken once: a failed resume proof under a declared
+        `no_usable_resume` rule (the callbacks ask at each step; a hand-written loop gets it from its next
+        run.log). `step`: where the run stops (its next step)."""
+        pending = self.proofs.take_pending()
+        if pending is not None and step is not None:
+            pending = dataclasses.replace(pending, step=step)
+        return pending
+
+    def inputs(self, split: str, total: int, truncated: int, step: int | None = None) -> Violation | None:
+        """How many `split` inputs the run fed and how many of them the tokenizer truncated (SPEC §7): the metric
+        lines `inputs_total/<split>` and `inputs_truncated/<split>` at `step` (default: the last logged step),
+        and the declared `truncated_input` rule they break, if any. Every rank may call it; only rank 0 writes.
+        Before the run starts, the counts wait for its start (the callbacks start it at train begin and stop it
+        there when the rule is broken)."""
+        values = inputs_metrics(split, total, truncated)
+        if not self.started:
+            self._early_inputs.update(values)
+            return check_inputs(self.rules(), step or 0, values)
+        return self.log_dict(self.step if step is None else step, values)
+
+    def early_inputs(self) -> Violation | None:
+        """Record the inputs given before the run started (at step 0) and the rule they break, once."""
+        values, self._early_inputs = self._early_inputs, {}
+        return self.log_dict(0, values) if values else None
 
     # ---- predictions --------------------------------------------------------------------------------
     def predictions(self) -> PredictionStream:
@@ -203,10 +240,17 @@ class Run:
         self._stopped = True
 
     def complete(self) -> None:
-        """The run finished: its predictions must cover every frozen eval id exactly once (IV303)."""
+        """The run finished: its predictions must cover every frozen eval id exactly once (IV303). A resume proof
+        still running is waited for; one that failed under a declared `no_usable_resume` rule refuses the
+        completion (stop the run: `run.stop_for(run.pending_stop())`)."""
         self._require_started()
         if not self.writer:
             return
+        self.proofs.wait()
+        pending = self.proofs.pending
+        if pending is not None:
+            raise RecordError(f"run {self.id!r} cannot complete: {pending.reason}, which the declared rule "
+                              f"{pending.rule!r} stops; stop it with run.stop_for(run.pending_stop())")
         missing = artifacts.missing_predictions(self.root, self.predictions_path)
         if missing:
             raise RecordError(f"run {self.id!r} cannot complete: {missing}")
@@ -239,23 +283,63 @@ class Run:
 
 
     def resume_file(self, path, *, model, optimizer, scheduler, step: int, data_state, scaler=None,
-                    trainable_only: bool = True, id: str | None = None, **reload_fields) -> str:
+                    trainable_only: bool = True, id: str | None = None, prove_resume: str | bool = "first",
+                    **reload_fields) -> str:
         """Write a hand-written loop's resume file (`path`, a .pt inside the package) holding exactly what the
         torch-resume reload proves: `model` (a module's trainable parameters, or its whole state dict with
         trainable_only=False), the optimizer, scheduler and (fp16) scaler states, every RNG state, `step` and
-        `data_state`; atomically, by the writing rank only. Registered as the run's resume artifact."""
+        `data_state`; atomically, by the writing rank only. Registered as the run's resume artifact, the save
+        priced (`runs[].checkpoints`) and, by `prove_resume` ("first": the run's first save; "every"; False),
+        its resume proven in the background."""
         self._require_started()
+        check_mode(prove_resume)
         artifact_id = check_id("artifact id", id or f"{self.id}-resume")
         target = resume.resume_target(self, path)
         if not self.writer:  # another rank: the same refusals, no copy of the weights, nothing written
             resume.check_position(step, data_state)
             return artifact_id
+        began = time.monotonic()
         state = resume.resume_state(model=model, optimizer=optimizer, scheduler=scheduler, step=step,
                                     data_state=data_state, scaler=scaler, trainable_only=trainable_only)
         resume.save_resume(self, target, state)
+        write_seconds = time.monotonic() - began
         if scaler is not None:
             reload_fields.setdefault("fp16", True)
-        return artifacts.register(self, target, "resume-checkpoint", artifact_id, "torch-resume", reload_fields)
+        artifacts.register(self, target, "resume-checkpoint", artifact_id, "torch-resume", reload_fields)
+        self.saved(artifact_id, step, write_seconds, prove_resume=prove_resume)
+        return artifact_id
+
+    # ---- saves and their proofs ----------------------------------------------------------------------
+    def saved(self, artifact_id: str, step: int, write_seconds: float | None = None, *,
+              prove_resume: str | bool = False, device: str = "cpu", hf_cache=None,
+              timeout: float = DEFAULT_TIMEOUT) -> None:
+        """Price a save of the registered artifact `artifact_id` (its step, time, `write_seconds` measured around
+        the save, bytes on disk) in `runs[].checkpoints`, and print the time the rental has left; with
+        `prove_resume` "first" (the run's first save) or "every", prove its resume in the background."""
+        self._require_started()
+        mode = check_mode(prove_resume)
+        if not self.writer:
+            return
+        listed = next((a for a in read(self.root, MANIFEST).get("artifacts", []) if a.get("id") == artifact_id), None)
+        if listed is None:
+            raise RecordError(f"artifact {artifact_id!r} is not registered: run.artifact(...) first")
+        first = not self.proofs.started and not any(c.get("proof") for c in recorded(self))
+        record_save(self, artifact_id, self.root / listed["path"], step, write_seconds)
+        if mode == "every" or (mode == "first" and first):
+            self.prove_resume(artifact_id, step=step, device=device, hf_cache=hf_cache, timeout=timeout)
+
+    def prove_resume(self, artifact_id: str, *, step: int | None = None, device: str = "cpu", hf_cache=None,
+                     timeout: float = DEFAULT_TIMEOUT) -> Proof | None:
+        """Reload the checkpoint `artifact_id` in a background process at the lowest priority, by the reload
+        `itera-verify` runs, on `device` (the CPU by default: the GPU is training); its result goes into
+        `runs[].checkpoints[].proof` when it ends. Never waits for it (run.complete() does). A failed proof
+        stops the run at its next step under a declared `no_usable_resume` rule, else warns loudly."""
+        self._require_started()
+        if not self.writer:
+            return None
+        if not any(a.get("id") == artifact_id for a in read(self.root, MANIFEST).get("artifacts", [])):
+            raise RecordError(f"artifact {artifact_id!r} is not registered: run.artifact(...) first")
+        return self.proofs.start(artifact_id, step, device=device, hf_cache=hf_cache, timeout=timeout)
 
 
 class PredictionStream:

@@ -1,10 +1,13 @@
-"""Declared stop rules, checked live against each logged value (the reading of IV404, IV405 and IV409): a
-non-finite loss, a floor (`below_threshold`) and a ceiling (`above_threshold`) on a metric."""
+"""Declared stop rules, checked live against each logged value (the reading of IV404, IV405, IV409 and IV412): a
+non-finite loss, a floor (`below_threshold`) and a ceiling (`above_threshold`) on a metric, truncated inputs
+(`truncated_input`, over the metric `inputs_truncated/<split>`). `no_usable_resume` is broken by a failed resume
+proof (record/proofs.py)."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+from ..format.names import inputs_metric
 from .errors import RecordError
 
 KINDS = ("nonfinite_loss", "below_threshold", "above_threshold", "truncated_input", "no_usable_resume")
@@ -41,6 +44,12 @@ def validate_rules(rules: list[dict]) -> list[dict]:
         if rule["kind"] in THRESHOLDS and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
                                            or not math.isfinite(threshold)):
             raise RecordError(f"stop rule {rule['id']!r} ({rule['kind']}) needs a numeric threshold")
+        if rule["kind"] == "truncated_input":
+            limit = rule.get("max_truncated", 0)
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+                raise RecordError(f"stop rule {rule['id']!r}: max_truncated is a count, 0 or more (got {limit!r})")
+            if not isinstance(rule.get("split", "eval"), str) or not rule.get("split", "eval"):
+                raise RecordError(f"stop rule {rule['id']!r}: split names the inputs it watches (default eval)")
     return [dict(rule) for rule in rules]
 
 
@@ -67,4 +76,30 @@ def check(rules: list[dict], step: int, name: str, value: float) -> Violation | 
         if kind == "above_threshold" and name == rule.get("metric") and (not finite or value > rule["threshold"]):
             return Violation(rule["id"], step, name, value,
                              f"{name} = {spelled(value)} at step {step}, above the ceiling {rule['threshold']}")
+        split = rule.get("split", "eval")
+        if kind == "truncated_input" and name == inputs_metric("truncated", split) and (
+                not finite or value > rule.get("max_truncated", 0)):
+            return Violation(rule["id"], step, name, value,
+                             f"{spelled(value)} {split} input(s) truncated at step {step}, over the rule's limit "
+                             f"of {rule.get('max_truncated', 0)}")
+    return None
+
+
+def inputs_metrics(split: str, total: int, truncated: int) -> dict[str, int]:
+    """The metric lines `run.inputs` writes; refused when the counts are no counts."""
+    if not isinstance(split, str) or not split or "/" in split or split != split.strip():
+        raise RecordError(f"inputs split {split!r}: a name such as eval or train")
+    for what, count in (("total", total), ("truncated", truncated)):
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise RecordError(f"inputs {what} {count!r}: a count, 0 or more")
+    if truncated > total:
+        raise RecordError(f"inputs: {truncated} truncated out of {total}: more than the total")
+    return {inputs_metric("total", split): total, inputs_metric("truncated", split): truncated}
+
+
+def check_inputs(rules: list[dict], step: int, values: dict[str, float]) -> Violation | None:
+    for name, value in values.items():
+        violation = check(rules, step, name, float(value))
+        if violation:
+            return violation
     return None
