@@ -14,7 +14,7 @@ FOLDER, FILE, EITHER = "folder", "file", "either"
 
 # The artifact kinds of manifest.artifacts[].kind, in the order the docs list them.
 KINDS = ("safetensors", "transformers-model", "peft-adapter", "resume-checkpoint", "diffusers-pipeline",
-         "timm-model", "sentence-transformers-model", "gguf", "onnx")
+         "diffusers-lora", "timm-model", "sentence-transformers-model", "gguf", "onnx")
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,10 @@ TABLE = (
     # SPEC §1 "Loaders beyond Hugging Face text models": each library is an optional extra of the tool.
     Loader("diffusers", "diffusers", ("diffusers-pipeline",), FOLDER, default_for=("diffusers-pipeline",),
            libraries=("diffusers",), extra="diffusers"),
+    # peft, which load_lora_weights needs, is one of the tool's own dependencies.
+    Loader("diffusers-lora", "diffusers_lora", ("diffusers-lora",), EITHER, default_for=("diffusers-lora",),
+           what="a LoRA file or its folder, on the manifest's base pipeline", libraries=("diffusers",),
+           extra="diffusers"),
     Loader("timm", "timm", ("timm-model",), FOLDER, light=True, default_for=("timm-model",), libraries=("timm",),
            extra="timm"),
     Loader("sentence-transformers", "sentence_transformers", ("sentence-transformers-model",), FOLDER,

@@ -5,12 +5,12 @@ those are compared, tensor by tensor, on digests of their payload bytes (rules/_
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 from typing import Iterator
 
+from ..package.jsonread import read_json_file
 from ..format.names import HUB_ID
 from ..model import Finding, Rule, Severity
 from ..format.layouts import CHECKPOINT_FOLDER, TRAINER_STATE
@@ -81,16 +81,17 @@ def _package_weights(package: Package, rel: str) -> tuple[str, list[str]] | None
     return None
 
 
-def _snapshot_weights(snapshot: Path) -> list[str] | None:
-    index = snapshot / WEIGHTS_INDEX
+def _snapshot_weights(snapshot: Path, weights: str = WEIGHTS) -> list[str] | None:
+    """The weight files of a model folder saved as `weights` (or sharded by its index), resolved."""
+    index = snapshot / f"{weights}.index.json"
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+            weight_map = read_json_file(index).get("weight_map")
             names = sorted({n for n in weight_map.values() if isinstance(n, str)})
         except (OSError, ValueError, AttributeError):
             return None
         return [os.path.realpath(snapshot / name) for name in names] if names else None
-    single = snapshot / WEIGHTS
+    single = snapshot / weights
     return [os.path.realpath(single)] if single.is_file() else None
 
 
@@ -212,6 +213,71 @@ def _untrained_adapters(package: Package, digests: Digests, bases: list[WeightSe
                               "adapter after training)")
 
 
+# diffusers: a LoRA's up matrix in each layout (save_lora_weights, kohya's, PEFT's names), and the tensors that
+# are not a module's weights (kohya's alpha); a pipeline's component weights and the denoisers trained in it.
+DIFFUSERS_LORA_WEIGHTS = "pytorch_lora_weights.safetensors"
+DIFFUSERS_LORA_UP = re.compile(r".*(?:\.lora\.up|\.lora_up|\.lora_B|\.lora_linear_layer\.up)\.weight")
+DIFFUSERS_LORA_OTHER = re.compile(r".*\.(?:alpha|lora\.down\.weight|lora_down\.weight|lora_A\.weight|"
+                                  r"lora_linear_layer\.down\.weight|dora_scale|lora_magnitude_vector)")
+COMPONENT_WEIGHTS = ("diffusion_pytorch_model.safetensors", "model.safetensors")
+DENOISERS = ("unet", "transformer", "prior")
+
+
+def _untrained_diffusers(package: Package, digests: Digests) -> Iterator[Finding]:
+    """A diffusers LoRA whose every up matrix is zero (base + up·down is the base), and a pipeline whose denoiser
+    (and every other component compared) holds its manifest base's weights: nothing was trained."""
+    cache = None
+    for artifact in package.artifacts():
+        rel = package.normalise_ref(artifact["path"]) if _text(artifact.get("path")) else None
+        kind, where = artifact.get("kind"), {"run": _text(artifact.get("run")), "artifact": _text(artifact.get("id"))}
+        if not rel:
+            continue
+        if kind == "diffusers-lora":
+            file = rel if rel.endswith(".safetensors") else f"{rel}/{DIFFUSERS_LORA_WEIGHTS}"
+            tensors = read_weights([os.path.realpath(package.os_path(file))]) if package.is_file(file) else None
+            ups = [t for name, t in (tensors or {}).items() if DIFFUSERS_LORA_UP.fullmatch(name)]
+            others = [n for n in tensors or {} if not DIFFUSERS_LORA_UP.fullmatch(n)
+                      and not DIFFUSERS_LORA_OTHER.fullmatch(n)]
+            if ups and not others and all(all_zero(t) for t in ups):
+                yield Finding("IV512", file, **where,
+                              message=f"every LoRA up matrix of {where['artifact'] or rel} is zero (as PEFT "
+                                      "initialises it): the LoRA changes nothing, its pipeline is the base; "
+                                      "nothing was trained (save the LoRA after training)")
+        elif kind == "diffusers-pipeline" and isinstance(artifact.get("base"), dict):
+            name, revision = _text(artifact["base"].get("name")), _text(artifact["base"].get("revision"))
+            cache = cache or Path(package.hf_cache or resolve_hf_cache(None))
+            snapshot = _snapshot(cache, name, revision) if name and revision else None
+            if snapshot is not None:
+                yield from _pipeline_as_base(package, digests, rel, snapshot, f"the base {name} at {revision}", where)
+
+
+def _pipeline_as_base(package: Package, digests: Digests, rel: str, snapshot: Path, label: str,
+                      where: dict) -> Iterator[Finding]:
+    """IV512 when the pipeline's denoiser equals the base's and no component compared differs from the base's."""
+    equal, differ = [], []
+    for component in sorted(package.dirs):
+        sub = component[len(rel) + 1:] if component.startswith(rel + "/") else None
+        if not sub or "/" in sub:
+            continue
+        for weights in COMPONENT_WEIGHTS:
+            mine = _snapshot_weights(Path(package.os_path(component)), weights)
+            theirs = _snapshot_weights(snapshot / sub, weights) if mine else None
+            if mine and theirs:
+                model, original = read_weights(mine), read_weights(theirs)
+                if model and original:
+                    same = _match(digests, WeightSet(sub, component, model), [WeightSet(label, "", original)])
+                    (equal if same is not None else differ).append(sub)
+                break
+    denoiser = next((sub for sub in equal if sub in DENOISERS), None)
+    if denoiser and not differ:
+        others = [sub for sub in equal if sub != denoiser]
+        yield Finding("IV512", f"{rel}/{denoiser}", **where,
+                      message=f"the {denoiser} of {where['artifact'] or rel}"
+                              + (f" (and its {', '.join(others)})" if others else "")
+                              + f" equals that of {label} in the hub cache: nothing was trained (save the "
+                                "pipeline after training)")
+
+
 # PEFT saves a modules_to_save copy under the base model's name of the module, behind its own prefix.
 PEFT_PREFIX = "base_model.model."
 
@@ -254,6 +320,7 @@ def check(package: Package) -> Iterator[Finding]:
     bases = _base_weight_sets(package)
     untrained = list(_untrained_adapters(package, digests, bases))
     yield from untrained
+    yield from _untrained_diffusers(package, digests)
     artifacts = _artifact_weight_sets(package)
     yield from _repeated_checkpoints(digests, artifacts)
     if not any(delivered for delivered, _ in artifacts):
