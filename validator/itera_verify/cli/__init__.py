@@ -219,6 +219,21 @@ def _with_push_options(function):
     return function
 
 
+def _rfc3339(ctx, param, value):
+    """--deadline: an RFC 3339 time with its zone; a bad one is a usage error (exit 2)."""
+    from datetime import datetime
+
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.tzinfo is None:
+        raise click.BadParameter(f"{value!r}: an RFC 3339 time with its zone, e.g. 2026-11-23T08:00:00Z")
+    return value
+
+
 @main.command("verify")
 @click.argument("outdir", type=click.Path(path_type=Path))
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default=None, help="Where reloads run.")
@@ -249,10 +264,13 @@ def _with_push_options(function):
 @click.option("--push", "push_dest", metavar="DEST", default=None,
               help="After a successful seal, push the archive to s3://bucket/prefix/ or a folder (as `push`).")
 @_with_push_options
+@click.option("--deadline", metavar="TIME", default=None, callback=_rfc3339,
+              help="When the rental ends (RFC 3339, e.g. 2026-11-23T08:00:00Z): overrides the lots' started_at + "
+                   "days; the seal (and push) are estimated against it.")
 @_verbose
 def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, reports, strict, select, ignore,
                    hf_cache, timeout, jobs, isolation, level, threads, config_path, sign,
-                   push_dest, endpoint_url, read_back, part_size, quiet, verbose):
+                   push_dest, endpoint_url, read_back, part_size, deadline, quiet, verbose):
     """Check OUTDIR, reload every artifact and seal it (exit 0 pass, 1 findings, 2 could not run); with --push,
     then push the archive (exit 1 when the copy is not verified, 2 when the push could not run)."""
     from ..flows.verify import verify
@@ -271,7 +289,8 @@ def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, r
             report = verify(outdir, config=config, device=device, reload=not no_reload, seal=not no_seal,
                             output=output, overwrite=overwrite, selection=selection, hf_cache=hf_cache,
                             timeout=timeout, jobs=jobs, level=level, threads=threads, progress=progress,
-                            isolation=isolation, sign=sign or None)
+                            isolation=isolation, sign=sign or None, deadline=deadline,
+                            pushing=bool(push_dest))
         failure = _push_sealed(report, push_dest, endpoint_url=endpoint_url, read_back=read_back,
                                part_size=part_size, quiet=quiet or fmt_chosen != "text", verbose=verbose)
         _emit(report, fmt_chosen, targets, quiet, verbose)

@@ -78,11 +78,14 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
            seal: bool = True, output=None, overwrite: bool = False, selection: Selection | None = None,
            hf_cache=None, timeout: float | None = None, jobs: int = 1, level: int = 3, threads: int = 0,
            tmp_patterns: tuple[str, ...] | None = None, tariffs: dict | None = None,
-           progress: Progress = NULL_PROGRESS, isolation: str = "auto", sign: str | None = None) -> Report:
+           progress: Progress = NULL_PROGRESS, isolation: str = "auto", sign: str | None = None,
+           deadline: str | None = None, pushing: bool = False) -> Report:
     """Check a package, reload its artifacts and seal it when nothing blocks. Raises UsageError (exit 2).
     `config` None applies the configuration file the command line would (flows/config.py), `Config()` none;
     the other arguments, when given, override it. The report names the file applied. `sign`: `ssh:KEY.pub` or
-    `ssh:KEY` (seal/sign.py), opened before any work."""
+    `ssh:KEY` (seal/sign.py), opened before any work.
+    `deadline` (RFC 3339, --deadline): when the rental ends, over the lots' started_at + days; before the seal the
+    report estimates it (and the push, `pushing`) and warns at once when they may not finish in time."""
     if sign is not None and not seal:
         raise UsageError("--sign signs the seal: it cannot be used with --no-seal")
     started = time.monotonic()
@@ -96,6 +99,12 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
 
         resolved_device = resolve_device(device)  # --device cuda without a GPU fails before any work
     package = discover(path)
+    if deadline is not None:
+        package.settings["deadline"] = deadline
+    package.settings["push"] = pushing
+    rental = summary.rental_summary(package, push=package.settings["push"])
+    if rental is not None and rental.get("warning"):
+        progress.log(f"WARNING: {rental['warning']}")  # now, before the checks and the seal: time to act
     package.hf_cache = resolve_hf_cache(hf_cache)
     package.tmp_patterns = tuple(tmp_patterns)
     if tariffs is not None:

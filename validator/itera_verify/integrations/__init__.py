@@ -6,7 +6,9 @@
 Each is imported on first use, so `import itera_verify.integrations` imports neither transformers nor lightning."""
 from __future__ import annotations
 
-__all__ = ["LightningRecorder", "RecordCallback"]
+from .inputs import count_truncated
+
+__all__ = ["LightningRecorder", "RecordCallback", "count_truncated"]
 
 
 def __getattr__(name: str):

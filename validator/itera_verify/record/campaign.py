@@ -8,6 +8,7 @@ import hashlib
 import os
 import warnings
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 
 from ..format import money as money_rules
@@ -20,6 +21,7 @@ from .stoprules import validate_rules
 from .store import EVAL_IDS, MANIFEST, RELOAD, STOPS, now, parse_time, read, transaction
 
 FORMAT = "itera-output/1"
+TRAIN_IDS = "corpus/train_ids.txt"
 
 
 def is_main_process() -> bool:
@@ -27,33 +29,50 @@ def is_main_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def _eval_ids_bytes(eval_ids: Iterable[str] | str | os.PathLike) -> bytes:
+def _timestamp(value, what: str) -> str:
+    """RFC 3339 UTC to the second, from such a string or an aware datetime."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise RecordError(f"{what}: a datetime with its time zone (datetime.now(UTC)), not a naive one")
+        return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        parsed = parse_time(value) if isinstance(value, str) else None
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.tzinfo is None:
+        raise RecordError(f"{what} {value!r}: an RFC 3339 time with its zone, e.g. 2026-11-20T08:00:00Z")
+    return value
+
+
+def _eval_ids_bytes(eval_ids: Iterable[str] | str | os.PathLike, what: str = "eval") -> bytes:
     if isinstance(eval_ids, (str, os.PathLike)):
         ids = Path(eval_ids).read_text(encoding="utf-8").splitlines()
     else:
         ids = list(eval_ids)
     if not ids:
-        raise RecordError("the frozen corpus has no eval ids")
+        raise RecordError(f"the frozen corpus has no {what} ids")
     seen = set()
     for i in ids:
         if not isinstance(i, str) or not i.strip() or "\n" in i or "\r" in i or i != i.strip():
-            raise RecordError(f"eval id {i!r}: one non-blank id per line, no surrounding spaces")
+            raise RecordError(f"{what} id {i!r}: one non-blank id per line, no surrounding spaces")
         if i in seen:
-            raise RecordError(f"eval id {i!r} appears twice in the frozen corpus")
+            raise RecordError(f"{what} id {i!r} appears twice in the frozen corpus")
         seen.add(i)
     return "".join(i + "\n" for i in ids).encode("utf-8")
 
 
 def open_campaign(path: str | os.PathLike, campaign_id: str, question: str, corpus_name: str,
                   corpus_revision: str, eval_ids: Iterable[str] | str | os.PathLike, *,
-                  main_process: bool | None = None, clock: Callable[[], str] | None = None) -> Campaign:
+                  main_process: bool | None = None, clock: Callable[[], str] | None = None,
+                  train_ids: Iterable[str] | str | os.PathLike | None = None) -> Campaign:
     """Create the campaign folder, or reopen it (after a crash, from another process): reopening with another
     id, question or corpus is refused, since what a run was compared on is frozen.
 
     `eval_ids`: the frozen evaluation ids (a list, or a file with one id per line); they are copied to
     corpus/eval_ids.txt and hashed. On every process but the main one (RANK != 0) nothing is written.
     `clock`: what "now" is (an RFC 3339 string); the real UTC clock by default, a fixed one for a reproducible
-    build."""
+    build. `train_ids`: the training example ids (a list or a file), written to corpus/train_ids.txt with their
+    sha256, so the checker can prove no evaluation id leaked into training (IV309)."""
     writer = is_main_process() if main_process is None else main_process
     campaign = Campaign(Path(path).absolute(), writer, clock or now)
     if not writer:
@@ -64,6 +83,7 @@ def open_campaign(path: str | os.PathLike, campaign_id: str, question: str, corp
     if not corpus_revision:
         raise RecordError("the corpus needs a revision (a tag, a commit or a dated snapshot): it must be frozen")
     ids = _eval_ids_bytes(eval_ids)
+    trained_on = _eval_ids_bytes(train_ids, "train") if train_ids is not None else None
     root = campaign.root
     root.mkdir(parents=True, exist_ok=True)
     with transaction(root) as tx:
@@ -78,6 +98,14 @@ def open_campaign(path: str | os.PathLike, campaign_id: str, question: str, corp
             tx.get(STOPS), tx.get(RELOAD)  # written as {"stops": []} and {"artifacts": {}}
         else:
             campaign._check_reopen(manifest, campaign_id, question, corpus_name, corpus_revision, ids)
+        if trained_on is not None:
+            corpus = tx.get(MANIFEST)["corpus"]
+            digest = hashlib.sha256(trained_on).hexdigest()
+            if corpus.get("train_ids_sha256") not in (None, digest):
+                raise RecordError(f"the train ids differ from the recorded {TRAIN_IDS}: open a new folder for "
+                                  "another training set")
+            write_atomic(root, TRAIN_IDS, trained_on)
+            corpus.update(train_ids=TRAIN_IDS, train_ids_sha256=digest)
         # Under the lock: every atomic write holds it, so a temporary file seen now is one a dead process left,
         # never the one another process of the campaign is about to rename.
         stale = remove_stale_temps(root)
@@ -125,13 +153,21 @@ class Campaign:
 
     # ---- declarations -------------------------------------------------------------------------------
     def declare_plan(self, lots: list[dict], reserved_hours: float, window_hours: float | None = None,
-                     other_expenses: list[dict] = ()) -> None:
-        """The committed plan: lots ({gpu, days, gpus, price_usd}), hours reserved, the window (default: the
-        longest lot), other expenses ({label, usd, included}). Declaring the same plan again is a no-op."""
+                     other_expenses: list[dict] = (), started_at: str | datetime | None = None) -> None:
+        """The committed plan: lots ({gpu, days, gpus, price_usd, started_at?}), hours reserved, the window
+        (default: the longest lot), other expenses ({label, usd, included}). `started_at` (RFC 3339, or an aware
+        datetime): when the rental began, given to every lot that does not say; the rental ends at started_at +
+        days (SPEC §7), which the recorder prints at each save. Declaring the same plan again is a no-op."""
         if not self.writer:
             return
         if not lots or not all(isinstance(lot, dict) and {"gpu", "days", "price_usd"} <= lot.keys() for lot in lots):
-            raise RecordError("plan lots: a non-empty list of {gpu, days, price_usd, gpus?}")
+            raise RecordError("plan lots: a non-empty list of {gpu, days, price_usd, gpus?, started_at?}")
+        lots = [dict(lot) for lot in lots]
+        for lot in lots:
+            if lot.get("started_at") is None and started_at is not None:
+                lot["started_at"] = started_at
+            if lot.get("started_at") is not None:
+                lot["started_at"] = _timestamp(lot["started_at"], "a lot's started_at")
         if any(money_rules.usd(lot["price_usd"]) is None for lot in lots):
             raise RecordError(f"plan lots: every price_usd is an amount between 0 and {money_rules.MAX_USD:,} USD")
         if not all(isinstance(e, dict) and {"label", "usd", "included"} <= e.keys() for e in other_expenses):

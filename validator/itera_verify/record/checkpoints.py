@@ -83,7 +83,7 @@ def record_save(run: Run, artifact_id: str, path: Path, step: int, write_seconds
         listed[:] = [c for c in listed if c.get("artifact") != artifact_id] + [entry]
         end = rental_end(manifest.get("plan"))
     print(f"itera-verify: {run.id} saved {artifact_id} at step {step}: {_mib(entry['bytes'])}"
-          + (f" in {entry['write_seconds']:.1f} s" if "write_seconds" in entry else "") + _time_left(run, end),
+          + (f" in {entry['write_seconds']:.2f} s" if "write_seconds" in entry else "") + _time_left(run, end),
           file=sys.stderr, flush=True)
     return entry
 

@@ -116,7 +116,7 @@ class Proofs:
             proof.result = result
             if result.get("ok") is not True:
                 self._failed(proof, result)
-        except Exception as exc:  # a thread's exception is lost: say it where the user looks
+        except Exception as exc:  # noqa: BLE001  (a thread's exception is lost: say it where the user looks)
             print(f"itera-verify: the resume proof of {proof.artifact} could not be recorded: {exc}",
                   file=sys.stderr, flush=True)
             proof.result = proof.result or {"ok": False, "error": str(exc), "codes": []}
@@ -130,7 +130,8 @@ class Proofs:
         finding = result.get("error") or "failed"
         if conclusive_failure(result):
             first = (result.get("findings") or [{}])[0]
-            where = f" {first['file']}" if first.get("file") and first["file"] not in (first.get("message") or "") else ""
+            named = first.get("file") and first["file"] not in (first.get("message") or "")
+            where = f" {first['file']}" if named else ""
             finding = f"{first.get('code') or result['codes'][0]}{where}: {first.get('message') or finding}"
         rule = self.no_usable_resume_rule()
         if conclusive_failure(result) and rule is not None:
@@ -213,7 +214,7 @@ def _link_tree(source: Path, target: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         os.link(source, target)
         return
-    for folder, folders, names in os.walk(source):
+    for folder, _, names in os.walk(source):
         here = target / os.path.relpath(folder, source)
         here.mkdir(parents=True, exist_ok=True)
         for name in names:

@@ -1,4 +1,6 @@
-"""Inline SVG drawn in Python for the HTML report: one line chart per run and metric, and the plan bar.
+"""Inline SVG drawn in Python for the HTML report: one chart per metric with the control and every variant
+overlaid (their stop points and saved checkpoints marked on the line), one line chart per run and metric, and the
+plan bar.
 
 Large curves are downsampled here too (min and max per bucket, so spikes survive) and say so in their caption;
 non-finite points are never dropped silently: each is a red × at its step.
@@ -147,6 +149,109 @@ def _segments(points: list[tuple[float, float | None]]) -> list[list[tuple[float
         else:
             segments[-1].append((step, value))
     return [s for s in segments if s]
+
+
+PALETTE = ("#1f2328", "#0969da", "#bf8700", "#8250df", "#1a7f37", "#bc4c00", "#0550ae", "#953800", "#6e7781")
+WIDE = 720
+
+
+def comparison_chart(metric: str, series: list[dict]) -> str:
+    """One metric of every run on one scale: the control first (dark), each variant in its colour; a run's stop
+    is a dashed line at its step, each saved checkpoint a triangle on the step axis (red when its resume proof
+    failed). `series`: [{run, role, curve, stop: {step, rule} | None, saves: [{step, failed}]}]."""
+    drawn = []
+    for index, item in enumerate(series):
+        points = _points(item.get("curve"))
+        curve = item.get("curve") if isinstance(item.get("curve"), dict) else {}
+        total = curve.get("total_points") if isinstance(curve.get("total_points"), int) else len(points)
+        nonfinite = {p[0] for p in points if p[1] is None}
+        nonfinite |= {float(s) for s in curve.get("nonfinite_steps") or [] if _finite(s) is not None}
+        kept = downsample(points)
+        drawn.append({**item, "points": kept, "nonfinite": sorted(nonfinite), "total": max(total, len(points)),
+                      "color": PALETTE[index % len(PALETTE)],
+                      "downsampled": len(kept) < max(total, len(points)) or bool(curve.get("downsampled"))})
+    legend = []
+    for item in drawn:
+        words = [f'<span style="color:{item["color"]}">■</span> <b>{_esc(item.get("run"))}</b>'
+                 f' <span class="muted">({_esc(item.get("role") or "?")})</span>']
+        words.append(f"downsampled from {item['total']:,} points ({len(item['points']):,} drawn)"
+                     if item["downsampled"] else plural(item["total"], "point"))
+        if item["nonfinite"]:
+            words.append(f'<span style="color:{BAD_COLOR}">× {plural(len(item["nonfinite"]), "non-finite value")}'
+                         "</span>")
+        stop = item.get("stop") if isinstance(item.get("stop"), dict) else None
+        if stop and _finite(stop.get("step")) is not None:
+            words.append(f"stopped at step {_step(float(stop['step']))} ({_esc(stop.get('rule'))})")
+        saves = [s for s in item.get("saves") or [] if _finite(s.get("step")) is not None]
+        if saves:
+            words.append(plural(len(saves), "checkpoint"))
+        legend.append(" · ".join(words))
+    label = f"{clean(metric)}: the control and its variants"
+    return (f'<figure class="wide"><svg viewBox="0 0 {WIDE} {HEIGHT + 40}" width="100%" role="img" '
+            f'aria-label="{_esc(label)}">{_overlay(drawn)}</svg>'
+            f'<figcaption><b>{_esc(metric)}</b><br>{"<br>".join(legend)}</figcaption></figure>')
+
+
+def _overlay(drawn: list[dict]) -> str:
+    width, height = WIDE, HEIGHT + 40
+    steps = [p[0] for d in drawn for p in d["points"]] + [s for d in drawn for s in d["nonfinite"]]
+    steps += [float(s["step"]) for d in drawn for s in d.get("saves") or [] if _finite(s.get("step")) is not None]
+    values = [p[1] for d in drawn for p in d["points"] if p[1] is not None]
+    if not steps:
+        return f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" fill="#59636e">no data</text>'
+    x_min, x_max = min(steps), max(steps)
+    y_min, y_max = (min(values), max(values)) if values else (0.0, 1.0)
+    if y_min == y_max:
+        y_min, y_max = y_min - (abs(y_min) * 0.1 or 1), y_max + (abs(y_max) * 0.1 or 1)
+    pad = (y_max - y_min) * 0.06
+    y_min, y_max = y_min - pad, y_max + pad
+    plot_w, plot_h = width - LEFT - RIGHT, height - TOP - BOTTOM - 10
+
+    def x(step: float) -> float:
+        return LEFT + (plot_w * (step - x_min) / (x_max - x_min) if x_max > x_min else plot_w / 2)
+
+    def y(value: float) -> float:
+        return TOP + plot_h * (1 - (value - y_min) / (y_max - y_min))
+
+    parts = [f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="#fff" stroke="#d1d9e0"/>']
+    for fraction in (0, 0.5, 1):
+        value = y_min + (y_max - y_min) * fraction
+        parts.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y(value):.1f}" y2="{y(value):.1f}" '
+                     f'stroke="#eef1f4"/><text x="{LEFT - 4}" y="{y(value) + 4:.1f}" font-size="10" '
+                     f'text-anchor="end" fill="#59636e">{_tick(value)}</text>')
+    for step, anchor in (((x_min, "start"), (x_max, "end")) if x_max > x_min else ((x_min, "middle"),)):
+        parts.append(f'<text x="{x(step):.1f}" y="{height - 8}" font-size="10" text-anchor="{anchor}" '
+                     f'fill="#59636e">step {_step(step)}</text>')
+    axis = TOP + plot_h
+    for item in drawn:
+        color, run = item["color"], clean(item.get("run"))
+        for segment in _segments(item["points"]):
+            if len(segment) == 1:
+                parts.append(f'<circle cx="{x(segment[0][0]):.1f}" cy="{y(segment[0][1]):.1f}" r="2.5" '
+                             f'fill="{color}"/>')
+            else:
+                coords = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in segment)
+                parts.append(f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="1.6" '
+                             f'stroke-linejoin="round"><title>{_esc(run)}</title></polyline>')
+        for step in item["nonfinite"][:MAX_NONFINITE_MARKS]:
+            cx, cy = x(step), TOP + 7
+            parts.append(f'<g stroke="{BAD_COLOR}" stroke-width="2"><title>{_esc(run)}: step {_step(step)}: '
+                         f'non-finite</title><line x1="{cx - 4:.1f}" y1="{cy - 4}" x2="{cx + 4:.1f}" y2="{cy + 4}"/>'
+                         f'<line x1="{cx - 4:.1f}" y1="{cy + 4}" x2="{cx + 4:.1f}" y2="{cy - 4}"/></g>')
+        stop = item.get("stop") if isinstance(item.get("stop"), dict) else None
+        if stop and _finite(stop.get("step")) is not None:
+            sx = x(float(stop["step"]))
+            parts.append(f'<line x1="{sx:.1f}" x2="{sx:.1f}" y1="{TOP}" y2="{axis}" stroke="{color}" '
+                         f'stroke-dasharray="4 3" stroke-width="1.4"><title>{_esc(run)} stopped at step '
+                         f'{_step(float(stop["step"]))} by {_esc(stop.get("rule"))}</title></line>')
+        for save in item.get("saves") or []:
+            if _finite(save.get("step")) is None:
+                continue
+            sx, fill = x(float(save["step"])), BAD_COLOR if save.get("failed") else color
+            what = "its resume proof failed" if save.get("failed") else "checkpoint saved"
+            parts.append(f'<path d="M{sx:.1f},{axis - 7} l-4,7 l8,0 z" fill="{fill}"><title>{_esc(run)}: '
+                         f'{what} at step {_step(float(save["step"]))}</title></path>')
+    return "".join(parts)
 
 
 def plan_bar(plan: dict) -> str:

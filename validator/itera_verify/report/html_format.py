@@ -13,7 +13,7 @@ from typing import Any
 from ..model import Severity
 from . import Report
 from .words import signer_line
-from .html_charts import metric_chart, plan_bar
+from .html_charts import comparison_chart, plan_bar
 from .text_format import (clean, cost_per_accepted, findings_by_file, hours, human_bytes, location, memory_cell,
                           metric_value, plural, rejection_cause, run_metrics, run_stop, severity_of, usd, verdict_line)
 
@@ -56,6 +56,7 @@ td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
 .file h3{margin:0;padding:8px 12px;background:var(--bg);border-bottom:1px solid var(--line);font-size:13.5px}
 .file table{margin:0;table-layout:fixed}.file td code{word-break:break-all}.file td{border-bottom-color:#eef1f4}
 .charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(360px,1fr));gap:12px}
+.charts figure.wide{grid-column:1/-1}
 figure{margin:0;border:1px solid var(--line);border-radius:8px;padding:8px 10px}
 figcaption{font-size:12.5px}figcaption b{font-weight:600}
 svg text{font-family:system-ui,"DejaVu Sans",sans-serif}
@@ -146,16 +147,52 @@ def _runs(report: Report) -> str:
 
 
 def _curves(report: Report) -> str:
+    """One chart per metric, the control and every variant overlaid, as the campaign's question compares them;
+    the metrics the question and the stop rules name first."""
     curves = report.curves if isinstance(report.curves, dict) else {}
-    by_metric: dict[str, list[str]] = {}
-    for run_id, metrics in curves.items():
-        if isinstance(metrics, dict):
-            for metric, curve in metrics.items():
-                by_metric.setdefault(str(metric), []).append(metric_chart(str(run_id), str(metric), curve))
+    runs = {str(r.get("id")): r for r in _dicts(report.runs)}
+    order = sorted(curves, key=lambda run_id: (runs.get(str(run_id), {}).get("role") != "control", list(curves)
+                                               .index(run_id)))
+    by_metric: dict[str, list[dict]] = {}
+    for run_id in order:
+        metrics = curves[run_id]
+        if not isinstance(metrics, dict):
+            continue
+        run = runs.get(str(run_id), {})
+        stop = run.get("stop") if isinstance(run.get("stop"), dict) else None
+        saves = (run.get("saves") or {}).get("saves") if isinstance(run.get("saves"), dict) else None
+        marks = [{"step": s.get("step"), "failed": isinstance(s.get("proof"), dict) and s["proof"].get("ok") is False
+                  and bool(s["proof"].get("codes"))} for s in _dicts(saves)]
+        for metric, curve in metrics.items():
+            by_metric.setdefault(str(metric), []).append(
+                {"run": str(run_id), "role": run.get("role"), "curve": curve, "stop": stop, "saves": marks})
     if not by_metric:
         return '<p class="muted">No metric could be read.</p>'
-    return "".join(f'<h3>{esc(metric)}</h3><div class="charts">{"".join(charts)}</div>'
-                   for metric, charts in by_metric.items())
+    named = [m for m in (report.named_metrics or []) if m in by_metric]
+    metrics = named + [m for m in by_metric if m not in named]
+    return "".join(f'<h3>{esc(metric)}</h3><div class="charts">{comparison_chart(metric, by_metric[metric])}</div>'
+                   for metric in metrics)
+
+
+def _saves(report: Report) -> str:
+    """Per run, what its saves cost (SPEC §7): what the guide asks to weigh when choosing the interval."""
+    rows = []
+    for run in _dicts(report.runs):
+        saves = run.get("saves") if isinstance(run.get("saves"), dict) else None
+        if saves is None:
+            continue
+        share = saves.get("saving_share")
+        proof = {True: badge("passed"), False: '<span class="bad">FAILED</span>'}.get(saves.get("proof_ok"), "-")
+        cell = lambda key, saves=saves: esc(saves.get(key)) if saves.get(key) is not None else "-"  # noqa: E731
+        rows.append((f"<b>{esc(run.get('id'))}</b>", cell("count"),
+                     f"{cell('interval_steps')} / {cell('interval_minutes')}", cell("write_seconds_mean"),
+                     esc(human_bytes(saves.get("bytes_last"))), f"{cell('proof_seconds')} / {cell('reload_seconds')}",
+                     f"{cell('at_risk_steps')} / {cell('at_risk_minutes')}",
+                     "-" if share is None else esc(f"{100 * share:.1f} %"), proof))
+    if not rows:
+        return '<p class="muted">No save was recorded (runs[].checkpoints).</p>'
+    return _table(("Run", "Saves", "Every (steps / min)", "Write s", "Size", "Restore s (proof / final)",
+                   "Work at risk (steps / min)", "Share saving", "Early proof"), rows)
 
 
 def _plan(report: Report) -> str:
@@ -172,6 +209,13 @@ def _plan(report: Report) -> str:
              ("First run started", plan.get("first_run_started_at") or "-")]
     if plan.get("lots_window_hours") is not None:
         facts.insert(1, ("Lots' window", hours(plan.get("lots_window_hours"))))
+    rental = plan.get("rental") if isinstance(plan.get("rental"), dict) else None
+    if rental:
+        push = rental.get("push_estimate_seconds")
+        facts += [("The rental ends", f"{rental.get('ends_at')} ({rental.get('source')})"),
+                  ("Seal estimated", f"{rental.get('seal_estimate_seconds')} s"
+                   + (f", push {push} s" if push is not None else "")
+                   + (f" — WARNING: {rental['warning']}" if rental.get("warning") else ""))]
     out = [plan_bar(plan), '<dl class="kv">']
     out += [f"<dt>{k}</dt><dd>{v if k == 'Lots' else esc(v)}</dd>" for k, v in facts]
     out.append("</dl>")
@@ -317,6 +361,7 @@ def _rules(report: Report) -> str:
 def render(report: Report, options: dict) -> str:
     title = f"itera-verify: {report.campaign_id or os.path.basename(str(report.package).rstrip('/'))}"
     sections = [("runs", "Runs", _runs(report)), ("curves", "Metric curves", _curves(report)),
+                ("saves", "Saves and resume proofs", _saves(report)),
                 ("plan", "Plan against actual", _plan(report)), ("budget", "Budget", _budget(report)),
                 ("findings", f"Findings ({len(report.findings)})", _findings(report)),
                 ("reloads", "Reloads", _reloads(report)), ("archive", "Archive", _archive(report))]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -131,6 +132,8 @@ def plan_summary(package) -> dict[str, Any]:
         "decisions": decisions,
         "decisions_after_pilot": [d for d in decisions if isinstance(d.get("after"), str)
                                   and d["after"].strip().lower() == "pilot"],
+        "rental": rental_summary(package, push=bool(package.settings.get("push"))) if hasattr(package, "settings")
+        else None,
     }
 
 
@@ -166,8 +169,157 @@ def runs_summary(package, findings: list[Finding]) -> list[dict[str, Any]]:
         if run_id in records:
             record = records[run_id][1]
             entry["stop"] = {key: scalar(record.get(key)) for key in ("rule", "reason", "step", "at")}
+        saves = saves_summary(package, run)
+        if saves is not None:
+            entry["saves"] = saves
         out.append(entry)
     return out
+
+
+# ---------------------------------------------------------------------------------------------- saves
+
+def _seconds(value: Any) -> float | None:
+    return float(value) if is_number(value) and math.isfinite(value) and value >= 0 else None
+
+
+def _step(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def saves_summary(package, run: dict) -> dict[str, Any] | None:
+    """What the guide asks the user to weigh (SPEC §7): the run's saves (`runs[].checkpoints`), the interval
+    between two in steps and minutes, write and restore seconds (the early proof's and the final reload's), the
+    work at risk (the longest stretch a crash would lose: from the start to the first save, or between two) and
+    the share of the run's time spent saving. None for a run that recorded no save."""
+    entries = [c for c in listed(run, "checkpoints") if isinstance(c, dict)]
+    if not entries:
+        return None
+    final = {r.artifact: r for r in (getattr(package, "reloads", None) or [])}
+    saves = []
+    for entry in sorted(entries, key=lambda c: (_step(c.get("step")) or -1)):
+        proof = entry.get("proof") if isinstance(entry.get("proof"), dict) else None
+        reload = final.get(entry.get("artifact"))
+        saves.append({
+            "artifact": scalar(entry.get("artifact")), "step": _step(entry.get("step")),
+            "saved_at": entry.get("saved_at") if isinstance(entry.get("saved_at"), str) else None,
+            "write_seconds": _seconds(entry.get("write_seconds")),
+            "bytes": _step(entry.get("bytes")),
+            "proof": None if proof is None else {
+                "ok": proof.get("ok") if isinstance(proof.get("ok"), bool) else None,
+                "seconds": _seconds(proof.get("seconds")),
+                "codes": [c for c in listed(proof, "codes") if isinstance(c, str)],
+                "error": proof.get("error") if isinstance(proof.get("error"), str) else None},
+            "reload_seconds": round(reload.seconds, 3) if reload is not None and reload.ok else None,
+        })
+    started, ended = parse_time(run.get("started_at")), parse_time(run.get("ended_at"))
+    moments = [parse_time(s["saved_at"]) for s in saves]
+    steps = [s["step"] for s in saves]
+    step_gaps = [b - a for a, b in zip([0] + steps, steps) if a is not None and b is not None]
+    times = [started] + moments if started is not None else moments
+    minute_gaps = [(b - a).total_seconds() / 60 for a, b in zip(times, times[1:]) if a is not None and b is not None]
+    between = minute_gaps[1:] if started is not None else minute_gaps
+    written = [s["write_seconds"] for s in saves if s["write_seconds"] is not None]
+    duration = (ended - started).total_seconds() if started is not None and ended is not None else None
+    proofs = [s["proof"] for s in saves if s["proof"] is not None]
+    return {
+        "count": len(saves),
+        "saves": saves,
+        "interval_steps": _median(step_gaps[1:]) if len(step_gaps) > 1 else (step_gaps[0] if step_gaps else None),
+        "interval_minutes": _round(_median(between)) if between else None,
+        "write_seconds_mean": _round(sum(written) / len(written)) if written else None,
+        "write_seconds_total": _round(sum(written)) if written else None,
+        "bytes_last": saves[-1]["bytes"],
+        "proof_seconds": next((p["seconds"] for p in proofs if p["seconds"] is not None), None),
+        "proof_ok": proofs[0]["ok"] if proofs else None,
+        "reload_seconds": next((s["reload_seconds"] for s in reversed(saves) if s["reload_seconds"] is not None),
+                               None),
+        "at_risk_steps": max(step_gaps) if step_gaps else None,
+        "at_risk_minutes": _round(max(minute_gaps)) if minute_gaps else None,
+        "saving_share": round(sum(written) / duration, 4) if written and duration else None,
+    }
+
+
+def _median(values: list[float]) -> float | None:
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+# ---------------------------------------------------------------------------------------------- the rental's end
+
+# The seal's rate when nothing on this machine measured one: the whole verify --no-reload on a 1.93 GiB package
+# of 20,035 files took 7.18 s on 2 cores (benchmarks/results/seal-2026-11-30-session5.txt), about 270 MiB/s;
+# taken lower, since a rented machine's disk and cores vary. The push: 68 MB in 2.82 s to a store on loopback
+# (push-2026-12-02.txt); a real uplink is slower, so the prior is a modest 25 MiB/s.
+SEAL_BYTES_PER_SECOND = 200 * 2**20
+PUSH_BYTES_PER_SECOND = 25 * 2**20
+COMPRESSED_SHARE = 0.7  # archive bytes / package bytes (checkpoints compress little)
+MARGIN = 1.5  # an estimate is an estimate: warn when 1.5x it would not fit
+
+
+def rental_end(package) -> tuple[datetime | None, str | None]:
+    """When the rental ends and what says so: `--deadline` (package.settings["deadline"]), else the earliest
+    lot's started_at + days."""
+    deadline = parse_time(package.settings.get("deadline")) if hasattr(package, "settings") else None
+    if deadline is not None:
+        return deadline, "--deadline"
+    ends = []
+    for lot in listed(section(package.manifest, "plan"), "lots"):
+        start = parse_time(lot.get("started_at")) if isinstance(lot, dict) else None
+        if start is not None and is_number(lot.get("days")) and lot["days"] > 0:
+            ends.append(start + timedelta(days=lot["days"]))
+    return (min(ends), "plan.lots[].started_at + days") if ends else (None, None)
+
+
+def rental_summary(package, *, now: datetime | None = None, push: bool = False) -> dict[str, Any] | None:
+    """The rental's end and whether the seal (and the push) fit before it, from the package's size and the
+    rates above; None when nothing says when the rental ends."""
+    end, source = rental_end(package)
+    if end is None:
+        return None
+    now = now or datetime.now(UTC)
+    size = sum(entry.size for entry in package.files.values()) if getattr(package, "files", None) else 0
+    seal = size / SEAL_BYTES_PER_SECOND
+    upload = size * COMPRESSED_SHARE / PUSH_BYTES_PER_SECOND if push else 0.0
+    left = (end - now).total_seconds()
+    needed = seal + upload
+    summary: dict[str, Any] = {
+        "ends_at": end.strftime("%Y-%m-%dT%H:%M:%SZ"), "source": source, "seconds_left": round(left, 1),
+        "package_bytes": size, "seal_estimate_seconds": round(seal, 1),
+        "push_estimate_seconds": round(upload, 1) if push else None,
+        "rates": {"seal_bytes_per_second": SEAL_BYTES_PER_SECOND,
+                  "push_bytes_per_second": PUSH_BYTES_PER_SECOND if push else None},
+        "fits": left >= needed * MARGIN,
+    }
+    if left <= 0:
+        summary["warning"] = (f"the rental ended at {summary['ends_at']} ({_duration(-left)} ago): whatever is not "
+                              "already off the machine may be gone")
+    elif not summary["fits"]:
+        what = "the seal and the push" if push else "the seal"
+        summary["warning"] = (f"the rental ends at {summary['ends_at']}, in {_duration(left)}; {what} of "
+                              f"{size / 2**30:.2f} GiB should take about {_duration(needed)} at "
+                              f"{SEAL_BYTES_PER_SECOND / 2**20:.0f} MiB/s"
+                              + (f" (push {PUSH_BYTES_PER_SECOND / 2**20:.0f} MiB/s)" if push else "")
+                              + ": they may not finish in time; seal and push now, reloads after (--no-reload)")
+    return summary
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes} min"
+    return f"{minutes} min {secs} s" if minutes else f"{secs} s"
 
 
 METRIC_PREFIXES = ("eval_", "train_", "val_", "valid_", "test_")

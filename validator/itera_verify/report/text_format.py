@@ -17,7 +17,7 @@ from rich.text import Text
 from ..model import Severity
 from . import Report
 from .words import signer_line
-from .text_tables import reloads_table, runs_table
+from .text_tables import reloads_table, runs_table, saves_table
 # The shared words, imported from here by the other renderers.
 from .words import (clean, findings_by_file, hours, human_bytes, location, memory_cell, metric_value,  # noqa: F401
                     number, plain_lines, plural, rejection_cause, run_metrics, run_stop, severity_of, usd)
@@ -176,6 +176,19 @@ def _plan(console: Console, plan: dict | None) -> None:
         if isinstance(decision, dict):
             console.print(f"  decision {clean(decision.get('at'))} after {clean(decision.get('after'))}: "
                           f"{clean(decision.get('decision'))} — {clean(decision.get('note'))}", soft_wrap=True)
+    _rental(console, plan.get("rental"))
+
+
+def _rental(console: Console, rental) -> None:
+    if not isinstance(rental, dict):
+        return
+    push = rental.get("push_estimate_seconds")
+    console.print(f"  the rental ends at {clean(rental.get('ends_at'))} ({clean(rental.get('source'))}); "
+                  f"{clean(round(rental.get('seconds_left', 0) / 3600, 2))} h left; seal of "
+                  f"{human_bytes(rental.get('package_bytes'))} estimated {clean(rental.get('seal_estimate_seconds'))} s"
+                  + (f", push {clean(push)} s" if push is not None else ""), soft_wrap=True)
+    if rental.get("warning"):
+        console.print(Text(f"  WARNING: {clean(rental['warning'])}", style="bold yellow"), soft_wrap=True)
 
 
 def _archive(console: Console, report: Report) -> None:
@@ -232,6 +245,7 @@ def render(report: Report, options: dict) -> str:
     if not options.get("quiet"):
         console.print()
         runs_table(console, report)
+        saves_table(console, report)
         reloads_table(console, report, bool(options.get("verbose")))
         console.print()
         _budget(console, report.budget)

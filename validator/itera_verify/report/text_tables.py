@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import Report
-from .words import clean, memory_cell, metric_value, plural, run_metrics, run_stop
+from .words import clean, human_bytes, memory_cell, metric_value, plural, run_metrics, run_stop
 
 
 def _table(title: str) -> Table:
@@ -117,3 +117,34 @@ def reloads_table(console: Console, report: Report, verbose: bool) -> None:
     console.print(table)
     for line in details:
         console.print(line, soft_wrap=True)
+
+
+def _cell(value, unit: str = "", digits: int = 1) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "-"
+    return f"{value:.{digits}f}{unit}" if isinstance(value, float) else f"{value}{unit}"
+
+
+def saves_table(console: Console, report: Report) -> None:
+    """What each run's saves cost (SPEC §7), what the guide asks to weigh: how often, how long each write, how
+    long a restore, how much work a crash loses, the share of the run spent saving."""
+    runs = [r for r in (report.runs or []) if isinstance(r, dict) and isinstance(r.get("saves"), dict)]
+    if not runs:
+        return
+    table = _table("Saves")
+    for column in ("run", "saves", "every (steps / min)", "write s", "size", "restore s (proof / final)",
+                   "at risk (steps / min)", "saving share", "early proof"):
+        table.add_column(column, no_wrap=True, overflow="ellipsis")
+    for run in runs:
+        saves = run["saves"]
+        proof = "-" if saves.get("proof_ok") is None else ("passed" if saves["proof_ok"] else "FAILED")
+        share = saves.get("saving_share")
+        table.add_row(clean(run.get("id")), _cell(saves.get("count")),
+                      f"{_cell(saves.get('interval_steps'), digits=0)} / {_cell(saves.get('interval_minutes'))}",
+                      _cell(saves.get("write_seconds_mean"), digits=2), human_bytes(saves.get("bytes_last")),
+                      f"{_cell(saves.get('proof_seconds'))} / {_cell(saves.get('reload_seconds'))}",
+                      f"{_cell(saves.get('at_risk_steps'), digits=0)} / {_cell(saves.get('at_risk_minutes'))}",
+                      "-" if share is None else f"{100 * share:.1f} %",
+                      Text(proof, style="green" if proof == "passed" else "bold red" if proof == "FAILED" else ""))
+    console.print(table)
+    console.print()

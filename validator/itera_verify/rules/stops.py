@@ -1,10 +1,11 @@
-"""IV401–IV408: stop rules. Declared before the first run, applied as declared, and never overruled later."""
+"""IV401–IV408, IV412: stop rules. Declared before the first run, applied as declared, and never overruled later."""
 from __future__ import annotations
 
 import math
 from typing import Iterator
 
 from ..package import readers
+from ..format.names import inputs_metric
 from ..model import Finding, Rule, Severity
 from ..package import MANIFEST, STOPS, Package, pointer_of
 from ..package.campaign import (accepted_entries, filled_text, first_run_start, indexed_runs, is_number, listed,
@@ -67,6 +68,17 @@ RULES = [
              '"eval_macro_f1", "value": 0.71}   (floor 0.6)',
          good='{"run": "lora-r64", "rule": "f1-floor", "step": 2, ...}   metrics: {"step": 2, "name": '
               '"eval_macro_f1", "value": 0.38}   (floor 0.6)'),
+    Rule("IV412", Severity.ERROR, "accepted run broke or never measured a truncated_input rule",
+         explain="A `truncated_input` stop rule (`split`, default eval; `max_truncated`, default 0) says how many "
+                 "inputs the tokenizer may cut short before the run is abandoned: an evaluation on truncated "
+                 "texts measures something else than the question. The run records its counts with "
+                 "`run.inputs(split, total, truncated)` (the metric lines `inputs_total/<split>` and "
+                 "`inputs_truncated/<split>`; `itera_verify.integrations.count_truncated` counts them for a "
+                 "Hugging Face tokenizer). An accepted run whose count is over the limit broke the rule; one that "
+                 "never recorded its counts shows nothing that lets it pass.",
+         bad='{"step": 0, "name": "inputs_truncated/eval", "value": 12}   (max_truncated 0, run accepted)',
+         good='{"step": 0, "name": "inputs_total/eval", "value": 400}, '
+              '{"step": 0, "name": "inputs_truncated/eval", "value": 0}'),
 ]
 
 
@@ -78,6 +90,7 @@ def check(package: Package) -> Iterator[Finding]:
     yield from _stopped_not_accepted(package)
     yield from _nonfinite_in_unstopped_runs(package)
     yield from _accepted_above_thresholds(package)
+    yield from _accepted_truncated_inputs(package)
     yield from _stops_under_declared_rules(package)
     yield from _status_agrees_with_stops(package)
     yield from _stops_agree_with_runs(package)
@@ -220,6 +233,34 @@ def _accepted_above_thresholds(package: Package) -> Iterator[Finding]:
                               message=f"accepted run {name}: last {metric} (step {last[0]}) is {last[1]:g}, "
                                       f"{limit(rule)} of stop rule {shown(rule.get('id'))}: remove it from "
                                       f"decision.accepted")
+
+
+def _accepted_truncated_inputs(package: Package) -> Iterator[Finding]:
+    rules = [r for r in declared_rules(package) if r.get("kind") == "truncated_input"]
+    runs = runs_by_id(package)
+    for name in dict.fromkeys(name for _, name in accepted_entries(package)) if rules else ():
+        run = runs.get(name)
+        if run is None or not isinstance(run.get("metrics"), str):
+            continue  # IV305 / the schema say why
+        scan = metrics_of(package, run)
+        for rule in rules:
+            split = rule.get("split") if isinstance(rule.get("split"), str) else "eval"
+            most = rule.get("max_truncated") if is_number(rule.get("max_truncated")) else 0
+            counted = scan.series.get(inputs_metric("truncated", split)) if scan is not None else None
+            if not counted:
+                yield Finding("IV412", scan.path if scan is not None else MANIFEST, run=name,
+                              pointer=None if scan is not None else _run_pointer(package, name, "metrics"),
+                              message=f"accepted run {name} never recorded its {split} inputs "
+                                      f"({inputs_metric('truncated', split)}): nothing shows stop rule "
+                                      f"{shown(rule.get('id'))} held; record run.inputs({split!r}, total, "
+                                      f"truncated)")
+                continue
+            step, value, line = max(counted, key=lambda p: (not math.isfinite(p[1]), p[1]))
+            if not math.isfinite(value) or value > most:
+                yield Finding("IV412", scan.path, line=line, run=name,
+                              message=f"accepted run {name}: {value:g} {split} input(s) truncated (step {step}), "
+                                      f"over the limit of {most:g} of stop rule {shown(rule.get('id'))}: the "
+                                      f"rule should have stopped it; remove it from decision.accepted")
 
 
 def _bound(rule: dict) -> str:

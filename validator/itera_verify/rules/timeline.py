@@ -1,4 +1,5 @@
 """IV612: times out of order. Nothing of a campaign happens before it was created, and a run ends after it starts.
+IV613: at no moment do the runs in progress need more GPUs than the lots hold.
 
 Only readable times are compared (an unreadable one is a schema finding); times are compared to the second, so
 a stop written a fraction of a second after an `ended_at` rounded down is not out of order.
@@ -10,7 +11,8 @@ from typing import Iterator
 
 from ..model import Finding, Rule, Severity
 from ..package import MANIFEST, STOPS, Package, pointer_of
-from ..package.campaign import indexed_runs, listed, parse_time, section, shown, stop_records
+from ..package.campaign import (indexed_runs, is_number, listed, parse_time, recorded_world_size, section, shown,
+                                stop_records)
 
 RULES = [
     Rule("IV612", Severity.ERROR, "times out of order",
@@ -23,6 +25,15 @@ RULES = [
              '"ended_at": "2026-11-20T09:00:00Z"}]',
          good='"created_at": "2026-11-20T08:00:00Z", "runs": [{"started_at": "2026-11-20T09:00:00Z", '
               '"ended_at": "2026-11-20T21:00:00Z"}]'),
+    Rule("IV613", Severity.ERROR, "runs in progress need more GPUs than the lots hold",
+         explain="Each run holds its GPUs from `started_at` to `ended_at`: its `world_size` or `gpus` (in the run "
+                 "entry, else its params' `world_size`; 1 by default). At no moment may the runs in progress need "
+                 "more GPUs than the plan's lots hold (each lot's `gpus`, 1 by default). Two steps on the same GPU "
+                 "do not become parallel because they have two lines in a table: runs that overlap on one GPU "
+                 "were either run one after the other (fix their times) or on a machine the plan does not pay "
+                 "for (add the lot).",
+         bad='lots: [{"gpu": "RTX 4090", "gpus": 1, ...}]; control 09:00-21:00 and lora-r16 10:00-14:00',
+         good='lots: [{"gpu": "RTX 4090", "gpus": 1, ...}]; control 09:00-21:00 and lora-r16 21:00-23:00'),
 ]
 
 
@@ -36,6 +47,7 @@ def check(package: Package) -> Iterator[Finding]:
         return  # missing or unparsable manifest: IV101/IV104 say so
     created = to_second(parse_time(manifest.get("created_at")))
     yield from _runs_in_order(package, created)
+    yield from _gpus_in_use(package)
     if created is None:
         return
     for index, record in stop_records(package):
@@ -74,3 +86,44 @@ def _runs_in_order(package: Package, created: datetime | None) -> Iterator[Findi
                           message=f"run {name} {first_key.replace('_at', '')} at {run[first_key]}, before the "
                                   f"campaign was created ({created_text}): a run of this campaign cannot precede "
                                   f"it; fix the time, or created_at")
+
+
+def _count(value) -> int | None:
+    return int(value) if is_number(value) and not isinstance(value, bool) and value >= 1 else None
+
+
+def run_gpus(package: Package, run: dict, run_id: str | None) -> int:
+    """The GPUs a run holds: its entry's world_size or gpus, else its params' world_size, else 1."""
+    return _count(run.get("world_size")) or _count(run.get("gpus")) or recorded_world_size(package, run_id) or 1
+
+
+def _gpus_in_use(package: Package) -> Iterator[Finding]:
+    lots = [lot for lot in listed(section(package.manifest, "plan"), "lots") if isinstance(lot, dict)]
+    if not lots:
+        return  # no plan: the budget rules say so
+    held = sum(_count(lot.get("gpus")) or 1 for lot in lots)
+    events = []  # (moment, 0 = an end before a start at the same second, run index, gpus)
+    for index, run, run_id in indexed_runs(package):
+        started = to_second(parse_time(run.get("started_at")))
+        ended = to_second(parse_time(run.get("ended_at")))
+        if started is None or ended is None or ended <= started:
+            continue  # a run still in progress, or its times are IV612's
+        gpus = run_gpus(package, run, run_id)
+        events += [(started, 1, index, gpus), (ended, 0, index, gpus)]
+    running: dict[int, int] = {}
+    reported: set[frozenset] = set()
+    for moment, starting, index, gpus in sorted(events):
+        if not starting:
+            running.pop(index, None)
+            continue
+        running[index] = gpus
+        together = frozenset(running)
+        if sum(running.values()) > held and together not in reported:
+            reported.add(together)
+            runs = listed(package.manifest, "runs")
+            names = ", ".join(f"{shown(runs[i].get('id'), f'#{i}')} ({running[i]})" for i in sorted(running))
+            yield Finding("IV613", MANIFEST, pointer=pointer_of(["runs", index, "started_at"]),
+                          run=runs[index].get("id") if isinstance(runs[index].get("id"), str) else None,
+                          message=f"at {moment.strftime('%Y-%m-%dT%H:%M:%SZ')} the runs in progress need "
+                                  f"{sum(running.values())} GPUs ({names}), but the lots hold {held}: runs on one "
+                                  f"GPU do not overlap; fix their times, or add the lot that ran them")
