@@ -81,3 +81,16 @@ def test_an_id_with_a_trailing_newline_is_refused_by_the_recorder(tmp_path):
 
     with pytest.raises(RecordError, match="campaign_id"):
         open_campaign(tmp_path / "pkg", "campaign\n", "Q?", "toy", "v1", ["q-0"])
+
+
+def test_a_config_json_nested_past_the_limit_is_one_clear_reload_failure(package_dir, hf_cache):
+    # Every JSON file of a package the tool reads goes through one bounded reader (package/jsonread.py): a
+    # config.json nested 100,000 deep was a RecursionError crash of the reload child.
+    from tests.test_reload import CONTROL_MODEL, reload
+
+    config = package_dir / CONTROL_MODEL / "config.json"
+    config.write_text('{"model_type": "gpt2", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    results, findings = reload(package_dir, hf_cache, "control-model")
+    [result] = results.values() if isinstance(results, dict) else results
+    assert not result.ok and result.failure == "load", (result.failure, result.error)
+    assert "nested 100,001 levels deep" in result.error

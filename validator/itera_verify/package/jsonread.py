@@ -14,11 +14,13 @@ builds no Python object at all.
 """
 from __future__ import annotations
 
+import os
 import re
 from itertools import accumulate
 from typing import Any, Callable
 
 from . import loads_json
+from .files import open_binary
 
 MAX_DEPTH = 128  # a report nests about 6 levels; far below the ~1,000 frames Python allows
 MAX_BYTES = 64 << 20  # the tool's own verification.json of 20,000 findings is about 8 MiB
@@ -99,12 +101,17 @@ def nesting_depth(text: str) -> int:
     return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
 
 
-def read_json(data: bytes | str, *, max_depth: int = MAX_DEPTH, max_bytes: int = MAX_BYTES) -> Any:
+def read_json(data: bytes | str, *, max_depth: int = MAX_DEPTH, max_bytes: int = MAX_BYTES,
+              max_values: int = MAX_VALUES) -> Any:
     """The value of a JSON document (UTF-8 bytes or text), as json.loads reads it; JSONLimitError when it is
-    larger than `max_bytes` or nests deeper than `max_depth`, ValueError (JSONDecodeError, UnicodeDecodeError)
-    when it is not JSON."""
+    larger than `max_bytes`, would build more than `max_values` values or nests deeper than `max_depth`,
+    ValueError (JSONDecodeError, UnicodeDecodeError) when it is not JSON."""
     if len(data) > max_bytes:
         raise JSONLimitError(f"larger than {max_bytes:,} bytes")
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    values = count_values(raw, exact_above=max_values)
+    if values > max_values:
+        raise JSONLimitError(too_many_values(values))
     text = data.decode("utf-8") if isinstance(data, bytes) else data
     depth = nesting_depth(text)
     if depth > max_depth:
@@ -112,5 +119,19 @@ def read_json(data: bytes | str, *, max_depth: int = MAX_DEPTH, max_bytes: int =
     return loads_json(text)
 
 
+def read_json_file(path, *, max_depth: int = MAX_DEPTH, max_bytes: int = MAX_BYTES,
+                   max_values: int = MAX_VALUES) -> Any:
+    """read_json of a file a package holds (a config.json, an index, trainer_state.json), its size checked on the
+    open file before a byte is read: the one way the tool reads a JSON file it did not write. OSError when it
+    cannot be read (FileNotFoundError when it is missing), JSONLimitError or another ValueError when it is not a
+    JSON document within the limits."""
+    with open_binary(path) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > max_bytes:
+            raise JSONLimitError(f"larger than {max_bytes:,} bytes")
+        data = fh.read(max_bytes + 1)
+    return read_json(data, max_depth=max_depth, max_bytes=max_bytes, max_values=max_values)
+
+
 __all__ = ["JSONLimitError", "MAX_BYTES", "MAX_DEPTH", "MAX_VALIDATED_BYTES", "MAX_VALUES", "count_values",
-           "nesting_depth", "read_json", "too_many_values", "validate"]
+           "nesting_depth", "read_json", "read_json_file", "too_many_values", "validate"]

@@ -30,6 +30,7 @@ import re
 import resource
 from pathlib import Path
 
+from ..package.jsonread import read_json_file
 from .placement import human, parse_bytes
 
 LIMIT_VARIABLE = "ITERA_RELOAD_HOST_MEMORY"
@@ -66,13 +67,12 @@ def disk_bytes(path: Path) -> int:
 def base_folder(folder: Path, hf_cache: str | None) -> Path | None:
     """The hub-cache snapshot of an adapter's base (adapter_config.json), as loaders/peft.py finds it; None
     when the folder holds no adapter or its base is not in the cache (that reload fails as IV505 anyway)."""
-    import json
 
     config = Path(folder) / "adapter_config.json"
     if not hf_cache or not config.is_file():
         return None
     try:
-        value = json.loads(config.read_text(encoding="utf-8"))
+        value = read_json_file(config)
         name, revision = value.get("base_model_name_or_path"), value.get("revision")
         from huggingface_hub import try_to_load_from_cache
 

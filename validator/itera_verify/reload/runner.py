@@ -23,6 +23,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..package.jsonread import read_json_file
 from ..runtime.forked import SIGNAL_POLL_SECONDS
 from ..format import loaders as loader_table
 from ..model import ReloadResult
@@ -84,7 +85,7 @@ def model_types(jobs) -> list[str]:
     for job in jobs:
         folder = Path(job["path"]) if os.path.isdir(job["path"]) else None
         try:
-            config = json.loads((folder / "config.json").read_text(encoding="utf-8")) if folder else None
+            config = read_json_file(folder / "config.json") if folder else None
         except (OSError, ValueError):
             continue
         kind = config.get("model_type") if isinstance(config, dict) else None
@@ -170,7 +171,7 @@ class _Child:
             elif end.code != 0 or not self.result_file.is_file():
                 result.failure, result.error = "crash", _died(end.code, self.log, job)
             else:
-                _merge(result, json.loads(self.result_file.read_text(encoding="utf-8")))
+                _merge(result, read_json_file(self.result_file))
                 result.facts["isolation"], result.facts["launched_at"] = self.isolation, self.launched_at
                 if self.isolation == "spawn" and self.children.fork_refused:
                     result.facts["fork_refused"] = self.children.fork_refused

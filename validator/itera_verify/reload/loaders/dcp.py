@@ -7,11 +7,11 @@ package), loads into it and gives a finite forward pass. A folder holding only a
 """
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from pathlib import Path
 
+from ...package.jsonread import read_json_file
 from ..common import (
     INCONSISTENT,
     LOAD,
@@ -52,7 +52,7 @@ def build_model(job: dict, config_folder: Path | None, outcome: Outcome, device,
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(str(config_folder), local_files_only=True)
-        raw = json.loads((config_folder / "config.json").read_text(encoding="utf-8"))
+        raw = read_json_file(config_folder / "config.json")
         cls = model_class(job.get("class"), raw, default="AutoModelForCausalLM")
         model = cls.from_config(config) if hasattr(cls, "from_config") else cls(config)
     except Stop:

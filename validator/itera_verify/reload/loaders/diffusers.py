@@ -9,9 +9,9 @@ components runs one denoising step with finite output.
 from __future__ import annotations
 
 import inspect
-import json
 from pathlib import Path
 
+from ...package.jsonread import read_json_file
 from ..common import LOAD, MISSING, Outcome, Stop, check_parameters, nonfinite_count, require, scan_folder, short
 from .transformers import check_loading_info
 
@@ -25,7 +25,7 @@ def read_index(folder: Path, outcome: Outcome) -> tuple[str, dict[str, tuple[str
     """The pipeline class and its components: name -> (library, class), None for an optional one left out."""
     path = folder / MODEL_INDEX
     try:
-        index = json.loads(path.read_text(encoding="utf-8"))
+        index = read_json_file(path)
     except FileNotFoundError:
         raise Stop(MISSING, f"{outcome.rel(path)} is missing: not a diffusers pipeline folder", path) from None
     except (OSError, ValueError) as exc:

@@ -7,10 +7,10 @@ model folder in the package, the architecture's sizes agree with its config.json
 """
 from __future__ import annotations
 
-import json
 from math import prod
 from pathlib import Path
 
+from ...package.jsonread import read_json_file
 from ..common import LOAD, Outcome, Stop, nonfinite_count, require, short
 
 # Rows dequantized at a time: a slice's float32 copy stays small whatever the tensor's size.
@@ -123,7 +123,7 @@ def check_source(reader, job: dict, path: Path, outcome: Outcome) -> None:
     if not folder:
         return
     try:
-        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+        config = read_json_file(Path(folder) / "config.json")
     except (OSError, ValueError) as exc:
         raise Stop(LOAD, f"reload.json config {job.get('config_ref')}: config.json does not read: {short(exc)}") \
             from exc

@@ -2,9 +2,9 @@
 cache at adapter_config.json's revision, the adapter attaches with every key matched, one forward pass."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from ...package.jsonread import read_json_file
 from ...format.names import HUB_ID
 from ..common import (BASE_UNAVAILABLE, LOAD, Outcome, Stop, check_parameters, forward_pass, safe_torch_load,
                       scan_folder, short, torch_dtype)
@@ -26,7 +26,7 @@ TASK_CLASSES = {"CAUSAL_LM": "AutoModelForCausalLM", "SEQ_CLS": "AutoModelForSeq
 def read_adapter_config(folder: Path, outcome: Outcome) -> dict:
     path = folder / "adapter_config.json"
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = read_json_file(path)
     except FileNotFoundError:
         raise Stop(LOAD, f"{outcome.rel(path)} is missing", path) from None
     except (OSError, ValueError) as exc:

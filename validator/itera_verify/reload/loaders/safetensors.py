@@ -1,9 +1,9 @@
 """Loader `safetensors`: one file, or a folder of shards with its index. Every tensor onto the device, finite."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from ...package.jsonread import read_json_file
 from ..common import LOAD, Outcome, Stop, nonfinite_count, short, torch_dtype
 
 INDEX_SUFFIX = ".safetensors.index.json"
@@ -22,7 +22,7 @@ def shard_plan(path: Path, outcome: Outcome) -> tuple[list[Path], dict[str, str]
             raise Stop(LOAD, f"{outcome.rel(path)} holds no .safetensors file")
         return files, {}
     try:
-        weight_map = json.loads(indexes[0].read_text(encoding="utf-8"))["weight_map"]
+        weight_map = read_json_file(indexes[0])["weight_map"]
         if not isinstance(weight_map, dict):
             raise TypeError("weight_map is not an object")
     except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -10,9 +10,9 @@ finite embeddings.
 from __future__ import annotations
 
 import gc
-import json
 from pathlib import Path
 
+from ...package.jsonread import read_json_file
 from ..common import LOAD, MISSING, Outcome, Stop, check_parameters, nonfinite_count, require, scan_folder, short
 from .transformers import load_model
 
@@ -26,7 +26,7 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", 
 def read_modules(folder: Path, outcome: Outcome) -> list[dict]:
     path = folder / MODULES
     try:
-        modules = json.loads(path.read_text(encoding="utf-8"))
+        modules = read_json_file(path)
     except FileNotFoundError:
         raise Stop(MISSING, f"{outcome.rel(path)} is missing: not a SentenceTransformer.save folder", path) from None
     except (OSError, ValueError) as exc:

@@ -7,10 +7,10 @@ trainer_state.json's global_step.
 """
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
+from ...package.jsonread import read_json_file
 from ...package.pickles import scan_file
 from ..common import LOAD, MISSING, Outcome, Stop, safe_torch_load, short
 from ...format import layouts
@@ -25,7 +25,7 @@ def read_global_step(folder: Path, outcome: Outcome) -> int | None:
     if not path.is_file():
         return None  # an unmet requirement: find_components reports it
     try:
-        state = json.loads(path.read_text(encoding="utf-8"))
+        state = read_json_file(path)
     except (OSError, ValueError) as exc:
         outcome.fail(LOAD, f"{outcome.rel(path)} does not parse: {short(exc)}", path)
         return None

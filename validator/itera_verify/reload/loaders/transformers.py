@@ -3,10 +3,10 @@ finite, one forward pass with finite logits. Before from_pretrained allocates an
 declares is built on the meta device and must fit the weight files (check_declared_size)."""
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
+from ...package.jsonread import read_json_file
 from ..common import (LOAD, MISSING, Outcome, Stop, check_parameters, forward_pass, nonfinite_count, scan_folder,
                       short, torch_dtype)
 
@@ -57,7 +57,7 @@ def read_config(folder: Path, outcome: Outcome) -> dict:
         raise Stop(MISSING if outcome.job.get("loader") == "hf-trainer-checkpoint" else LOAD,
                    f"{outcome.rel(path)} is missing: transformers cannot build the model", path)
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = read_json_file(path)
     except (OSError, ValueError) as exc:
         raise Stop(LOAD, f"{outcome.rel(path)} does not parse: {short(exc)}", path) from exc
     if not isinstance(value, dict):
