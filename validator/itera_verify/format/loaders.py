@@ -64,6 +64,9 @@ TABLE = (
            libraries=("onnx", "onnxruntime"), extra="onnx"),
 )
 LOADERS: dict[str, Loader] = {row.name: row for row in TABLE}
+# A model's config.json `quantization_config.quant_method` -> (the library transformers needs to load it, the
+# extra that installs it): the `transformers` loader requires it before loading (a missing one is IV505).
+QUANTIZATION_LIBRARIES = {"bitsandbytes": ("bitsandbytes", "bitsandbytes")}
 NAMES = tuple(LOADERS)
 
 

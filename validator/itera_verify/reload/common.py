@@ -66,10 +66,10 @@ class Outcome:
         return not self.problems
 
 
-def require(job: dict, *modules: str):
+def require(job: dict, *modules: str, extra: str | None = None):
     """Import the loader's own libraries (format/loaders.py's row: `libraries`, or `modules`) in the reload child.
-    One that cannot be imported stops the reload as MISSING_LIBRARY, naming the extra that installs it: a
-    library missing on the reviewer's machine says nothing about the artifact (never IV504)."""
+    One that cannot be imported stops the reload as MISSING_LIBRARY, naming the extra that installs it (the row's,
+    or `extra`): a library missing on the reviewer's machine says nothing about the artifact (never IV504)."""
     import importlib
 
     from ..format.loaders import LOADERS
@@ -81,7 +81,7 @@ def require(job: dict, *modules: str):
         try:
             imported.append(importlib.import_module(name))
         except ImportError as exc:
-            extra = row.extra if row and row.extra else name
+            extra = extra or (row.extra if row and row.extra else name)
             raise Stop(MISSING_LIBRARY, f"the `{job.get('loader')}` loader needs {extra}, which is not installed "
                                         f"here ({exc.name or name} cannot be imported): "
                                         f"pip install 'itera-verify[{extra}]'") from None

@@ -7,8 +7,9 @@ import re
 from pathlib import Path
 
 from ...package.jsonread import read_json_file
-from ..common import (LOAD, MISSING, Outcome, Stop, check_parameters, forward_pass, nonfinite_count, scan_folder,
-                      short, torch_dtype)
+from ...format.loaders import QUANTIZATION_LIBRARIES
+from ..common import (LOAD, MISSING, Outcome, Stop, check_parameters, forward_pass, nonfinite_count, require,
+                      scan_folder, short, torch_dtype)
 
 CLASS_NAME = re.compile(r"[A-Z][A-Za-z0-9]*")
 # Values a config may declare beyond those its weight files hold: a new task head, buffers, a head the adapter
@@ -270,6 +271,7 @@ def load_model(folder: Path, job: dict, device, outcome: Outcome, *, default_cla
         outcome.facts["remote_code_refused"] = True  # from_pretrained fails below: trust_remote_code is False
     scan_folder(folder, outcome)
     check_weight_files(folder, outcome)
+    method = quantization(config, job)
     cls = model_class(job.get("class"), config, default_class)
     dtype = torch_dtype(job)
     kwargs = {dtype_keyword(): dtype} if dtype is not None else {}
@@ -291,7 +293,47 @@ def load_model(folder: Path, job: dict, device, outcome: Outcome, *, default_cla
     outcome.facts["parameters"] = sum(p.numel() for p in model.parameters())
     outcome.facts["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
     check_parameters(model, outcome, "model")
+    if method:
+        check_quantized(model, method, outcome)
     return model
+
+
+def quantization(config: dict, job: dict) -> str | None:
+    """The config's quantization method; the library that loads it imported first, so that its absence is one
+    clear IV505 naming the extra rather than from_pretrained's error about the artifact."""
+    declared = config.get("quantization_config")
+    method = declared.get("quant_method") if isinstance(declared, dict) else None
+    if not isinstance(method, str):
+        return None
+    if method in QUANTIZATION_LIBRARIES:
+        module, extra = QUANTIZATION_LIBRARIES[method]
+        require(job, module, extra=extra)
+    return method
+
+
+def check_quantized(model, method: str, outcome: Outcome) -> None:
+    """The quantized weights, which check_parameters sees as integers, proven finite once dequantized: bitsandbytes
+    4-bit weights through dequantize_4bit (their absmax scales), 8-bit ones by their row scales (SCB)."""
+    bad, count = [], 0
+    for name, parameter in model.named_parameters():
+        state, scales = getattr(parameter, "quant_state", None), getattr(parameter, "SCB", None)
+        if state is not None:
+            from bitsandbytes.functional import dequantize_4bit
+
+            values = dequantize_4bit(parameter.data, state)
+        elif scales is not None:
+            values = scales
+        else:
+            continue
+        count += 1
+        found = nonfinite_count(values)
+        if found:
+            bad.append(f"{name} ({found} non-finite)")
+    outcome.facts["quantization"] = method
+    outcome.facts["dequantized_tensors"] = count
+    if bad:
+        raise Stop(LOAD, f"quantized weights ({method}) non-finite once dequantized: {', '.join(bad[:5])}"
+                   + (f" and {len(bad) - 5} more" if len(bad) > 5 else ""))
 
 
 # Audio models without a declared input length: one second at 16 kHz (wav2vec2's input_values).
