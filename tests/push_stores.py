@@ -186,7 +186,11 @@ class FaultProxy:
     that carry a part (PUT with a body of at least `big` bytes):
     - flip: the set of such requests (1-based) whose body gets one byte flipped;
     - hold_from: from this one on, the request is held and never forwarded (the client waits);
-    - cut_from: from this one on, the connection is closed without an answer."""
+    - cut_from: from this one on, the connection is closed without an answer;
+    - refuse_from: from this one on, the proxy answers `refusal` itself ((HTTP status, S3 error code): a store
+      that is full or over quota), nothing forwarded;
+    - rate: bytes per second for the bodies of all parts together (a slow link), none when None.
+    part_times: when each part arrived (time.time()), in order of arrival."""
 
     def __init__(self, upstream: str, big: int = 1 << 20):
         host, port = upstream.removeprefix("http://").split(":")
@@ -195,6 +199,11 @@ class FaultProxy:
         self.flip: set[int] = set()
         self.hold_from: int | None = None
         self.cut_from: int | None = None
+        self.refuse_from: int | None = None
+        self.refusal: tuple[int, str] = (507, "InsufficientStorage")
+        self.rate: float | None = None
+        self.part_times: list[float] = []
+        self._link = threading.Lock()  # the throttled link carries one body at a time
         self.parts_seen = 0
         self.flipped = 0
         self._lock = threading.Lock()
@@ -234,8 +243,15 @@ class FaultProxy:
                     with self._lock:
                         self.parts_seen += 1
                         number = self.parts_seen
+                        self.part_times.append(time.time())
                     if self.cut_from is not None and number >= self.cut_from:
                         return
+                    if self.refuse_from is not None and number >= self.refuse_from:
+                        client.sendall(_s3_error(*self.refusal))
+                        return
+                    if self.rate is not None:
+                        with self._link:
+                            time.sleep(len(body) / self.rate)
                     if self.hold_from is not None and number >= self.hold_from:
                         self._closed.wait()
                         return
@@ -269,3 +285,11 @@ class FaultProxy:
         answer_head, _, answer_body = response.partition(b"\r\n\r\n")
         kept = [line for line in answer_head.split(b"\r\n") if not line.lower().startswith(b"connection:")]
         return b"\r\n".join(kept + [b"Connection: close"]) + b"\r\n\r\n" + answer_body
+
+
+def _s3_error(status: int, code: str) -> bytes:
+    """An S3 error answer, as a store that refuses the data writes it."""
+    body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>refused by the test '
+            f'proxy</Message><RequestId>proxy</RequestId></Error>').encode()
+    return (f"HTTP/1.1 {status} Refused\r\nContent-Type: application/xml\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n").encode() + body

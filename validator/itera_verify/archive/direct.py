@@ -82,6 +82,11 @@ class DirectWriter:
     def tell(self) -> int:
         return self._base + self._filled
 
+    @property
+    def in_file(self) -> int:
+        """Bytes already written to the file (the staged tail is not, until it fills or flush())."""
+        return self._base
+
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
         size = len(view)

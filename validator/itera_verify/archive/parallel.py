@@ -103,8 +103,9 @@ class FrameParallelExpanded:
     covers every byte from 0 to its end, also any between or after the frames."""
 
     def __init__(self, fd: int, frames: list[tuple[int, int]], *, limit: int | None, workers: int = 2,
-                 depth: int = 3, hash_archive: bool = True):
+                 depth: int = 3, hash_archive: bool = True, tap=None):
         self.fd, self.frames, self.limit, self.depth = fd, frames, limit, depth
+        self._tap = tap if hash_archive else None  # rides the hashing thread: every byte of the file, in order
         self._direct = bool(O_DIRECT and fcntl.fcntl(fd, fcntl.F_GETFL) & O_DIRECT)
         self.total = 0
         self._sha256 = hashlib.sha256() if hash_archive else None
@@ -211,6 +212,8 @@ class FrameParallelExpanded:
         while (segment := self._to_hash.get()) is not None:
             if not self._stop.is_set():
                 self._sha256.update(segment.view)
+                if self._tap is not None:
+                    self._tap(segment.view)
                 self._hashed += len(segment.view)
             segment.release()
 

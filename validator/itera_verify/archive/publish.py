@@ -40,15 +40,16 @@ def remove_stale_partials(destination: Path) -> None:
 
 
 def read_back(path: Path, expected: list[tuple], frames: list[tuple[int, int]] | None = None,
-              on_bytes: Callable[[int], None] = lambda n: None) -> tuple[str, int]:
+              on_bytes: Callable[[int], None] = lambda n: None, tap=None) -> tuple[str, int]:
     """Read the archive at `path` back and compare it, member by member, with `expected`: (name, kind, size,
     sha256 for a file or link target otherwise), in order. `frames`: where the writer ended each zstd frame (they
-    then decompress in parallel). Returns (sha256 of the file, its size). Raises ArchiveError."""
+    then decompress in parallel). `tap`: given every byte of the file as it is hashed (ArchiveReader). Returns
+    (sha256 of the file, its size). Raises ArchiveError."""
     # Past the page cache when the frames are read in parallel (aligned reads): the bytes on the device are
     # what is verified (direct.py). The sequential path, for a single frame, reads plainly.
     fd = open_direct(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))[0] if frames and len(frames) > 1 \
         else os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb", buffering=0) as source, ArchiveReader(source, frames=frames) as reader:
+    with os.fdopen(fd, "rb", buffering=0) as source, ArchiveReader(source, frames=frames, tap=tap) as reader:
         members = iter(expected)
         for member in reader:
             want = next(members, None)

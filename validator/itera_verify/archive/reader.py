@@ -53,9 +53,10 @@ class Member:
 class _CompressedSource:
     """A thread reads the file, hashes it and scans its frames; the decompressor pulls from a bounded queue."""
 
-    def __init__(self, fileobj, stop: threading.Event, hash_archive: bool = True):
+    def __init__(self, fileobj, stop: threading.Event, hash_archive: bool = True, tap=None):
         self.fileobj = fileobj
         self.sha256 = hashlib.sha256() if hash_archive else None
+        self.tap = tap
         self.bytes = 0
         self.scanner = FrameScanner()
         self._queue: queue.Queue = queue.Queue(maxsize=8)
@@ -78,6 +79,8 @@ class _CompressedSource:
             while chunk := self.fileobj.read(RAW_CHUNK):
                 if self.sha256 is not None:
                     self.sha256.update(chunk)
+                if self.tap is not None:
+                    self.tap(chunk)
                 self.bytes += len(chunk)
                 self.scanner.feed(chunk)
                 if self.bytes < 4:
@@ -107,11 +110,11 @@ class _CompressedSource:
 class _Expanded:
     """Decompressed bytes, in pooled buffers filled by a thread; raises TooLarge past `limit` bytes."""
 
-    def __init__(self, fileobj, limit: int | None, depth: int = 4, hash_archive: bool = True):
+    def __init__(self, fileobj, limit: int | None, depth: int = 4, hash_archive: bool = True, tap=None):
         self.limit = limit
         self.total = 0
         self._stop = threading.Event()
-        self.source = _CompressedSource(fileobj, self._stop, hash_archive)
+        self.source = _CompressedSource(fileobj, self._stop, hash_archive, tap)
         self._free: queue.Queue = queue.Queue()
         for _ in range(depth):
             self._free.put(bytearray(CHUNK))
@@ -205,18 +208,20 @@ class ArchiveReader:
     reading back what it wrote), or "scan" to find them by walking the frame and block headers of a regular
     file (the audit): several frames are then decompressed on several threads. Without, or for a single
     frame, one sequential pass. `hash_archive=False`: the caller hashes the file itself (archive_sha256 is "").
+    `tap`: also called with every byte of the file, in order, on the thread that hashes it (the seal's
+    CRC64NVME for a push that overlaps it: no second read).
     Only the seal's own tar profile is read (profile.py): anything else raises OutsideProfile.
     Raises ArchiveError (from the constructor for a malformed frame structure)."""
 
     def __init__(self, fileobj, *, max_expanded: int | None = None,
-                 frames: list[tuple[int, int]] | str | None = None, hash_archive: bool = True):
+                 frames: list[tuple[int, int]] | str | None = None, hash_archive: bool = True, tap=None):
         if frames == "scan":
             frames = _scan(fileobj)
         if frames and len(frames) > 1:
             self._expanded = FrameParallelExpanded(fileobj.fileno(), frames, limit=max_expanded,
-                                                   hash_archive=hash_archive)
+                                                   hash_archive=hash_archive, tap=tap)
         else:
-            self._expanded = _Expanded(fileobj, max_expanded, hash_archive=hash_archive)
+            self._expanded = _Expanded(fileobj, max_expanded, hash_archive=hash_archive, tap=tap)
         self._view = memoryview(b"")
         self._position = 0  # offset in the expanded stream
         self._unread = 0  # bytes of the current member's data and padding still to skip

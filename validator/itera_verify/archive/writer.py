@@ -82,10 +82,11 @@ class ArchiveWriter:
 
     The tar stream is copied into frame buffers of FRAME_SPAN bytes; a full buffer (or a change of profile)
     goes to the compressor pool, and compressed frames reach the output in order. Memory is bounded by the
-    buffers: `workers + 2` frames in flight, whatever the archive's size."""
+    buffers: `workers + 2` frames in flight, whatever the archive's size. `written` (output.WrittenBytes): told
+    how many bytes of the file are final as they are written (a push that overlaps the seal follows it)."""
 
-    def __init__(self, fileobj, *, level: int = 3, threads: int = 0):
-        self.output = ArchiveOutput(fileobj)
+    def __init__(self, fileobj, *, level: int = 3, threads: int = 0, written=None):
+        self.output = ArchiveOutput(fileobj, written)
         self.level = level
         self.workers = worker_count(threads)
         self._compressor = _FrameCompressor({"normal": level, "fast": FAST_LEVEL}, self.workers)

@@ -181,15 +181,25 @@ def _byte_count(ctx, param, value):
     return count
 
 
-def _push_archive(archive, dest, *, endpoint_url, read_back, jobs, part_size, quiet, verbose):
-    """The push shared by `push` and `verify --push`: (result, None) or (None, (exit code, one line))."""
+def _warn(message: str) -> None:
+    """A warning that cannot wait for the verdict (the push will not finish before the rental ends)."""
+    click.echo(plain_lines(clean(f"itera-verify: warning: {message}")), err=True)
+
+
+def _push_archive(archive, dest, *, endpoint_url, read_back, jobs, part_size, quiet, verbose, follower=None,
+                  deadline=None):
+    """The push shared by `push` and `verify --push`: (result, None) or (None, (exit code, one line)).
+    `follower`: the upload that overlapped the seal, completed here when it followed this archive."""
     from ..format.push import DEFAULT_PART_SIZE
     from ..push import PushError, PushUnverified, push
 
     try:
+        if follower is not None and follower.state == "sealed":
+            return follower.result(), None
         with _make_progress(quiet, verbose) as progress:
             return push(archive, dest, endpoint_url=endpoint_url, read_back=read_back, jobs=jobs,
-                        part_size=part_size or DEFAULT_PART_SIZE, progress=progress), None
+                        part_size=part_size or DEFAULT_PART_SIZE, progress=progress, deadline=deadline,
+                        warn=_warn), None
     except PushUnverified as exc:
         return None, (1, f"itera-verify: push not verified: {exc}")
     except PushError as exc:
@@ -281,18 +291,33 @@ def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, r
         targets = _report_targets(reports, fmt_chosen)
         _refuse_reports_inside(targets, outdir, "package")
         selection = _selection(config, select, ignore, strict)
+        follower = None
         if push_dest:  # no credentials or no such folder: said before the checks and the seal, not after
             from ..push import check_destination
 
             check_destination(push_dest, endpoint_url)
         with _make_progress(quiet, verbose) as progress:
+            if push_dest:  # an S3 upload overlaps the seal (push/follow.py)
+                from ..format.push import DEFAULT_PART_SIZE
+                from ..push import seal_follower
+
+                follower = seal_follower(push_dest, endpoint_url=endpoint_url, read_back=read_back, jobs=4,
+                                         part_size=part_size or DEFAULT_PART_SIZE,
+                                         progress=progress,
+                                         warn=_warn)
             report = verify(outdir, config=config, device=device, reload=not no_reload, seal=not no_seal,
                             output=output, overwrite=overwrite, selection=selection, hf_cache=hf_cache,
                             timeout=timeout, jobs=jobs, level=level, threads=threads, progress=progress,
-                            isolation=isolation, sign=sign or None, deadline=deadline,
+                            isolation=isolation, sign=sign or None, push=follower, deadline=deadline,
                             pushing=bool(push_dest))
-        failure = _push_sealed(report, push_dest, endpoint_url=endpoint_url, read_back=read_back,
-                               part_size=part_size, quiet=quiet or fmt_chosen != "text", verbose=verbose)
+            push_options = dict(endpoint_url=endpoint_url, read_back=read_back, part_size=part_size,
+                                quiet=quiet or fmt_chosen != "text", verbose=verbose)
+            streamed = follower is not None and follower.state == "sealed"
+            if streamed:  # completed under the same progress bars its parts were sent under
+                failure = _push_sealed(report, push_dest, follower=follower, **push_options)
+        if not streamed:
+            failure = _push_sealed(report, push_dest, deadline=follower.watch.deadline if follower else None,
+                                   **push_options)
         _emit(report, fmt_chosen, targets, quiet, verbose)
         if failure is not None:
             click.echo(plain_lines(clean(failure[1])), err=True)
@@ -379,17 +404,23 @@ def audit_command(archive, do_reload, endpoint_url,
 @click.argument("dest")
 @_with_push_options
 @click.option("--jobs", type=click.IntRange(min=1, max=64), default=4, help="Parts sent at once (default 4).")
+@click.option("--deadline", metavar="TIME", default=None, callback=_rfc3339,
+              help="When the rental ends (RFC 3339): the first parts' throughput predicts the end of the upload, "
+                   "and a push that will not finish in time says so at once.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @_quiet
 @_verbose
-def push_command(archive, dest, endpoint_url, read_back, part_size, jobs, fmt, quiet, verbose):
+def push_command(archive, dest, endpoint_url, read_back, part_size, jobs, deadline, fmt, quiet, verbose):
     """Send a sealed ARCHIVE to DEST (s3://bucket/prefix/ or a folder), resumable and verified, with a receipt
     (exit 0 verified, 1 differs or unverified, 2 could not run)."""
     import json
 
     def action() -> int:
+        from datetime import datetime
+
         result, failure = _push_archive(archive, dest, endpoint_url=endpoint_url, read_back=read_back, jobs=jobs,
-                                        part_size=part_size, quiet=quiet or fmt == "json", verbose=verbose)
+                                        part_size=part_size, quiet=quiet or fmt == "json", verbose=verbose,
+                                        deadline=datetime.fromisoformat(deadline).timestamp() if deadline else None)
         if fmt == "json":
             click.echo(json.dumps({"tool": "itera-verify", "version": __version__, "mode": "push",
                                    "archive": str(archive), "verdict": "pass" if failure is None else "fail",

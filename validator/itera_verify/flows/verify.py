@@ -79,11 +79,12 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
            hf_cache=None, timeout: float | None = None, jobs: int = 1, level: int = 3, threads: int = 0,
            tmp_patterns: tuple[str, ...] | None = None, tariffs: dict | None = None,
            progress: Progress = NULL_PROGRESS, isolation: str = "auto", sign: str | None = None,
-           deadline: str | None = None, pushing: bool = False) -> Report:
+           push=None, deadline: str | None = None, pushing: bool = False) -> Report:
     """Check a package, reload its artifacts and seal it when nothing blocks. Raises UsageError (exit 2).
     `config` None applies the configuration file the command line would (flows/config.py), `Config()` none;
     the other arguments, when given, override it. The report names the file applied. `sign`: `ssh:KEY.pub` or
-    `ssh:KEY` (seal/sign.py), opened before any work.
+    `ssh:KEY` (seal/sign.py), opened before any work. `push`: a push/follow.SealFollower that uploads the archive
+    while the seal writes it (the caller completes it with push.result() when it was attached, pushes otherwise).
     `deadline` (RFC 3339, --deadline): when the rental ends, over the lots' started_at + days; before the seal the
     report estimates it (and the push, `pushing`) and warns at once when they may not finish in time."""
     if sign is not None and not seal:
@@ -105,6 +106,8 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
     rental = summary.rental_summary(package, push=package.settings["push"])
     if rental is not None and rental.get("warning"):
         progress.log(f"WARNING: {rental['warning']}")  # now, before the checks and the seal: time to act
+    if push is not None:  # the overlapped upload measures its first parts against the same end
+        push.set_deadline(summary.rental_end(package)[0])
     package.hf_cache = resolve_hf_cache(hf_cache)
     package.tmp_patterns = tuple(tmp_patterns)
     if tariffs is not None:
@@ -132,7 +135,7 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
 
                 prestarted = prestart(package, device=resolved_device, jobs=jobs, isolation=isolation)
             if seal:
-                sealing = start_sealing(package, **seal_options)
+                sealing = start_sealing(package, follower=push, **seal_options)
             findings, reloads = check_package(package, selection, reload=reload, device=resolved_device or "cpu",
                                               timeout=timeout, jobs=jobs, progress=progress,
                                               processes=1 if static_checks is not None else check_processes(package),
@@ -161,7 +164,8 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
     return report
 
 
-def start_sealing(package: Package, *, output, overwrite: bool, level: int, threads: int, progress: Progress):
+def start_sealing(package: Package, *, output, overwrite: bool, level: int, threads: int, progress: Progress,
+                  follower=None):
     """Begin the seal before the checks, on its own threads: reading, hashing and compressing the package
     overlaps the checks (which mostly run on one core), and the result is thrown away unless they pass. None
     when the seal cannot start this early (no campaign id yet, a destination or an entry that would refuse):
@@ -173,7 +177,7 @@ def start_sealing(package: Package, *, output, overwrite: bool, level: int, thre
         return None
     try:
         sealing = Sealing(package, campaign_id, default_archive_path(package, campaign_id, output),
-                          overwrite=overwrite, level=level, threads=threads, progress=progress)
+                          overwrite=overwrite, level=level, threads=threads, progress=progress, follower=follower)
         return sealing.start()
     except (UsageError, SealRefused, OSError, ValueError):
         return None

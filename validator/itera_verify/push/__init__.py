@@ -26,7 +26,7 @@ from ..format.push import (CHECKSUM_LOCAL, CHECKSUM_SUFFIX, DEFAULT_PART_SIZE, M
 from ..runtime.progress import NULL_PROGRESS, Progress
 from .store import PushError, PushUnverified, S3Location, is_s3
 
-__all__ = ["PushError", "PushResult", "PushUnverified", "check_destination", "is_s3", "push"]
+__all__ = ["PushError", "PushResult", "PushUnverified", "check_destination", "is_s3", "push", "seal_follower"]
 
 
 @dataclass
@@ -35,29 +35,51 @@ class PushResult:
     receipt_path: Path
     parts: int = 1
     parts_reused: int = 0
+    overlapped: bool = False  # sent while the seal wrote the archive (push/follow.py)
+    sha256_tagged: bool | None = None  # overlapped: the SHA-256 went into the object's tag (False: no tags there)
+    deadline: dict | None = None  # what the first parts predicted against the rental's end (push/deadline.py)
 
     def to_json(self) -> dict:
+        extra = {"overlapped_with_seal": self.overlapped} if self.overlapped else {}
+        if self.sha256_tagged is not None:
+            extra["sha256_tagged"] = self.sha256_tagged
+        if self.deadline is not None:
+            extra["deadline"] = self.deadline
         return {**self.receipt, "receipt_path": str(self.receipt_path), "parts": self.parts,
-                "parts_reused": self.parts_reused}
+                "parts_reused": self.parts_reused, **extra}
 
 
 def push(archive, dest, *, endpoint_url: str | None = None, read_back: bool = False, jobs: int = 4,
-         part_size: int = DEFAULT_PART_SIZE, progress: Progress = NULL_PROGRESS) -> PushResult:
-    """Send `archive` (with its sidecars, the receipt last) to `dest`: `s3://bucket/prefix/` or a folder."""
+         part_size: int = DEFAULT_PART_SIZE, progress: Progress = NULL_PROGRESS, deadline: float | None = None,
+         warn=None) -> PushResult:
+    """Send `archive` (with its sidecars, the receipt last) to `dest`: `s3://bucket/prefix/` or a folder.
+    `deadline` (seconds since the epoch, the rental's end): the first parts' throughput predicts the end of the
+    upload, and `warn` (default: progress.log) hears at once when it falls after the deadline."""
+    from .deadline import DeadlineWatch
+
     started, uploaded_at = time.monotonic(), _now()
     archive = Path(archive)
     _check_archive(archive)
-    sha256, checksum_text = _archive_sha256(archive)
-    sidecars = [(archive.name + CHECKSUM_SUFFIX, checksum_text)]
-    signature = archive.with_name(archive.name + SIGNATURE_SUFFIX)
-    if signature.is_file():
-        sidecars.append((signature.name, signature.read_bytes()))
+    sha256, sidecars = archive_sidecars(archive)
     if is_s3(str(dest)):
-        return _push_s3(archive, str(dest), sha256, sidecars, endpoint_url=endpoint_url, read_back=read_back,
-                        jobs=jobs, part_size=part_size, progress=progress, started=started,
-                        uploaded_at=uploaded_at)
+        watch = DeadlineWatch(deadline, warn or progress.log)
+        result = _push_s3(archive, str(dest), sha256, sidecars, endpoint_url=endpoint_url, read_back=read_back,
+                          jobs=jobs, part_size=part_size, progress=progress, started=started,
+                          uploaded_at=uploaded_at, watch=watch)
+        result.deadline = watch.facts()
+        return result
     return _push_folder(archive, dest, sha256, sidecars, progress=progress, started=started,
                         uploaded_at=uploaded_at)
+
+
+def seal_follower(dest, **options):
+    """For `OUTDIR --push DEST`: a follower that uploads the archive while the seal writes it (follow.py), or None
+    for a folder destination (a local copy after the seal costs little)."""
+    if not is_s3(str(dest)):
+        return None
+    from .follow import SealFollower
+
+    return SealFollower(str(dest), **options)
 
 
 def check_destination(dest, endpoint_url: str | None = None) -> None:
@@ -68,12 +90,26 @@ def check_destination(dest, endpoint_url: str | None = None) -> None:
     if is_s3(str(dest)):
         parse_s3(str(dest))
         client(endpoint_url, 1)
+        try:  # the CRC64NVME of every part, and of the archive as the seal reads it back
+            import awscrt.checksums  # noqa: F401
+        except ImportError:
+            raise PushError("pushing to S3 needs awscrt: pip install 'itera-verify[push]'") from None
     else:
         folder_destination(dest)
 
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def archive_sidecars(archive: Path) -> tuple[str, list[tuple[str, bytes]]]:
+    """The archive's SHA-256 (its `.sha256`) and what goes beside it: `.sha256`, then `.sig` when signed."""
+    sha256, checksum_text = _archive_sha256(archive)
+    sidecars = [(archive.name + CHECKSUM_SUFFIX, checksum_text)]
+    signature = archive.with_name(archive.name + SIGNATURE_SUFFIX)
+    if signature.is_file():
+        sidecars.append((signature.name, signature.read_bytes()))
+    return sha256, sidecars
 
 
 def _check_archive(archive: Path) -> None:
@@ -156,7 +192,7 @@ def _push_folder(archive: Path, dest, sha256: str, sidecars: list, *, progress: 
 
 # ---- S3 ------------------------------------------------------------------------------------------------
 def _push_s3(archive: Path, dest: str, sha256: str, sidecars: list, *, endpoint_url, read_back: bool, jobs: int,
-             part_size: int, progress: Progress, started: float, uploaded_at: str) -> PushResult:
+             part_size: int, progress: Progress, started: float, uploaded_at: str, watch) -> PushResult:
     from . import multipart
     from .store import client, s3_destination
 
@@ -164,11 +200,22 @@ def _push_s3(archive: Path, dest: str, sha256: str, sidecars: list, *, endpoint_
     s3 = client(endpoint_url, jobs)
     endpoint = s3.meta.endpoint_url
     uploaded = multipart.upload(s3, archive, location, sha256=sha256, endpoint=endpoint, jobs=jobs,
-                                part_size=part_size, progress=progress)
+                                part_size=part_size, progress=progress, watch=watch)
+    return finish_s3(s3, archive, location, uploaded, sha256, sidecars, read_back=read_back, jobs=jobs,
+                     started=started, uploaded_at=uploaded_at, endpoint=endpoint)
+
+
+def finish_s3(s3, archive: Path, location: S3Location, uploaded, sha256: str, sidecars: list, *, read_back: bool,
+              jobs: int, started: float, uploaded_at: str, endpoint: str | None,
+              overlapped: bool = False) -> PushResult:
+    """After the upload completed: prove the object equal, send the sidecars, then the receipt (last). An
+    upload that overlapped the seal (or resumes one) began before the SHA-256 was known: it goes into a tag
+    instead of the metadata (a store without tagging keeps it only in `.sha256` and the receipt)."""
     size = archive.stat().st_size
-    verified_by = _verify_object(s3, location, size=size, sha256=sha256, crc=uploaded.crc64nvme,
-                                 returned_crc=uploaded.store_crc64nvme, etag=uploaded.etag,
-                                 version_id=uploaded.version_id, read_back=read_back, jobs=jobs)
+    verified_by, in_metadata = _verify_object(s3, location, size=size, sha256=sha256, crc=uploaded.crc64nvme,
+                                              returned_crc=uploaded.store_crc64nvme, etag=uploaded.etag,
+                                              version_id=uploaded.version_id, read_back=read_back, jobs=jobs)
+    tagged = None if in_metadata else _tag_sha256(s3, location, sha256, uploaded.version_id)
     for name, data in sidecars:
         _put_small(s3, S3Location(location.bucket, location.key[:-len(archive.name)] + name), data)
     receipt = _receipt(f"s3://{location.bucket}/{location.key[:-len(archive.name)]}", location.key,
@@ -177,12 +224,28 @@ def _push_s3(archive: Path, dest: str, sha256: str, sidecars: list, *, endpoint_
                        verified_by=verified_by, sidecars=sidecars, endpoint=endpoint)
     path, data = _write_receipt_here(archive, receipt)
     _put_small(s3, S3Location(location.bucket, location.key[:-len(archive.name)] + path.name), data)
-    return PushResult(receipt, path, parts=uploaded.parts, parts_reused=uploaded.parts_reused)
+    return PushResult(receipt, path, parts=uploaded.parts, parts_reused=uploaded.parts_reused,
+                      overlapped=overlapped, sha256_tagged=tagged)
+
+
+def _tag_sha256(s3, location: S3Location, sha256: str, version_id: str | None) -> bool:
+    """The archive's SHA-256 as the object's tag (tags, unlike metadata, can be set after the upload); False
+    where the store keeps no tags."""
+    arguments = {"Bucket": location.bucket, "Key": location.key,
+                 "Tagging": {"TagSet": [{"Key": METADATA_SHA256, "Value": sha256}]}}
+    if version_id:
+        arguments["VersionId"] = version_id
+    try:
+        s3.put_object_tagging(**arguments)
+    except Exception:  # noqa: BLE001 - optional: the .sha256 and the receipt carry it anyway
+        return False
+    return True
 
 
 def _verify_object(s3, location: S3Location, *, size: int, sha256: str, crc: int, returned_crc: str | None,
-                   etag: str, version_id: str | None, read_back: bool, jobs: int) -> str:
-    """How the object was proven equal to the archive; PushUnverified when it is not."""
+                   etag: str, version_id: str | None, read_back: bool, jobs: int) -> tuple[str, bool]:
+    """How the object was proven equal to the archive, and whether its metadata holds the SHA-256;
+    PushUnverified when it is not equal."""
     from .multipart import crc_base64
     from .ranged import read_back_sha256
     from .store import explain
@@ -212,7 +275,7 @@ def _verify_object(s3, location: S3Location, *, size: int, sha256: str, crc: int
             raise PushUnverified(f"{location.url}: the object reads back as sha256 {got} ({count} bytes), the "
                                  f"archive is {sha256} ({size} bytes)")
         ways.append(VERIFIED_BY_READ_BACK)
-    return "; ".join(ways)
+    return "; ".join(ways), METADATA_SHA256 in metadata
 
 
 def _put_small(s3, location: S3Location, data: bytes) -> None:

@@ -69,13 +69,14 @@ RESTARTS = 2
 
 
 def upload(s3, archive: Path, location: S3Location, *, sha256: str, endpoint: str | None, jobs: int,
-           part_size: int, progress: Progress = NULL_PROGRESS) -> Uploaded:
+           part_size: int, progress: Progress = NULL_PROGRESS, watch=None) -> Uploaded:
     """Upload (or resume uploading) `archive` to `location`. Raises PushError (exit 2) or PushUnverified (1)."""
     where = location.url
     stat = archive.stat()
     size = stat.st_size
     part_size = part_size_for(size, part_size)
     journal_file = journals.journal_path(archive)
+    part_size = _resumed_part_size(journals.load(journal_file), archive, stat, where, endpoint, sha256, part_size)
     wanted = journals.Journal(archive=archive.name, bytes=size, mtime_ns=stat.st_mtime_ns, destination=where,
                               endpoint=endpoint, upload_id="", part_size=part_size, checksum="", sha256=sha256,
                               started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
@@ -88,7 +89,8 @@ def upload(s3, archive: Path, location: S3Location, *, sha256: str, endpoint: st
             journals.save(journal_file, journal)
             listed = {}
         try:
-            return _send(s3, archive, location, journal, journal_file, listed, jobs=jobs, progress=progress)
+            return _send(s3, archive, location, journal, journal_file, listed, jobs=jobs, progress=progress,
+                         watch=watch)
         except _ChecksumRefused:
             _abort(s3, location, journal.upload_id)
             journals.remove(journal_file)
@@ -98,6 +100,16 @@ def upload(s3, archive: Path, location: S3Location, *, sha256: str, endpoint: st
             journal, restarts = None, restarts + 1
             if restarts > RESTARTS:
                 raise PushError(f"{where}: the store dropped the upload {restarts} times") from None
+
+
+def _resumed_part_size(old, archive: Path, stat, where: str, endpoint, sha256: str, part_size: int) -> int:
+    """A journal of this very archive to this place keeps its part size (the parts sent are reused whatever
+    --part-size says now, e.g. after an overlapped push, push/follow.py, that sized its parts itself)."""
+    if old is None or (old.archive, old.bytes, old.mtime_ns, old.destination, old.endpoint, old.sha256) != (
+            archive.name, stat.st_size, stat.st_mtime_ns, where, endpoint, sha256):
+        return part_size
+    valid = isinstance(old.part_size, int) and part_size_for(stat.st_size, old.part_size) == old.part_size
+    return old.part_size if valid else part_size
 
 
 def _resume(s3, location: S3Location, journal_file: Path, wanted: journals.Journal):
@@ -148,8 +160,9 @@ def _abort_strays(s3, location: S3Location, keep: str | None) -> None:
 
 
 def _create(s3, location: S3Location, wanted: journals.Journal, mode: str) -> journals.Journal:
+    # An upload that overlaps the seal starts before the SHA-256 exists: no metadata then (push/follow.py)
     arguments = {"Bucket": location.bucket, "Key": location.key, "ContentType": "application/zstd",
-                 "Metadata": {METADATA_SHA256: wanted.sha256}}
+                 "Metadata": {METADATA_SHA256: wanted.sha256} if wanted.sha256 else {}}
     response = None
     if mode == CHECKSUM_CRC64NVME:
         try:
@@ -182,11 +195,13 @@ def _read_part(fd: int, offset: int, length: int) -> bytes:
 
 
 def _send(s3, archive: Path, location: S3Location, journal: journals.Journal, journal_file: Path,
-          listed: dict, *, jobs: int, progress: Progress) -> Uploaded:
+          listed: dict, *, jobs: int, progress: Progress, watch=None) -> Uploaded:
     size, part_size = journal.bytes, journal.part_size
     count = max(1, -(-size // part_size))
     digest, full_crc, reused = hashlib.sha256(), 0, 0
     done: dict[int, str] = {}
+    # bytes this run sends, and those acknowledged: the deadline's prediction (deadline.py)
+    sent = {"todo": size, "acked": 0, "watch": watch}
     progress.start("push", f"pushing {archive.name}", total=size, unit="B")
     fd = os.open(archive, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
@@ -203,16 +218,19 @@ def _send(s3, archive: Path, location: S3Location, journal: journals.Journal, jo
                     journal.parts[str(number)] = {"etag": listed[number][0], "md5": md5, "crc64nvme": crc_hex(crc),
                                                   "bytes": len(data)}
                     reused += 1
+                    sent["todo"] -= len(data)
                     progress.advance("push", len(data))
                     continue
+                if watch is not None:
+                    watch.begin()
                 while len(running) >= jobs:
                     _collect(wait(running, return_when=FIRST_COMPLETED).done, running, journal, journal_file,
-                             done, progress)
+                             done, progress, sent)
                 running.add(pool.submit(_put_part, s3, location, journal, number, data, md5, crc))
                 del data
             while running:
                 _collect(wait(running, return_when=FIRST_COMPLETED).done, running, journal, journal_file, done,
-                         progress)
+                         progress, sent)
     finally:
         os.close(fd)
         progress.finish("push")
@@ -233,7 +251,8 @@ def _already_there(journal: journals.Journal, listed, number: int, md5: str, len
     return listed[0] == md5 or (recorded.get("etag") == listed[0] and recorded.get("md5") == md5)
 
 
-def _collect(finished, running: set, journal, journal_file: Path, done: dict, progress: Progress) -> None:
+def _collect(finished, running: set, journal, journal_file: Path, done: dict, progress: Progress,
+             sent: dict | None = None) -> None:
     for future in finished:
         running.discard(future)
         number, etag, record = future.result()  # a part's error stops the push here
@@ -241,6 +260,9 @@ def _collect(finished, running: set, journal, journal_file: Path, done: dict, pr
         journal.parts[str(number)] = record
         journals.save(journal_file, journal)
         progress.advance("push", record["bytes"])
+        if sent is not None and sent["watch"] is not None:
+            sent["acked"] += record["bytes"]
+            sent["watch"].part_done(sent["acked"], sent["todo"] - sent["acked"])
 
 
 def _put_part(s3, location: S3Location, journal: journals.Journal, number: int, data: bytes, md5: str, crc: int):

@@ -28,6 +28,7 @@ class RemoteArchive:
     version_id: str | None
     metadata_sha256: str | None
     jobs: int = 4
+    tag_sha256: str | None = None  # an upload that overlapped the seal records the SHA-256 as a tag (follow.py)
 
     @property
     def url(self) -> str:
@@ -64,6 +65,8 @@ class RemoteArchive:
         recorded: list[tuple[str, str]] = []
         if self.metadata_sha256:
             recorded.append((f"the object's {METADATA_SHA256} metadata", self.metadata_sha256.lower()))
+        if self.tag_sha256:
+            recorded.append((f"the object's {METADATA_SHA256} tag", self.tag_sha256.lower()))
         checksum = self._sidecar(CHECKSUM_SUFFIX)
         if checksum is not None:
             match = re.match(rb"\\?([0-9a-fA-F]{64})", checksum)
@@ -94,5 +97,17 @@ def open_remote(url: str, endpoint_url: str | None = None, jobs: int = 4) -> Rem
             raise PushError(f"{url}: no such object") from None
         raise explain(exc, "reading the archive", url) from None
     metadata = {k.lower(): v for k, v in (head.get("Metadata") or {}).items()}
+    tag = None if metadata.get(METADATA_SHA256) else _tag(s3, location.bucket, location.key, head.get("VersionId"))
     return RemoteArchive(s3, location.bucket, location.key, int(head["ContentLength"]), head.get("ETag"),
-                         head.get("VersionId"), metadata.get(METADATA_SHA256), jobs)
+                         head.get("VersionId"), metadata.get(METADATA_SHA256), jobs, tag)
+
+
+def _tag(s3, bucket: str, key: str, version_id: str | None) -> str | None:
+    """The object's sha256 tag, when the store keeps tags and the push set one."""
+    arguments = {"Bucket": bucket, "Key": key, **({"VersionId": version_id} if version_id else {})}
+    try:
+        tags = s3.get_object_tagging(**arguments).get("TagSet") or []
+    except Exception:  # noqa: BLE001 - no tags there (or no right to read them): the sidecars still say it
+        return None
+    values = [t.get("Value") for t in tags if t.get("Key") == METADATA_SHA256]
+    return values[0] if values and isinstance(values[0], str) else None

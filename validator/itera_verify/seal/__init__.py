@@ -21,6 +21,10 @@ the workflow hands over (`SEAL/verification.json`, `SEAL/report.html`). Choices 
   past the page cache (O_DIRECT, archive/direct.py): the read-back then checks the bytes the device holds, not a
   cached copy. Any exception, Ctrl-C or SIGTERM removes the partial file; after a kill -9 it stays under its
   partial name and the next seal in that folder removes it.
+- A follower (push/follow.py, for `--push`) may read the partial archive while it is written: the writer
+  tells it how many bytes are final (archive/output.WrittenBytes), the read-back gives it every byte of the
+  file as it hashes them (its CRC64NVME, no second read), it hears when the archive is published, and a seal
+  that does not publish abandons it (its upload is aborted).
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ from pathlib import Path
 from ..archive import ArchiveError, ArchiveWriter, worker_count
 from ..archive.canonical import TOP_FOLDER
 from ..archive.direct import DirectWriter
+from ..archive.output import WrittenBytes
 from ..archive.publish import (fsync_folder, partial_path, publish, read_back, remove_stale_partials,
                               write_checksum_file)
 from ..runtime.forked import SIGNAL_POLL_SECONDS
@@ -100,10 +105,13 @@ class Sealing:
     reads the archive back, and publishes it; cancel() drops it (the partial file is removed).
 
     Checking a destination or a plan that cannot work raises here, before anything is written: UsageError
-    (exit 2) or SealRefused (findings)."""
+    (exit 2) or SealRefused (findings).
+
+    `follower`: an object with begin(partial, written, name, bound, estimate), tap(bytes), sealed(path, sha256, size)
+    and abandon() (push/follow.SealFollower): it reads the archive as it is written (module docstring)."""
 
     def __init__(self, package: Package, campaign_id: str, destination: Path, *, overwrite: bool = False,
-                 level: int = 3, threads: int = 0, progress: Progress = NULL_PROGRESS):
+                 level: int = 3, threads: int = 0, progress: Progress = NULL_PROGRESS, follower=None):
         destination = Path(destination)
         if not TOP_FOLDER.fullmatch(campaign_id):  # the only top folders the audit accepts
             raise UsageError(f"{campaign_id!r} cannot name the archive's top folder (use letters, digits, '.', "
@@ -121,6 +129,8 @@ class Sealing:
         self._result: tuple | None = None
         self._failure: BaseException | None = None
         self._done = False
+        self.follower = follower
+        self.written = WrittenBytes() if follower is not None else None
 
     def start(self) -> "Sealing":
         remove_stale_partials(self.destination)
@@ -129,7 +139,13 @@ class Sealing:
                             unit="B")
         try:
             self._output = _open_output(self.partial)
-            self._writer = ArchiveWriter(self._output, level=self.level, threads=self.threads)
+            self._writer = ArchiveWriter(self._output, level=self.level, threads=self.threads, written=self.written)
+            if self.follower is not None:  # a bound on the archive's size (headers, padding, SEAL/): its part size
+                tar = sum(entry.size + 1536 for entry in self.plan)
+                writer = self._writer  # the final size, guessed from the ratio so far (the deadline's prediction)
+                self.follower.begin(self.partial, self.written, self.destination.name,
+                                    tar + tar // 64 + (64 << 20),
+                                    lambda: writer.output.bytes * tar // max(writer.tar_bytes, 1))
             self._thread = threading.Thread(target=self._write_package, name="seal", daemon=True)
             self._thread.start()
         except OSError as exc:
@@ -175,10 +191,13 @@ class Sealing:
                 write_seal_members(self._writer, self.campaign_id, digests, expected, members, sign, oms)
                 self._output.flush()
                 os.fsync(self._output.fileno())
+                if self.written is not None:
+                    self.written.finish(self._writer.output.bytes)
                 self.progress.finish("seal")
                 sealed_at = time.monotonic()
                 archive_sha256, archive_bytes = _read_back(self.partial, expected, self._writer.frames,
-                                                           self.progress)
+                                                           self.progress,
+                                                           self.follower.tap if self.follower is not None else None)
                 published_at = time.monotonic()
                 write_checksum_file(self.sums_partial, archive_sha256, self.destination.name)
                 signature = None
@@ -198,6 +217,8 @@ class Sealing:
                 os.replace(self.sums_partial, checksum_file)
                 fsync_folder(self.destination.parent)
                 self._done = True
+                if self.follower is not None:
+                    self.follower.sealed(self.destination, archive_sha256, archive_bytes)
         except Changed as changed:
             raise refuse_changed(self.package, changed) from None
         except FileExistsError:
@@ -226,6 +247,10 @@ class Sealing:
         if not self._done:  # first: an interrupted run must not leave it even if the threads take a moment
             for leftover in (self.partial, self.sums_partial, self.sig_partial):
                 leftover.unlink(missing_ok=True)
+            if self.written is not None:
+                self.written.fail()
+            if self.follower is not None:
+                self.follower.abandon()  # its upload is aborted: nothing was sealed
         thread = self._thread
         if thread is not None and thread.ident is not None and thread is not threading.current_thread():
             thread.join()  # (ident is None: interrupted before the thread ever started)
@@ -253,10 +278,11 @@ def seal_package(package: Package, campaign_id: str, members: dict[str, bytes], 
             sealing.cancel()  # a no-op once published
 
 
-def _read_back(partial: Path, expected: list[tuple], frames, progress: Progress) -> tuple[str, int]:
+def _read_back(partial: Path, expected: list[tuple], frames, progress: Progress, tap=None) -> tuple[str, int]:
     progress.start("seal-verify", "verifying the archive", total=sum(e[2] for e in expected), unit="B")
     try:
-        verified = read_back(partial, expected, frames, on_bytes=lambda n: progress.advance("seal-verify", n))
+        verified = read_back(partial, expected, frames, on_bytes=lambda n: progress.advance("seal-verify", n),
+                             tap=tap)
     except ArchiveError as exc:
         progress.abandon("seal-verify", "FAILED, nothing sealed")
         raise UsageError(f"read-back verification of the archive failed: {exc}; nothing was sealed") from exc

