@@ -25,6 +25,7 @@ def reloaded(tmp_path_factory):
     write_gguf(art / "no-vocabulary.gguf", tokenizer=False)
     write_gguf(art / "overflow.gguf", overflow=True)
     write_gguf(art / "other-source.gguf", block_count=7)
+    write_gguf(art / "wrong-shape.gguf", feed_forward=96)
     (art / "source").mkdir()
     (art / "source/config.json").write_text('{"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 32, '
                                             '"vocab_size": 64}')
@@ -41,6 +42,7 @@ def reloaded(tmp_path_factory):
         ("gguf-no-vocabulary", "gguf", "artifacts/no-vocabulary.gguf", gguf_entry),
         ("gguf-overflow", "gguf", "artifacts/overflow.gguf", gguf_entry),
         ("gguf-other-source", "gguf", "artifacts/other-source.gguf", {"loader": "gguf", "config": "artifacts/source"}),
+        ("gguf-wrong-shape", "gguf", "artifacts/wrong-shape.gguf", gguf_entry),
         ("onnx-clean", "onnx", "artifacts/onnx-clean", onnx_entry),
         ("onnx-file", "onnx", "artifacts/onnx-clean/model.onnx", onnx_entry),
         ("onnx-nan", "onnx", "artifacts/onnx-nan", onnx_entry),
@@ -55,8 +57,21 @@ def test_clean_gguf_is_read_dequantized_and_passes(reloaded):
     result = results["gguf-clean"]
     assert result.ok, result.error
     assert not messages(findings, "gguf-clean")
-    assert result.facts["tensors"] == 3 and result.facts["tensor_types"] == {"F16": 1, "Q8_0": 1, "F32": 1}
+    assert result.facts["tensors"] == 12 and result.facts["tensor_types"] == {"F16": 2, "Q8_0": 7, "F32": 3}
     assert result.facts["tokenizer"] == "llama, 64 tokens" and result.facts["architecture"] == "llama"
+
+
+def test_llama_gguf_loads_in_transformers_and_runs_a_forward_pass(reloaded):
+    results, _ = reloaded
+    result = results["gguf-clean"]
+    assert result.facts["class"] == "LlamaForCausalLM"
+    assert result.forward == "finite output (1, 8, 64) float32 (transformers, gguf_file=)"
+
+
+def test_gguf_whose_tensor_transformers_cannot_place_is_IV504(reloaded):
+    _, findings = reloaded
+    [message] = messages(findings, "gguf-wrong-shape")
+    assert message.startswith("IV504") and "transformers does not load it (gguf_file=)" in message
 
 
 def test_truncated_gguf_is_IV504_naming_the_truncation(reloaded):

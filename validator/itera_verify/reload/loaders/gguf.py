@@ -3,7 +3,9 @@
 Proves: the header, key-values and tensor table parse and every tensor's data lies inside the file; every tensor
 is dequantized, in slices of rows, and is finite (an F16 conversion that overflowed to infinity shows here); a
 tokenizer is present (llama.cpp cannot run a model without one); where reload.json `config` names the source HF
-model folder in the package, the architecture's sizes agree with its config.json.
+model folder in the package, the architecture's sizes agree with its config.json; where transformers supports the
+architecture (llama, mistral, qwen2, …), a real load with `gguf_file=` (transformers dequantizes every tensor into
+its own model: names, shapes and the q/k permutation it expects) and one forward pass with finite logits.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from math import prod
 from pathlib import Path
 
 from ...package.jsonread import read_json_file
-from ..common import LOAD, Outcome, Stop, nonfinite_count, require, short
+from ..common import LOAD, Outcome, Stop, forward_pass, nonfinite_count, require, short
 
 # Rows dequantized at a time: a slice's float32 copy stays small whatever the tensor's size.
 ROWS_PER_SLICE = 4096
@@ -151,4 +153,44 @@ def reload(job: dict, device, outcome: Outcome) -> None:
     check_values(gguf, reader, device, path, outcome)
     check_tokenizer(reader, path, outcome)
     check_source(reader, job, path, outcome)
-    outcome.forward = "not run: read and dequantized with the gguf package (llama.cpp runs it)"
+    if outcome.problems:
+        raise Stop.recorded()  # a file already shown broken is not loaded again
+    outcome.forward = transformers_forward(path, job, device, outcome)
+
+
+# What transformers' GGUF load holds at its peak, per parameter: the dequantized float32 state dict and the
+# float32 model it is copied into; and the libraries' own memory in a CPU child (limits.py measured under 0.6 GiB).
+LOAD_BYTES_PER_PARAMETER = 8
+LIBRARIES_PEAK = 1 << 30
+
+
+def transformers_forward(path: Path, job: dict, device, outcome: Outcome) -> str:
+    """from_pretrained(gguf_file=) and one forward pass, where transformers knows the architecture and, on the CPU,
+    the dequantized model fits this reload's memory limit (limits.py); otherwise says why it was not run."""
+    architecture = outcome.facts.get("architecture")
+    read_only = "read and dequantized with the gguf package"
+    try:
+        from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+    except ImportError:  # a transformers without GGUF support
+        return f"not run: {read_only}; this transformers does not load GGUF files"
+    if architecture not in GGUF_SUPPORTED_ARCHITECTURES:
+        return f"not run: {read_only}; transformers does not load {architecture} GGUF files (llama.cpp runs it)"
+    need = outcome.facts.get("parameters", 0) * LOAD_BYTES_PER_PARAMETER
+    limit = job.get("memory_limit")
+    if device.type == "cpu" and isinstance(limit, int) and need > limit - LIBRARIES_PEAK:  # the child's RLIMIT_DATA
+        return (f"not run: {read_only}; transformers would dequantize it to {need >> 20:,} MiB, more than this "
+                f"reload's memory limit ({limit >> 20:,} MiB)")
+    from transformers import AutoModelForCausalLM
+
+    from .transformers import check_loading_info
+
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                           local_files_only=True, trust_remote_code=False,
+                                                           output_loading_info=True)
+    except Exception as exc:  # noqa: BLE001 - any refusal by transformers is a file it cannot load
+        raise Stop(LOAD, f"transformers does not load it (gguf_file=): {short(exc)}", path) from exc
+    check_loading_info(model, info, "transformers does not load it (gguf_file=)")
+    model.to(device).eval()
+    outcome.facts["class"] = type(model).__name__
+    return forward_pass(model, device) + " (transformers, gguf_file=)"
