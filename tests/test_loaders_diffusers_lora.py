@@ -100,3 +100,26 @@ def test_pipeline_whose_unet_is_the_base_s_is_IV512(built_lora):
     pipelines = [f for f in found if f.artifact and f.artifact.startswith("sd")]
     assert [f.artifact for f in pipelines] == ["sd-as-base"]
     assert "unet" in pipelines[0].message and "itera-fixtures/tiny-sd" in pipelines[0].message
+
+
+def test_name_or_path_of_the_pinned_base_snapshot_is_IV202_saying_what_it_is(built_lora, tmp_path):
+    """diffusers records where each component was loaded from: the base's snapshot in root's hub cache."""
+    import json
+    import shutil
+
+    from itera_verify.package import discover
+    from itera_verify.rules import paths
+
+    root = Path(shutil.copytree(built_lora["package"], tmp_path / "pkg"))
+    snapshot = "/root/.cache/huggingface/hub/models--itera-fixtures--tiny-sd/snapshots"
+    for component, revision in (("unet", built_lora["revision"]), ("vae", "9" * 40)):
+        config = root / f"artifacts/sd-trained/{component}/config.json"
+        value = json.loads(config.read_text())
+        value["_name_or_path"] = f"{snapshot}/{revision}/{component}"
+        config.write_text(json.dumps(value))
+    found = {f.path.split("/")[-2]: f.message for f in paths.check(discover(root)) if f.code == "IV202"}
+    assert set(found) == {"unet", "vae"}
+    assert found["unet"].startswith(f"the base's hub-cache snapshot on the training machine, itera-fixtures/tiny-sd "
+                                    f"at {built_lora['revision']} (unet), recorded by diffusers/transformers as "
+                                    "`_name_or_path`: the manifest's pinned base")
+    assert f"but the manifest pins itera-fixtures/tiny-sd at {built_lora['revision']}" in found["vae"]

@@ -143,7 +143,33 @@ def _document_values(package: Package, rel: str, suffix: str, matcher: TmpMatche
     for path, string in outside_hits[:PER_FILE]:
         pointer, line = located(path)
         yield Finding("IV202", rel, pointer=pointer, line=line,
-                      message=f"absolute path outside the package: {_short(string)}")
+                      message=_hub_snapshot_words(package, path, string)
+                      or f"absolute path outside the package: {_short(string)}")
+
+
+# A hub-cache snapshot folder: <cache>/models--ORG--NAME/snapshots/<commit>[/subfolder].
+_HUB_SNAPSHOT = re.compile(r".*/models--(?P<repo>[^/]+)/snapshots/(?P<revision>[^/]+)(?:/(?P<sub>[^/].*?))?/?")
+
+
+def _hub_snapshot_words(package: Package, path: list, value: str) -> str | None:
+    """IV202's message for the hub-cache snapshot a library loaded the base from (diffusers records it as each
+    component's `_name_or_path`): what it is, and whether the manifest pins that base; None for another path."""
+    match = _HUB_SNAPSHOT.fullmatch(value)
+    if not match:
+        return None
+    repo, revision, sub = match.group("repo").replace("--", "/", 1), match.group("revision"), match.group("sub")
+    key = path[-1] if path else None
+    recorded = " recorded by diffusers/transformers as `_name_or_path`" if key == "_name_or_path" else ""
+    pinned = {(b.get("name"), b.get("revision")) for a in package.artifacts() if isinstance(b := a.get("base"), dict)}
+    if (repo, revision) in pinned:
+        tail = "the manifest's pinned base: harmless, a reviewer resolves it by hub id and revision in their own cache"
+    elif any(name == repo for name, _ in pinned):
+        other = next(rev for name, rev in pinned if name == repo)
+        tail = f"but the manifest pins {repo} at {other}: the run loaded another revision than it declares"
+    else:
+        tail = f"name the base in the manifest (artifact `base`: {repo!r} and its revision) so a reviewer can load it"
+    return (f"the base's hub-cache snapshot on the training machine, {repo} at {revision}"
+            + (f" ({sub})" if sub else "") + f",{recorded}: {tail} ({_short(value)})")
 
 _VALUE_MAY_BE_ABSOLUTE = re.compile(r'"(?:/|\\/|[A-Za-z]:(?:\\\\|/|\\/))')
 
