@@ -40,7 +40,9 @@ RULES = [
              "different steps mix steps: the later one holds an earlier checkpoint's files. "
              "A LoRA adapter whose every B matrix is still zero (PEFT's "
              "initialisation) and whose other saved modules (modules_to_save) hold nothing but the base's own "
-             "values changes nothing: base plus adapter is the base. "
+             "values changes nothing: base plus adapter is the base. So does a diffusers LoRA whose every up "
+             "matrix is zero (either layout), and a diffusers pipeline whose denoiser (unet, transformer) equals "
+             "its manifest base's snapshot, every other component compared equal too, is the base pipeline. "
              "Deliver the weights the run saved at its end (trainer.save_model(...) or "
              "model.save_pretrained(...)), not a copy of the base snapshot or an adapter saved before training."),
          bad="artifacts/control-model/model.safetensors copied from models--org--base/snapshots/3f1c…a5b4/",
