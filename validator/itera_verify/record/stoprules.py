@@ -79,8 +79,9 @@ def check(rules: list[dict], step: int, name: str, value: float) -> Violation | 
         split = rule.get("split", "eval")
         if kind == "truncated_input" and name == inputs_metric("truncated", split) and (
                 not finite or value > rule.get("max_truncated", 0)):
+            count = str(int(value)) if finite and value.is_integer() else spelled(value)
             return Violation(rule["id"], step, name, value,
-                             f"{spelled(value)} {split} input(s) truncated at step {step}, over the rule's limit "
+                             f"{count} {split} input(s) truncated at step {step}, over the rule's limit "
                              f"of {rule.get('max_truncated', 0)}")
     return None
 
