@@ -123,3 +123,20 @@ def test_name_or_path_of_the_pinned_base_snapshot_is_IV202_saying_what_it_is(bui
                                     f"at {built_lora['revision']} (unet), recorded by diffusers/transformers as "
                                     "`_name_or_path`: the manifest's pinned base")
     assert f"but the manifest pins itera-fixtures/tiny-sd at {built_lora['revision']}" in found["vae"]
+
+
+def test_diffusers_lora_saved_as_a_pickle_is_IV511(built_lora, tmp_path):
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    from itera_verify.package import discover
+    from itera_verify.rules import artifacts
+
+    root = Path(shutil.copytree(built_lora["package"], tmp_path / "pkg"))
+    lora = root / "artifacts/lora"
+    torch.save(load_file(str(lora / "pytorch_lora_weights.safetensors")), lora / "pytorch_lora_weights.bin")
+    (lora / "pytorch_lora_weights.safetensors").unlink()
+    found = [f for f in artifacts.check(discover(root)) if f.code == "IV511"]
+    assert sorted({f.path for f in found}) == ["artifacts/lora/pytorch_lora_weights.bin"]

@@ -173,7 +173,8 @@ def _pickled_weights(package: Package, artifact: dict) -> list[str]:
     """Model-weight files stored as pickles inside one artifact (SPEC §6: never optimizer/RNG/resume files)."""
     path = _artifact_path(package, artifact)
     if not path or artifact.get("kind") not in ("safetensors", "transformers-model", "peft-adapter",
-                                                 "resume-checkpoint"):
+                                                 "resume-checkpoint", "diffusers-pipeline", "diffusers-lora",
+                                                 "timm-model", "sentence-transformers-model"):
         return []
     whole_artifact_is_weights = artifact.get("kind") != "resume-checkpoint"
     found = []
