@@ -140,3 +140,20 @@ def test_diffusers_lora_saved_as_a_pickle_is_IV511(built_lora, tmp_path):
     (lora / "pytorch_lora_weights.safetensors").unlink()
     found = [f for f in artifacts.check(discover(root)) if f.code == "IV511"]
     assert sorted({f.path for f in found}) == ["artifacts/lora/pytorch_lora_weights.bin"]
+
+
+def test_the_reload_memory_limit_counts_the_base_pipeline_the_lora_loads(built_lora):
+    # A LoRA is a few MiB; its child loads the whole base pipeline beside it: the limit counts both, or a real
+    # SD-1.5 LoRA would be stopped at the library allowance.
+    from itera_verify.package import discover
+    from itera_verify.reload.jobs import plan
+    from itera_verify.reload.limits import disk_bytes, pinned_base_folder
+
+    package = discover(built_lora["package"])
+    package.hf_cache = Path(built_lora["hf_cache"])
+    loras = [a for a in package.artifacts() if a.get("kind") == "diffusers-lora"]
+    assert loras
+    job = plan(package, loras[0], "cpu", 1)
+    base = pinned_base_folder(loras[0]["base"], str(package.hf_cache))
+    assert base is not None and disk_bytes(base) > 0
+    assert "with its base" in job["memory_limit_source"], job["memory_limit_source"]

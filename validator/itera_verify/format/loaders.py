@@ -30,6 +30,7 @@ class Loader:
     what: str = ""  # what its path is, in words, where a kind has several loaders (IV510's explanation)
     libraries: tuple[str, ...] = ()  # what its child imports beyond the tool's own dependencies (reload/common.require)
     extra: str = ""  # the pip extra that installs them: `pip install 'itera-verify[EXTRA]'`
+    loads_pinned_base: bool = False  # its child loads the manifest's pinned base beside the artifact (memory limit)
 
 
 TABLE = (
@@ -52,7 +53,7 @@ TABLE = (
     # peft, which load_lora_weights needs, is one of the tool's own dependencies.
     Loader("diffusers-lora", "diffusers_lora", ("diffusers-lora",), EITHER, default_for=("diffusers-lora",),
            what="a LoRA file or its folder, on the manifest's base pipeline", libraries=("diffusers",),
-           extra="diffusers"),
+           extra="diffusers", loads_pinned_base=True),
     Loader("timm", "timm", ("timm-model",), FOLDER, light=True, default_for=("timm-model",), libraries=("timm",),
            extra="timm"),
     Loader("sentence-transformers", "sentence_transformers", ("sentence-transformers-model",), FOLDER,

@@ -10,6 +10,7 @@ from ..model import ReloadResult
 from ..package import Package
 from ..package.campaign import fp16_run, recorded_world_size
 from ..package.pickles import scan_package
+from ..format import loaders as loader_table
 from .loaders import LOADERS
 from .limits import memory_limit
 from .placement import weight_bytes
@@ -78,12 +79,15 @@ def plan(package: Package, artifact: dict, device: str, threads: int,
         result.failure, result.error = "load", refusal
         return result
     hf_cache = os.path.abspath(package.hf_cache) if package.hf_cache else None
-    limit, limit_source = memory_limit(Path(real), device, hf_cache, configured_limit)
+    pinned_base = artifact.get("base") if isinstance(artifact.get("base"), dict) else None
+    loads_base = loader in loader_table.LOADERS and loader_table.LOADERS[loader].loads_pinned_base
+    limit, limit_source = memory_limit(Path(real), device, hf_cache, configured_limit,
+                                       pinned_base if loads_base else None)
     return {
         "artifact": artifact_id, "loader": loader, "kind": result.kind, "rel": rel, "path": real,
         "package_root": root, "device": device, "dtype": _text(entry.get("dtype")), "class": _text(entry.get("class")),
         "hf_cache": hf_cache,  # absolute: the child runs elsewhere
-        "base": artifact.get("base") if isinstance(artifact.get("base"), dict) else None,
+        "base": pinned_base,
         "num_labels": entry.get("num_labels"),  # the loader checks it: a task head's size (peft, SPEC reload.json)
         "fp16": fp16_run(package, _text(artifact.get("run"))), "threads": threads,
         "config": _config_folder(package, entry), "config_ref": _text(entry.get("config")),

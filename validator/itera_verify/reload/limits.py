@@ -83,12 +83,36 @@ def base_folder(folder: Path, hf_cache: str | None) -> Path | None:
     return Path(found).parent if isinstance(found, str) else None
 
 
-def memory_limit(path: Path, device: str, hf_cache: str | None, configured: int | None) -> tuple[int, str]:
-    """(bytes, how they were set) for the child that reloads `path` on `device` ("cpu" or "cuda")."""
+def pinned_base_folder(base: dict | None, hf_cache: str | None) -> Path | None:
+    """The hub-cache snapshot of the manifest's pinned base (an artifact's `base`: name, revision), as the
+    diffusers-lora loader finds it (a pipeline's model_index.json or a model's config.json); None otherwise."""
+    name = base.get("name") if isinstance(base, dict) else None
+    revision = base.get("revision") if isinstance(base, dict) else None
+    if not hf_cache or not isinstance(name, str) or not name:
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        for marker in ("model_index.json", "config.json"):
+            found = try_to_load_from_cache(name, marker, cache_dir=hf_cache,
+                                           revision=revision if isinstance(revision, str) else None)
+            if isinstance(found, str):
+                return Path(found).parent
+    except Exception:  # noqa: BLE001 - any unusable base: the child says what is wrong with it
+        return None
+    return None
+
+
+def memory_limit(path: Path, device: str, hf_cache: str | None, configured: int | None,
+                 pinned_base: dict | None = None) -> tuple[int, str]:
+    """(bytes, how they were set) for the child that reloads `path` on `device` ("cpu" or "cuda"). The base the
+    child loads beside the artifact counts too: an adapter's (adapter_config.json), else the manifest's pinned
+    base (a diffusers LoRA loads its whole pipeline)."""
     if configured:
         return configured, "configured"
     weights = disk_bytes(path)
     base = base_folder(path, hf_cache) if Path(path).is_dir() else None
+    base = base or pinned_base_folder(pinned_base, hf_cache)
     based = ""
     if base is not None:
         weights += disk_bytes(base)
