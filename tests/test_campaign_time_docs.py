@@ -40,5 +40,7 @@ def test_the_campaign_time_example_records_priced_and_proven_saves(tmp_path):
                                "--format", "json", "--device", "cpu"], capture_output=True, text=True, timeout=600,
                               check=False)
     report = json.loads(verified.stdout)
-    assert errors(report) == [] and not report["findings"], report["findings"]
+    assert errors(report) == [], report["findings"]
+    # Only the example's brevity shows (no pilot decision, no deviation explained): nothing of campaign time.
+    assert {f["code"] for f in report["findings"]} <= {"IV605", "IV611"}, report["findings"]
     assert report["runs"][0]["saves"]["proof_ok"] is True

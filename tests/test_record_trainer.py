@@ -117,6 +117,7 @@ def recorded(hf_cache, tmp_path_factory) -> dict:
     with torch_threads(1), contextlib.chdir(work):  # relative output_dir: no /tmp path in training_args.bin
         campaign = open_test_campaign(Path("pkg"))
         control = campaign.run("control", "control", params={"model": "tiny-gpt2", "init_seed": 0})
+        control.inputs("eval", len(EVAL_IDS), 0)  # the truncated rule's counts (IV412)
         model = tiny_gpt2(seed=0)
         # save_total_limit=1: checkpoint-2 is rotated away and must not stay registered.
         train(model, control, "pkg/checkpoints/control", save_steps=2, save_total_limit=1, eval_steps=4,
@@ -126,6 +127,7 @@ def recorded(hf_cache, tmp_path_factory) -> dict:
         campaign.decision("continue", after="pilot", note="the control's loss falls")
 
         lora = campaign.run("lora-r4", "variant", params={"base_model": BASE_MODEL, "lora_r": 4})
+        lora.inputs("eval", len(EVAL_IDS), 0)
         peft_model = get_peft_model(load_base(hf_cache), LoraConfig(
             r=4, lora_alpha=8, target_modules=["c_attn", "c_proj", "c_fc"], task_type="CAUSAL_LM", fan_in_fan_out=True))
         train(peft_model, lora, "pkg/checkpoints/lora-r4", learning_rate=5e-2, save_model_to="artifacts/lora-r4",
