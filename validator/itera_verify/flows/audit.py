@@ -67,13 +67,13 @@ def audit(archive, *, config: Config | None = None, reload: bool = False, max_si
     (flows/signatures.py, IV801-IV803); without it a signature present is still checked and its signer shown.
     `oms_public_key` (PEM) requires SEAL/model.sig, an OpenSSF model-signing signature, and verifies it.
     `archive` may be `s3://bucket/key.tar.zst` (push/remote.py): streamed from the store, never copied here; its
-    signatures are not checked there yet (--allowed-signers is then exit 2)."""
+    signatures are checked as a file's, the `.sig` read from beside the object."""
     reviewer = read_reviewer(allowed_signers, signer, oms_public_key)
     options = settle(config, reviewer=True, selection=selection, device=device, timeout=timeout,
                      tmp_patterns=tmp_patterns, tariffs=tariffs)
     selection, device, timeout = options.selection, options.device, options.timeout
     tmp_patterns, tariffs, configuration = options.tmp_patterns, options.tariffs, options.configuration
-    remote = _open_remote(archive, endpoint_url, allowed_signers, oms_public_key)
+    remote = _open_remote(archive, endpoint_url)
     path = Path(archive) if remote is None else Path(remote.name)
     resolved_device = None
     if reload:
@@ -103,7 +103,7 @@ def audit(archive, *, config: Config | None = None, reload: bool = False, max_si
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
                 shutil.rmtree(seal_side, ignore_errors=True)
-        signatures = check_signatures(path, fd, extraction, reviewer) if remote is None else None
+        signatures = check_signatures(path, fd, extraction, reviewer, remote=remote)
         if extraction.error is not None or not extraction.archive_sha256:
             # The stream failed before its end, so the reader hashed part of it: the whole file's digest all the same.
             extraction.archive_sha256 = _file_sha256(path, fd) if remote is None else remote.sha256()
@@ -237,18 +237,12 @@ def _file_sha256(path: Path, fd: int) -> str:
         raise UsageError(f"{path}: cannot read ({exc.strerror or exc})") from exc
 
 
-def _open_remote(archive, endpoint_url: str | None, allowed_signers, oms_public_key=None):
+def _open_remote(archive, endpoint_url: str | None):
     """`s3://...`: the object in the store (push/remote.py); None for a file here."""
     from ..push import is_s3
 
     if not is_s3(str(archive)):
         return None
-    if oms_public_key is not None:
-        raise UsageError(f"{archive}: --oms-public-key checks a local archive for now (copy it from the bucket "
-                         "first)")
-    if allowed_signers is not None:
-        raise UsageError(f"{archive}: --allowed-signers checks a local archive and its .sig for now (copy both "
-                         "from the bucket first)")
     from ..push.remote import open_remote
 
     return open_remote(str(archive), endpoint_url)

@@ -80,21 +80,27 @@ def _archive_signature(archive: Path) -> bytes | None:
         raise UsageError(f"{beside}: cannot read ({exc.strerror or exc})") from None
 
 
-def check_signatures(archive: Path, fd: int, extraction: Extraction, reviewer: Reviewer) -> SealSignatures | None:
-    """The seal's signatures checked against this archive; None when its stream could not be read whole."""
+def check_signatures(archive: Path, fd: int | None, extraction: Extraction, reviewer: Reviewer,
+                     remote=None) -> SealSignatures | None:
+    """The seal's signatures checked against this archive; None when its stream could not be read whole.
+    `remote` (push/remote.RemoteArchive): the archive is an object in a bucket, `.sig` the object beside it."""
     if extraction.error is not None:
         return None
 
     def digest(name: str) -> bytes:
         if name == "sha256" and extraction.archive_sha256:
             return bytes.fromhex(extraction.archive_sha256)
+        if remote is not None:  # a signature made with sha512: the object read again, in ranges
+            return bytes.fromhex(remote.sha256(name))
         with os.fdopen(os.dup(fd), "rb") as source:  # a signature made with sha512: read the archive again
             source.seek(0)
             return hashlib.file_digest(source, name).digest()
 
     seal = extraction.seal_files
+    signature = (_archive_signature(archive) if remote is None
+                 else remote.sidecar(ARCHIVE_SIG_SUFFIX, sshsig.MAX_SIGNATURE_FILE))
     result = check_seal(statement=seal.get(STATEMENT), statement_sig=seal.get(STATEMENT_SIG),
-                        archive_sig=_archive_signature(archive), archive_digest=digest, sums=seal.get(SUMS),
+                        archive_sig=signature, archive_digest=digest, sums=seal.get(SUMS),
                         record=seal.get(RECORD), top=extraction.top, allowed=reviewer.allowed,
                         principal=reviewer.principal, now=time.time())
     result.allowed_signers = reviewer.name

@@ -98,11 +98,11 @@ class RangedReader:
 
 
 def read_back_sha256(s3, bucket: str, key: str, size: int, etag: str | None, jobs: int,
-                     version_id: str | None = None) -> tuple[str, int]:
-    """(sha256 hex, bytes read) of the object, read in parallel ranges."""
+                     version_id: str | None = None, algorithm: str = "sha256") -> tuple[str, int]:
+    """(hex digest, bytes read) of the object, read in parallel ranges (`algorithm`: a hashlib name)."""
     import hashlib
 
-    digest, total = hashlib.sha256(), 0
+    digest, total = hashlib.new(algorithm), 0
     with RangedReader(s3, bucket, key, size, etag, jobs=jobs, version_id=version_id) as reader:
         while piece := reader.read(RANGE_BYTES):
             digest.update(piece)

@@ -42,16 +42,19 @@ class RemoteArchive:
         return RangedReader(self.s3, self.bucket, self.key, self.size, self.etag, jobs=self.jobs,
                             version_id=self.version_id)
 
-    def sha256(self) -> str:
+    def sha256(self, algorithm: str = "sha256") -> str:
+        """The object's digest, read again in ranges (the audit's stream hashes sha256 itself)."""
         return read_back_sha256(self.s3, self.bucket, self.key, self.size, self.etag, self.jobs,
-                                version_id=self.version_id)[0]
+                                version_id=self.version_id, algorithm=algorithm)[0]
 
-    def _sidecar(self, suffix: str) -> bytes | None:
+    def sidecar(self, suffix: str, limit: int = SIDECAR_MAX) -> bytes | None:
+        """`<key><suffix>` beside the object (its `.sha256`, `.sig`, receipt): at most `limit` + 1 bytes, so a
+        caller sees one too large; None when there is none."""
         try:
-            response = self.s3.get_object(Bucket=self.bucket, Key=self.key + suffix, Range=f"bytes=0-{SIDECAR_MAX}")
+            response = self.s3.get_object(Bucket=self.bucket, Key=self.key + suffix, Range=f"bytes=0-{limit}")
             body = response["Body"]
             try:
-                return body.read(SIDECAR_MAX + 1)
+                return body.read(limit + 1)
             finally:
                 body.close()
         except Exception as exc:  # noqa: BLE001 - a missing sidecar is no error; the rest is one line
@@ -67,11 +70,11 @@ class RemoteArchive:
             recorded.append((f"the object's {METADATA_SHA256} metadata", self.metadata_sha256.lower()))
         if self.tag_sha256:
             recorded.append((f"the object's {METADATA_SHA256} tag", self.tag_sha256.lower()))
-        checksum = self._sidecar(CHECKSUM_SUFFIX)
+        checksum = self.sidecar(CHECKSUM_SUFFIX)
         if checksum is not None:
             match = re.match(rb"\\?([0-9a-fA-F]{64})", checksum)
             recorded.append((self.name + CHECKSUM_SUFFIX, match.group(1).decode().lower() if match else ""))
-        receipt = self._sidecar(RECEIPT_SUFFIX)
+        receipt = self.sidecar(RECEIPT_SUFFIX)
         if receipt is not None:
             try:
                 value = json.loads(receipt).get("sha256")
