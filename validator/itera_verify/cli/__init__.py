@@ -298,13 +298,10 @@ def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, r
             check_destination(push_dest, endpoint_url)
         with _make_progress(quiet, verbose) as progress:
             if push_dest:  # an S3 upload overlaps the seal (push/follow.py)
-                from ..format.push import DEFAULT_PART_SIZE
                 from ..push import seal_follower
 
                 follower = seal_follower(push_dest, endpoint_url=endpoint_url, read_back=read_back, jobs=4,
-                                         part_size=part_size or DEFAULT_PART_SIZE,
-                                         progress=progress,
-                                         warn=_warn)
+                                         part_size=part_size, progress=progress, warn=_warn)
             report = verify(outdir, config=config, device=device, reload=not no_reload, seal=not no_seal,
                             output=output, overwrite=overwrite, selection=selection, hf_cache=hf_cache,
                             timeout=timeout, jobs=jobs, level=level, threads=threads, progress=progress,

@@ -18,6 +18,7 @@ import os
 import re
 import stat as stat_module
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -215,9 +216,14 @@ def finish_s3(s3, archive: Path, location: S3Location, uploaded, sha256: str, si
     verified_by, in_metadata = _verify_object(s3, location, size=size, sha256=sha256, crc=uploaded.crc64nvme,
                                               returned_crc=uploaded.store_crc64nvme, etag=uploaded.etag,
                                               version_id=uploaded.version_id, read_back=read_back, jobs=jobs)
-    tagged = None if in_metadata else _tag_sha256(s3, location, sha256, uploaded.version_id)
-    for name, data in sidecars:
-        _put_small(s3, S3Location(location.bucket, location.key[:-len(archive.name)] + name), data)
+    prefix = location.key[:-len(archive.name)]
+    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="push-sidecar") as pool:  # round trips side by side
+        tagging = pool.submit(_tag_sha256, s3, location, sha256, uploaded.version_id) if not in_metadata else None
+        sent = [pool.submit(_put_small, s3, S3Location(location.bucket, prefix + name), data)
+                for name, data in sidecars]
+        for future in sent:
+            future.result()
+        tagged = tagging.result() if tagging is not None else None
     receipt = _receipt(f"s3://{location.bucket}/{location.key[:-len(archive.name)]}", location.key,
                        version_id=uploaded.version_id, etag=uploaded.etag, size=size, sha256=sha256,
                        crc=uploaded.crc64nvme, checksum=uploaded.checksum, uploaded_at=uploaded_at, started=started,

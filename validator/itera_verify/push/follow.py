@@ -26,7 +26,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
-from ..format.push import CHECKSUM_CRC64NVME, CHECKSUM_MD5, DEFAULT_PART_SIZE, part_size_for
+from ..format.push import CHECKSUM_CRC64NVME, CHECKSUM_MD5, FOLLOW_PART_SIZE, part_size_for
 from ..runtime.progress import NULL_PROGRESS, Progress
 from . import journal as journals
 from .deadline import DeadlineWatch
@@ -46,10 +46,10 @@ class SealFollower:
     pushes after the seal instead), following, sealed (result() completes it), abandoned."""
 
     def __init__(self, dest: str, *, endpoint_url: str | None = None, read_back: bool = False, jobs: int = 4,
-                 part_size: int = DEFAULT_PART_SIZE, progress: Progress = NULL_PROGRESS,
+                 part_size: int | None = None, progress: Progress = NULL_PROGRESS,
                  deadline: float | None = None, warn=None):
         self.dest, self.endpoint_url, self.read_back, self.jobs = dest, endpoint_url, read_back, jobs
-        self.wanted_part_size, self.progress = part_size, progress
+        self.wanted_part_size, self.progress = part_size or FOLLOW_PART_SIZE, progress
         self.watch = DeadlineWatch(deadline, warn or progress.log)
         self.state = "idle"
         self._lock = threading.RLock()  # sealed() also runs under it when an upload starts again
