@@ -11,7 +11,7 @@ phase already reported is recognised by that id (never by message text), so a mi
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 MISSING_CODE, INCONSISTENT_CODE = "IV507", "IV508"
@@ -28,6 +28,13 @@ FSDP_MODEL = re.compile(r"pytorch_model_fsdp(?:_(\d+))?")
 FSDP_OPTIMIZER = re.compile(r"optimizer(?:_(\d+))?")
 SINGLE, DEEPSPEED, FSDP = "single-process", "deepspeed", "fsdp"
 CANNOT = "the run cannot resume exactly"
+
+# DeepSpeed's own resume (engine.load_checkpoint, 0.19.8): the tag is `latest`'s text, stripped; the model states
+# are globbed in <folder>/<tag>/. The Trainer's deepspeed_load_checkpoint first globs <checkpoint>/global_step*.
+LATEST = "latest"
+STEP_PREFIX = "global_step"
+DS_MODEL_STATES = re.compile(r"(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt")
+LATEST_READ = 4096  # bytes of `latest` either side reads: a longer tag cannot name a folder (NAME_MAX is 255)
 
 # A torch-resume file's components (reload/loaders/torch_resume.py proves them) and what each is, in words.
 RESUME_KEYS = {"model": "the weights", "optimizer": "the optimizer state", "scheduler": "the LR scheduler state",
@@ -159,6 +166,24 @@ def trainer_requirements(folder: str, files: Iterable[str], dirs: Iterable[str],
     return out
 
 
+def index_shard_requirement(folder: str, index: str, weight_map: dict,
+                            present: Callable[[str], bool]) -> Requirement | None:
+    """The shards a weight index (`model.safetensors.index.json`) names that are not in its folder, as one
+    requirement of the index: the static checks of a checkpoint and every loader of a sharded folder report it
+    under this id, so a lost shard is said once. Its `file` is the first missing shard."""
+    tensors: dict[str, int] = {}
+    for shard in weight_map.values():
+        if isinstance(shard, str):
+            tensors[shard] = tensors.get(shard, 0) + 1
+    missing = [shard for shard in sorted(tensors) if not present(shard)]
+    if not missing:
+        return None
+    shown = ", ".join(f"{shard} ({tensors[shard]} tensors)" for shard in missing[:3]) + (
+        f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    return Requirement(f"index-shards:{index}", MISSING_CODE, missing[0],
+                       f"{index} names {len(missing)} shard(s) that are not in {folder}: {shown}")
+
+
 def resume_key_requirements(rel: str, keys: Iterable[str], *, fp16: bool) -> list[Requirement]:
     """The components a torch-resume file's top-level dict lacks."""
     keys = set(keys)
@@ -166,3 +191,42 @@ def resume_key_requirements(rel: str, keys: Iterable[str], *, fp16: bool) -> lis
     return [Requirement(f"component:{key}", MISSING_CODE, "",
                         f"{rel} has no `{key}` ({meaning}): {CANNOT}")
             for key, meaning in wanted.items() if key not in keys]
+
+
+def deepspeed_tag(latest: bytes) -> str:
+    """The tag `latest` names, read as engine.load_checkpoint reads it: the text, stripped (a trailing newline is
+    fine)."""
+    return latest.decode("utf-8", errors="replace").strip()
+
+
+def deepspeed_requirements(folder: str, files: Iterable[str], dirs: Iterable[str], latest: bytes | None,
+                           step_files: Iterable[str], *, trainer: bool) -> list[Requirement]:
+    """What DeepSpeed's resume needs before it loads anything, from the names in a DeepSpeed checkpoint folder,
+    `latest`'s first LATEST_READ bytes (None: no `latest`) and the names in the folder it names. `trainer`: a Trainer
+    checkpoint-N/, which the Trainer's deepspeed_load_checkpoint refuses without a global_step* entry. Each of these
+    stops DeepSpeed's own resume (or, for a missing `latest`, makes it load nothing), so the first one is all."""
+    files, dirs = set(files), set(dirs)
+    if trainer and not any(name.startswith(STEP_PREFIX) for name in files | dirs):
+        named = f" (latest names {deepspeed_tag(latest)!r})" if latest is not None else ""
+        return [Requirement("deepspeed:global-step", MISSING_CODE, "",
+                            f"no {STEP_PREFIX}<N>/ folder in {folder}{named}: the Trainer's deepspeed_load_checkpoint "
+                            "finds no DeepSpeed checkpoint there and stops (Can't find a valid checkpoint)")]
+    if LATEST not in files or latest is None:
+        return [Requirement("deepspeed:latest", MISSING_CODE, LATEST,
+                            f"no `latest` in {folder}: DeepSpeed's load_checkpoint has no tag to resume from (it "
+                            "warns and loads nothing; the Trainer then stops: failed to resume from checkpoint)")]
+    tag = deepspeed_tag(latest)
+    if not tag or "/" in tag or "\\" in tag or tag in (".", ".."):
+        return [Requirement("deepspeed:tag", MISSING_CODE, LATEST,
+                            f"{folder}/{LATEST} holds {tag[:80]!r}, not a checkpoint folder name: DeepSpeed's "
+                            "load_checkpoint finds no model states to resume from (AssertionError)")]
+    if tag not in dirs:
+        return [Requirement("deepspeed:tag", MISSING_CODE, LATEST,
+                            f"{folder}/{LATEST} names {tag[:80]}/, which is not in {folder}: DeepSpeed's "
+                            "load_checkpoint finds no model states to resume from (AssertionError)")]
+    if not any(DS_MODEL_STATES.fullmatch(name) for name in step_files):
+        return [Requirement("deepspeed:model-states", MISSING_CODE, tag,
+                            f"no mp_rank_00_model_states.pt (zero_pp_rank_<r>_mp_rank_00_model_states.pt under "
+                            f"ZeRO-3) in {folder}/{tag}: DeepSpeed's load_checkpoint finds no model states to resume "
+                            "from (AssertionError)")]
+    return []

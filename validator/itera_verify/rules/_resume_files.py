@@ -20,6 +20,7 @@ from ._pickle_keys import top_level_keys
 
 TRAINER_LOADER = "hf-trainer-checkpoint"
 TORCH_RESUME_LOADER = "torch-resume"
+DEEPSPEED_LOADER = "deepspeed-checkpoint"
 
 
 @dataclass(frozen=True)
@@ -59,10 +60,32 @@ def trainer_checkpoint_facts(package: Package, folder: str, artifact: str, run: 
                                              world_size=recorded_world_size(package, run)):
         yield ResumeFact(need.code, f"{folder}/{need.file}" if need.file else folder, need.message, **fact,
                          requirement=need.id)
-    if layouts.detect(files, dirs) == layouts.SINGLE:
+    layout = layouts.detect(files, dirs)
+    if layout == layouts.SINGLE:
         yield from _index_shards(package, folder, files, fact)
+    elif layout == layouts.DEEPSPEED:
+        yield from deepspeed_facts(package, folder, artifact, run, trainer=True)
     if layouts.TRAINER_STATE in files:
         yield from _progress(package, folder, fact)
+
+
+def deepspeed_facts(package: Package, folder: str, artifact: str, run: str | None, *,
+                    trainer: bool) -> Iterator[ResumeFact]:
+    """What DeepSpeed's own resume needs before loading (format/layouts.py): `latest`, the folder it names, the
+    model states there, and under the Trainer a global_step* entry."""
+    files, dirs = _children(package, folder)
+    latest = None
+    if layouts.LATEST in files:
+        try:
+            with open(package.os_path(f"{folder}/{layouts.LATEST}"), "rb") as stream:
+                latest = stream.read(layouts.LATEST_READ)
+        except OSError:
+            return  # unreadable: the reload reports what it cannot read
+    tag = layouts.deepspeed_tag(latest) if latest is not None else ""
+    step_files = _children(package, f"{folder}/{tag}")[0] if tag and tag in dirs else set()
+    for need in layouts.deepspeed_requirements(folder, files, dirs, latest, step_files, trainer=trainer):
+        yield ResumeFact(need.code, f"{folder}/{need.file}" if need.file else folder, need.message,
+                         artifact=artifact, run=run, requirement=need.id)
 
 
 def _index_shards(package: Package, folder: str, files: set[str], fact: dict) -> Iterator[ResumeFact]:
@@ -71,12 +94,10 @@ def _index_shards(package: Package, folder: str, files: set[str], fact: dict) ->
             continue
         value = package.json_value(f"{folder}/{index}")
         weight_map = value.get("weight_map") if isinstance(value, dict) else None
-        shards = sorted({s for s in weight_map.values() if isinstance(s, str)}) if isinstance(weight_map, dict) else []
-        missing = [shard for shard in shards if not package.is_file(f"{folder}/{shard}")]
-        if missing:
-            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-            yield ResumeFact("IV507", f"{folder}/{index}", f"{index} names {len(missing)} shard(s) that are not in "
-                                                           f"{folder}: {shown}", **fact)
+        need = layouts.index_shard_requirement(folder, index, weight_map, lambda shard: package.is_file(
+            f"{folder}/{shard}")) if isinstance(weight_map, dict) else None
+        if need is not None:
+            yield ResumeFact(need.code, f"{folder}/{index}", need.message, **fact, requirement=need.id)
 
 
 def _progress(package: Package, folder: str, fact: dict) -> Iterator[ResumeFact]:
@@ -124,4 +145,6 @@ def resume_facts(package: Package) -> list[ResumeFact]:
             facts.extend(trainer_checkpoint_facts(package, rel, artifact_id, run))
         elif entry.get("loader") == TORCH_RESUME_LOADER and package.is_file(rel):
             facts.extend(torch_resume_facts(package, rel, artifact_id, run))
+        elif entry.get("loader") == DEEPSPEED_LOADER and rel in package.dirs:
+            facts.extend(deepspeed_facts(package, rel, artifact_id, run, trainer=False))
     return facts

@@ -25,7 +25,8 @@ def _indexed_folders(folder: Path, pattern: re.Pattern) -> dict[int, Path]:
 
 def check_deepspeed(folder: Path, job: dict, device, outcome: Outcome, global_step: int | None) -> int | None:
     """The DeepSpeed proofs on the checkpoint's own `latest` / global_step folder; its dp_world_size."""
-    facts = check_zero_checkpoint(folder, job, device, outcome, global_step, "trainer_state.json's global_step")
+    facts = check_zero_checkpoint(folder, job, device, outcome, global_step, "trainer_state.json's global_step",
+                                  trainer=True)
     return facts.dp_world_size if facts else None
 
 

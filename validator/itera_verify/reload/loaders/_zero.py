@@ -2,8 +2,10 @@
 and one optimizer shard per data-parallel rank. Shared by `deepspeed-checkpoint` and by a Trainer checkpoint
 written under DeepSpeed.
 
-DeepSpeed's load_checkpoint only warns when `latest` names a missing folder, and its zero_to_fp32.py finds a
-missing shard only by counting files: here each proof is made, file by file, and each failure named. The flat
+What DeepSpeed's load_checkpoint reads before loading (`latest`, the folder its tag names, the model states
+there; the Trainer's global_step* glob) is format/layouts.py's, shared with the static checks; without `latest` it
+only warns and loads nothing, and its zero_to_fp32.py finds a missing shard only by counting files: here each
+proof is made, file by file, and each failure named. The flat
 fp32 partitions must hold exactly the parameters param_shapes lists (the arithmetic of zero_to_fp32.py:
 stage 1-2 partitions aligned to 2 × dp_world_size, stage 3 each parameter padded to a multiple of it).
 Under tensor parallelism (AutoTP: `mp_rank_01_model_states.pt`, ...) each model-parallel rank holds its own model
@@ -27,9 +29,10 @@ from ..common import (
     nonfinite_count,
     safe_torch_load,
 )
+from ...format import layouts
 from . import _pipeline, _ranks, _resume
 
-MODEL_STATES = re.compile(r"(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt")
+MODEL_STATES = layouts.DS_MODEL_STATES
 BF16_OPTIMIZER = {"base_optimizer_state", "single_partition_of_fp32_groups", "group_paddings", "partition_count"}
 OPTIMIZER_SHARD = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt")
 
@@ -56,22 +59,23 @@ class ZeroFacts:
     pipeline_tied: dict = field(default_factory=dict)  # its tied parameters: name -> (shape, its slice)
 
 
-def step_folder(folder: Path, outcome: Outcome) -> Path | None:
-    """The folder `latest` names; a missing `latest` or folder is a missing component (IV507)."""
-    latest = folder / "latest"
-    if not latest.is_file():
-        outcome.fail(MISSING, f"no `latest` in {outcome.rel(folder)}: DeepSpeed's load_checkpoint cannot tell "
-                              "which global_step folder to resume from", latest)
-        return None
-    tag = latest.read_text(encoding="utf-8", errors="replace").strip()
-    if not tag or "/" in tag or "\\" in tag or tag in (".", ".."):
-        outcome.fail(LOAD, f"{outcome.rel(latest)} holds {tag!r}, not a checkpoint folder name", latest)
+def step_folder(folder: Path, outcome: Outcome, trainer: bool = False) -> Path | None:
+    """The folder `latest` names, when DeepSpeed's own resume would find it (format/layouts.py, the reading the
+    static checks share: each unmet requirement is reported under its id); None otherwise."""
+    files = {p.name for p in folder.iterdir() if p.is_file()}
+    dirs = {p.name for p in folder.iterdir() if p.is_dir()}
+    latest = None
+    if layouts.LATEST in files:
+        with open(folder / layouts.LATEST, "rb") as stream:
+            latest = stream.read(layouts.LATEST_READ)
+    tag = layouts.deepspeed_tag(latest) if latest is not None else ""
+    step_files = [p.name for p in (folder / tag).iterdir()] if tag and tag in dirs else []
+    unmet = layouts.deepspeed_requirements(outcome.rel(folder), files, dirs, latest, step_files, trainer=trainer)
+    for need in unmet:
+        outcome.unmet(need, folder)
+    if unmet:
         return None
     outcome.facts["latest"] = tag
-    if not (folder / tag).is_dir():
-        outcome.fail(MISSING, f"{outcome.rel(latest)} names {tag}/, which is not in {outcome.rel(folder)}: "
-                              "DeepSpeed would silently resume nothing", folder / tag)
-        return None
     return folder / tag
 
 
@@ -258,10 +262,11 @@ def check_partitions(facts: ZeroFacts, outcome: Outcome, step_dir: Path) -> None
 
 
 def check_zero_checkpoint(folder: Path, job: dict, device, outcome: Outcome, expected_step: int | None = None,
-                          against: str = "") -> ZeroFacts | None:
+                          against: str = "", trainer: bool = False) -> ZeroFacts | None:
     """Every proof of a DeepSpeed folder, for every model-parallel rank; problems are recorded, the facts of mp
-    rank 0 returned (None without a step folder)."""
-    step_dir = step_folder(folder, outcome)
+    rank 0 returned (None without a step folder). `trainer`: a Trainer checkpoint-N/ (its resume also globs
+    global_step*)."""
+    step_dir = step_folder(folder, outcome, trainer)
     if step_dir is None:
         return None
     layers = _pipeline.layer_files(step_dir)

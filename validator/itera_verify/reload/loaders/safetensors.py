@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ...format import layouts
 from ...package.jsonread import read_json_file
 from ..common import LOAD, Outcome, Stop, nonfinite_count, short, torch_dtype
 
@@ -29,14 +30,12 @@ def shard_plan(path: Path, outcome: Outcome) -> tuple[list[Path], dict[str, str]
         raise Stop(LOAD, f"{outcome.rel(indexes[0])} is not a usable shard index: {short(exc)}", indexes[0]) from exc
     shards = sorted(set(map(str, weight_map.values())))
     outcome.facts["shards"] = len(shards)
-    present = []
-    for shard in shards:
-        shard_path = path / shard
-        if shard_path.is_file():
-            present.append(shard_path)
-        else:
-            outcome.fail(LOAD, f"shard {shard} named by {indexes[0].name} is missing "
-                               f"({sum(1 for v in weight_map.values() if v == shard)} tensors)", shard_path)
+    # Every missing shard in one problem, under the id the static checks of a checkpoint report it (said once).
+    need = layouts.index_shard_requirement(outcome.rel(path), indexes[0].name, weight_map,
+                                           lambda shard: (path / shard).is_file())
+    if need is not None:
+        outcome.fail(LOAD, need.message, path / need.file, requirement=need.id)
+    present = [path / shard for shard in shards if (path / shard).is_file()]
     return present, {str(k): str(v) for k, v in weight_map.items()}
 
 
