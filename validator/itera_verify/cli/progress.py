@@ -90,6 +90,11 @@ class BarsProgress(Progress):
         if key in self.tasks:
             self.bars.advance(self.tasks[key], amount)
 
+    def waiting(self, key: str, what: str | None) -> None:
+        with self.lock:  # rich paces from its samples, taken as items end: the wait is not spread over them
+            if key in self.tasks and key not in self.ended_keys:
+                self._describe(key, clean(what) if what is not None else None)
+
     def finish(self, key: str) -> None:
         with self.lock:
             task_id = self.tasks.get(key)
@@ -158,6 +163,23 @@ class LinesProgress(Progress):
                     self._say(f"{task['description']}: {int(percent)}% ({human_bytes(task['done'])} of "
                               f"{human_bytes(total)}, {elapsed:.1f} s{time_left(task)})")
 
+    def waiting(self, key: str, what: str | None) -> None:
+        with self.lock:
+            task = self.tasks.get(key)
+            if task is None:
+                return
+            if what is not None:
+                task["waiting"] = time.monotonic()
+                self._say(f"{task['description']}: {what}")
+                return
+            since = task.pop("waiting", None)
+            if since is None:
+                return
+            # The pace (time left) is reckoned from here, over the items done from here.
+            task["paced_from"], task["paced_done"] = time.monotonic(), task["done"]
+            if task["paced_from"] - since >= 1:
+                self._say(f"{task['description']}: ready after {task['paced_from'] - since:.1f} s")
+
     def began(self, key: str, item: str) -> None:
         with self.lock:
             task = self.tasks.get(key)
@@ -195,11 +217,13 @@ class LinesProgress(Progress):
 
 
 def time_left(task: dict) -> str:
-    """`, about 12 s left` from the pace so far; nothing before the first part is done or once all is."""
+    """`, about 12 s left` from the pace so far (since a wait ended: waiting()); nothing before the first part is
+    done or once all is."""
     done, total = task["done"], task["total"]
-    if not total or done <= 0 or done >= total:
+    paced_done = task.get("paced_done", 0.0)
+    if not total or done <= paced_done or done >= total:
         return ""
-    left = (time.monotonic() - task["started"]) * (total - done) / done
+    left = (time.monotonic() - task.get("paced_from", task["started"])) * (total - done) / (done - paced_done)
     return f", about {left:.0f} s left" if left >= 1 else ", under 1 s left"
 
 

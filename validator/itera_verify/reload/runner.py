@@ -37,6 +37,7 @@ from .zygote_client import ForkedChild, Zygote, can_fork, start_zygote
 
 VALIDATOR_DIR = str(Path(__file__).resolve().parents[2])  # the folder holding the itera_verify package
 LOG_TAIL_LINES = 3
+IMPORTS, IMPORTS_LIGHT = "torch, transformers, peft…", "torch…"  # what the zygote preloads (zygote.py)
 ISOLATIONS = ("auto", "fork", "spawn")  # auto: fork through the zygote where that is possible and safe
 
 
@@ -326,10 +327,15 @@ def run_reloads(package: Package, *, device: str, timeout: float, jobs: int, pro
     with sigterm_interrupts(), ThreadPoolExecutor(max_workers=parallel) as workers:
         try:
             first = next(iter(pending.values()), {})
+            is_light = light(job["loader"] for job in pending.values())
+            if pending and can_fork(isolation):  # the zygote's imports: 8-12 s where nothing else is said
+                progress.waiting("reload", f"importing {IMPORTS_LIGHT if is_light else IMPORTS} once, for the "
+                                           "reload processes")
             zygote = start_zygote(isolation, children, zygote_env(first.get("threads") or 0, first.get("hf_cache")),
                                   bool(pending), model_types(pending.values()),
                                   started=prestarted.zygote if prestarted is not None else None,
-                                  light=light(job["loader"] for job in pending.values()))
+                                  light=is_light)
+            progress.waiting("reload", None)
             if zygote is None and prefetch and parallel == 1 and len(gpus) <= 1:
                 indexes = list(pending)
                 for position, result in _one_at_a_time([pending[i] for i in indexes], timeout, children,

@@ -22,6 +22,10 @@ class Progress:
     def ended(self, key: str, item: str, ok: bool = True) -> None:
         """That item ended (`ok` False: it failed); advance() still counts it."""
 
+    def waiting(self, key: str, what: str | None) -> None:
+        """`key` waits for something before its items can run (`what`, in words; None: the wait is over). The
+        time left is reckoned from the end of the wait: a one-off cost is not spread over every item."""
+
     def finish(self, key: str) -> None:
         pass
 
