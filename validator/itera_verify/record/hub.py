@@ -60,3 +60,43 @@ def loaded_commit(model) -> str | None:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     commit = getattr(getattr(base, "config", None), "_commit_hash", None)
     return commit if isinstance(commit, str) and COMMIT.match(commit) else None
+
+
+def add_to_hub_cache(folder: str | os.PathLike, repo_id: str, cache_dir: str | os.PathLike | None = None) -> str:
+    """Lay out a model folder you built yourself (save_pretrained of a base you pre-trained) in the hub cache as
+    huggingface_hub lays out a download: `blobs/<sha256>`, `snapshots/<commit>/<file>` linking to them, and
+    `refs/main`. An adapter trained on `from_pretrained(repo_id, cache_dir=...)` then pins `repo_id` at that commit
+    (IV501/IV502), and a reviewer's reload finds it offline. The commit is derived from the files (sha1 of their
+    sorted names and sha256), so the same files give the same pin. Returns the commit."""
+    import hashlib
+    import tempfile
+
+    if not isinstance(repo_id, str) or not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*", repo_id) \
+            or ".." in repo_id:
+        raise RecordError(f"{repo_id!r} is not a hub id (org/name): name the base as the adapter will pin it")
+    source = Path(folder)
+    files = sorted(p for p in source.rglob("*") if p.is_file() and not p.is_symlink())
+    if not (source / "config.json").is_file():
+        raise RecordError(f"{source}: no config.json (save the model with save_pretrained first)")
+    if cache_dir is not None:
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)  # a new cache for the campaign is fine
+    digests = {p.relative_to(source).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+    commit = hashlib.sha1("".join(f"{name} {digests[name]}\n" for name in sorted(digests)).encode()).hexdigest()
+    repo = repo_folder(repo_id, cache_dir)
+    snapshot = repo / "snapshots" / commit
+
+    def replace(path: Path, write) -> None:  # never a half-written file where a reader may look
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".itera-")) / path.name
+        write(temp)
+        os.replace(temp, path)
+        temp.parent.rmdir()
+
+    for name, digest in digests.items():
+        blob = repo / "blobs" / digest
+        if not blob.is_file():
+            replace(blob, lambda temp, name=name: temp.write_bytes((source / name).read_bytes()))
+        link = snapshot / name
+        replace(link, lambda temp, blob=blob, link=link: temp.symlink_to(os.path.relpath(blob, link.parent)))
+    replace(repo / "refs" / "main", lambda temp: temp.write_text(commit))
+    return commit
