@@ -2,6 +2,7 @@
 under a file lock); each test gets its own copy and plants one defect."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -74,16 +75,31 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 1
 
 
+def _sources_digest() -> str:
+    """The code a fixture build runs (the builders and the recorder they write packages with): a shared fixture
+    built by other code is rebuilt. The shared folders outlive a session on the same machine (CI runs there)."""
+    digest = hashlib.sha256()
+    package = ROOT / "validator" / "itera_verify"
+    for folder in (ROOT / "fixtures", package / "record", package / "integrations", package / "format"):
+        for path in sorted(folder.rglob("*.py")):
+            digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+SOURCES_DIGEST = _sources_digest()
+
+
 def built_once(tmp_path_factory, name: str, build, version: str | None = None) -> tuple[Path, dict]:
     """(the shared folder, the info `build(folder)` returned): built once for all xdist workers of a session,
     under a file lock, in a folder of its own beside the session's; rebuilt when `version` changed."""
     shared = tmp_path_factory.getbasetemp().parent / name
     shared.mkdir(exist_ok=True)
+    version = f"{version or ''}@{SOURCES_DIGEST}"
     with FileLock(str(shared) + ".lock"):
         info_file = shared / "info.json"
-        if not info_file.exists() or (version is not None and json.loads(info_file.read_text()).get("version")
-                                      != version):
-            info_file.write_text(json.dumps(build(shared), default=str))
+        if not info_file.exists() or json.loads(info_file.read_text()).get("built_by") != version:
+            info = build(shared)
+            info_file.write_text(json.dumps({**info, "built_by": version}, default=str))
     return shared, json.loads(info_file.read_text())
 
 
