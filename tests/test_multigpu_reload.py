@@ -177,8 +177,12 @@ def test_weights_only_lightning_checkpoint_is_IV507(multigpu_dir, built_multigpu
 # --- steps and world sizes that disagree (IV508) -----------------------------------------------------
 
 def test_deepspeed_trainer_global_step_disagreeing_with_the_engine_is_IV508(multigpu_dir, built_multigpu):
+    # Two comparisons fail, each said once: the folder's name against trainer_state.json (static, --no-reload
+    # sees it) and DeepSpeed's own global_steps against it (the reload).
     edit_json(multigpu_dir, f"{DS_TRAINER}/trainer_state.json", lambda s: s.update(global_step=3))
-    assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], "ds-trainer-checkpoint") == ["IV508"]
+    assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], "ds-trainer-checkpoint") == ["IV508", "IV508"]
+    _, findings = reload(multigpu_dir, built_multigpu["hf_cache"], "ds-trainer-checkpoint")
+    assert [f.code for f in findings] == ["IV508"] and "DeepSpeed's global_steps is 2" in findings[0].message
 
 
 def test_deepspeed_global_steps_disagreeing_with_the_optimizer_is_IV508(multigpu_dir, built_multigpu):
@@ -188,8 +192,11 @@ def test_deepspeed_global_steps_disagreeing_with_the_optimizer_is_IV508(multigpu
 
 
 def test_fsdp_checkpoint_global_step_disagreeing_with_the_optimizer_is_IV508(multigpu_dir, built_multigpu):
+    # The folder's name (static) and the optimizer's step (the reload) each disagree with it, each said once.
     edit_json(multigpu_dir, f"{FSDP}/trainer_state.json", lambda s: s.update(global_step=7))
-    assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], "fsdp-checkpoint") == ["IV508"]
+    assert reload_codes(multigpu_dir, built_multigpu["hf_cache"], "fsdp-checkpoint") == ["IV508", "IV508"]
+    _, findings = reload(multigpu_dir, built_multigpu["hf_cache"], "fsdp-checkpoint")
+    assert [f.code for f in findings] == ["IV508"] and "the optimizer has taken 2 step(s)" in findings[0].message
 
 
 def test_accelerate_scheduler_disagreeing_with_the_optimizer_is_IV508(multigpu_dir, built_multigpu):
@@ -307,6 +314,8 @@ def test_a_control_recorded_on_two_processes_agrees_with_every_two_rank_layout(m
     every layout the 2 gloo ranks wrote agrees with it: zero findings, statically and after the reloads."""
     single = {"control-resume", "lightning-checkpoint"}
     record_world_size(multigpu_dir, 2)
+    # Two processes ran on two GPUs: the lot holds them (IV613 otherwise).
+    edit_json(multigpu_dir, "manifest.json", lambda m: [lot.update(gpus=2) for lot in m["plan"]["lots"]])
     edit_json(multigpu_dir, "manifest.json",
               lambda m: m.update(artifacts=[a for a in m["artifacts"] if a["id"] not in single]))
     edit_json(multigpu_dir, "reload.json", lambda r: [r["artifacts"].pop(a) for a in single])
