@@ -6,8 +6,9 @@ Builds a valid package of about --size-gib (seal_bench.py's builder: the example
 large JSONL and small files), starts one SeaweedFS on loopback (tests/push_stores.py, the store the tests use)
 and, in each round, times:
 
-  verify --push   itera-verify DIR --no-reload -o OUT --push s3://bench/a/   (checks, seal, read-back, push,
-                                                                            the store's CRC64NVME, receipt)
+  verify --push   itera-verify DIR --no-reload -o OUT --push s3://bench/a/   (checks, seal, read-back, push
+                                                                            overlapping the seal, the store's
+                                                                            CRC64NVME, receipt)
   tar|zstd+upload tar -cf - DIR | zstd -T0 -3 -o FILE, then boto3 upload_file (default TransferConfig)
   rclone copy     rclone copy DIR of the raw folder to the same store (checksums per file by rclone)
 

