@@ -33,7 +33,8 @@ from tests.fuzz.binary import pickle_streams
 from tests.test_pickle_red_team import _Recorder
 
 SENTINEL = "sentinel.reached"
-RUNS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Derandomized, as the fuzz test is: CI replays the same 400 draws (make fuzz explores further).
+RUNS = settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 
 class _PyRecorder(pickle._Unpickler):
@@ -172,7 +173,10 @@ def test_every_global_an_unpickler_asks_for_is_named(data):
     assume(_memo_indices_small(data))
     names = walked_names(data)
     for name in first_requests(data):
-        assert name in names or "<name computed at load time>" in names, (name, names, data)
+        if name.startswith("."):
+            continue  # an empty module name (pickle.py at the data's end): __import__('') always fails
+        assert name in names or "<name computed at load time>" in names or opcodes.FRAME_CROSSED in names, \
+            (name, names, data)
 
 
 @contextmanager
@@ -208,7 +212,10 @@ def test_every_global_is_named_past_arguments_read_through(data, line, argument)
     with _short_limits(line, argument):
         names = walked_names(data)
     for name in requests:
-        assert _named(name, names, line) or "<name computed at load time>" in names, (name, names, data)
+        if name.startswith("."):
+            continue  # an empty module name (pickle.py at the data's end): __import__('') always fails
+        assert _named(name, names, line) or "<name computed at load time>" in names \
+            or opcodes.FRAME_CROSSED in names, (name, names, data)
 
 
 def _named(name: str, names: set[str], line: int) -> bool:
@@ -234,3 +241,20 @@ def test_a_long_line_in_the_red_team_form_is_walked_through():
     assert first_requests(data) == ["builtins.open", "builtins.open"]
     with _short_limits(16, 16):
         assert "builtins.open" in walked_names(data)
+
+
+def test_a_global_across_the_end_of_a_frame_is_refused_however_it_is_read():
+    """Found by CI's draw of the property above: a FRAME of 8 bytes ending inside `cos\nsystem\n`. pickle.loads
+    reads frames as if they were not there (os.system), pickle.py refuses the stream, and the C unpickler reading a
+    file (as torch.load and np.load do) drops the frame's rest and reads the name from after it (os.em). The walk
+    cannot be all three: such a stream, which no pickler writes, is refused."""
+    data = b"\x95\x08\x00\x00\x00\x00\x00\x00\x00cos\nsystem\n."
+    assert first_requests(data, (_Recorder,)) == ["os.em"]  # _Recorder reads a file, as torch.load does
+    names = walked_names(data)
+    assert opcodes.FRAME_CROSSED in names
+    # An allowlisted name before the frame's end and another after it: refused all the same.
+    torch_name = b"\x95\x10\x00\x00\x00\x00\x00\x00\x00ctorch._utils\n_rebuild_tensor_v2\n."
+    assert opcodes.FRAME_CROSSED in walked_names(torch_name)
+    # A real framed pickle never reads across a frame's end.
+    real = pickle.dumps({"a": list(range(2000)), "b": "x" * 70_000}, protocol=4)
+    assert b"\x95" in real and opcodes.FRAME_CROSSED not in walked_names(real)

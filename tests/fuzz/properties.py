@@ -90,7 +90,7 @@ def metrics_csv_property(ws: Workspace, data: bytes) -> None:
 
 def config_property(ws: Workspace, example: tuple[str, bytes]) -> None:
     """A configuration file ends in a Config with sane values, or in exit 2 with one line (the documented case)."""
-    from itera_verify.cli.config import load_config
+    from itera_verify.flows.config import load_config
     from itera_verify.model import UsageError
 
     name, data = example

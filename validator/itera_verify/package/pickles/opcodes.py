@@ -98,7 +98,11 @@ class CutGlobal(ValueError):
 
     def __init__(self, name: str | None, pos: int):
         super().__init__(f"a global name at offset {pos} runs past the end of the data")
-        self.name = name
+        self.name, self.pos = name, pos
+
+
+# A pseudo-global: an opcode or its argument runs across the end of a FRAME (never on the allowlist).
+FRAME_CROSSED = "<a read across the end of a FRAME, which CPython's unpicklers read three ways>"
 
 
 # ---------------------------------------------------------------------------------------------- arguments
@@ -309,6 +313,7 @@ def scan_stream(stream, found: set[str]) -> Stream:
     info = Stream()
     budget: Budget = stream.budget
     walked = 0
+    frame_end = None  # where the current FRAME's bytes end
     ops = read_ops(stream)
     while True:
         try:
@@ -318,7 +323,19 @@ def scan_stream(stream, found: set[str]) -> Stream:
         except CutGlobal as exc:
             if exc.name:
                 found.add(exc.name)
+            if frame_end is not None and exc.pos < frame_end < stream.tell():
+                found.add(FRAME_CROSSED)
             raise
+        end = stream.tell()
+        if frame_end is not None and pos < frame_end < end:
+            # pickle.loads reads frames as if they were not there, pickle.py refuses the stream, and the C
+            # unpickler reading a file (torch.load, np.load) drops the frame's rest and reads the line from after
+            # it: three readings of one stream, so it is refused whatever the names (the pickler never writes it).
+            found.add(FRAME_CROSSED)
+        if opcode.name == "FRAME" and isinstance(arg, int):
+            frame_end = end + arg
+        elif frame_end is not None and end >= frame_end:
+            frame_end = None
         walked += 1
         if walked & 1023 == 0:
             budget.spend(1024 * OPCODE_UNITS)
