@@ -239,12 +239,23 @@ def test_verify_shows_the_saves_the_proofs_and_the_rentals_end(campaign):
     assert "stopped at step 3 (no-resume)" in page
 
 
-def test_a_deadline_the_seal_cannot_meet_is_warned_before_the_checks(campaign):
-    soon = (datetime.now(UTC) + timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    done = cli(campaign["package"], "--deadline", soon, "--format", "json")
-    assert "WARNING" in done.stderr and "rental" in done.stderr
+def test_a_deadline_the_seal_cannot_meet_is_warned_before_the_checks(campaign, monkeypatch):
+    # A rental that has ended is said at once, before the checks (a deadline a second away raced the CLI's start).
+    past = (datetime.now(UTC) - timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    done = cli(campaign["package"], "--deadline", past, "--format", "json")
+    assert "WARNING" in done.stderr and "rental ended" in done.stderr
     assert json.loads(done.stdout)["plan"]["rental"]["source"] == "--deadline"
     assert cli(campaign["package"], "--deadline", "tomorrow").returncode == 2
+    # One that ends before the seal would finish, at the rate the estimate uses, is said too.
+    from itera_verify.package import discover
+    from itera_verify.report import summary
+
+    package = discover(campaign["package"])
+    now = datetime.now(UTC)
+    package.settings["deadline"] = (now + timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert "warning" not in summary.rental_summary(package, now=now)
+    monkeypatch.setattr(summary, "SEAL_BYTES_PER_SECOND", 1024)  # a machine 200 000 times slower
+    assert "may not finish in time" in summary.rental_summary(package, now=now)["warning"]
 
 
 def findings_of(package: Path) -> list:

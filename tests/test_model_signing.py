@@ -97,8 +97,10 @@ def test_model_signing_cli_accepts_the_extracted_folder_and_refuses_a_changed_fi
     (folder / "planted.py").write_text("print('x')\n")
     done = model_signing_verify(folder, keys["alice"][1])
     assert done.returncode != 0, done.stdout + done.stderr
+    # The library prints its list of mismatches with repr(), whose quoting depends on the digests' bytes.
+    said = done.stderr.replace("\\'", "'")
     for name in ("'manifest.json'", "'SEAL/verification.json'", "planted.py"):
-        assert name in done.stderr, done.stderr
+        assert name in said, done.stderr
 
 
 def test_audit_verifies_the_oms_signature_with_the_public_key(oms_signed, keys, tmp_path):

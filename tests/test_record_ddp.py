@@ -28,7 +28,7 @@ from itera_verify.record import open_campaign
 
 ids = [f"ex-{{i}}" for i in range(4)]
 campaign = open_campaign("pkg", "ddp-test", "Does DDP record one set of files?", "toy", "v1", ids)
-campaign.declare_plan(lots=[{{"gpu": "RTX 4090", "days": 3, "gpus": 1, "price_usd": 47.14}}], reserved_hours=1)
+campaign.declare_plan(lots=[{{"gpu": "RTX 4090", "days": 3, "gpus": 2, "price_usd": 94.28}}], reserved_hours=1)  # 2 processes, 2 GPUs (IV613)
 campaign.declare_stop_rules([{{"id": "nonfinite-loss", "kind": "nonfinite_loss", "metric": "loss"}}])
 run = campaign.run("control", "control", params={{"model": "tiny-gpt2"}})
 args = TrainingArguments(output_dir="pkg/checkpoints/control", max_steps=4, per_device_train_batch_size=2,

@@ -87,8 +87,9 @@ def test_infinite_loss_in_a_csv_metrics_file_is_IV404(package_dir):
 
 def test_accepted_run_under_the_f1_floor_is_IV405(package_dir):
     append_jsonl(package_dir, "metrics/lora-r16.jsonl", [{"step": 5, "name": "eval_macro_f1", "value": 0.41}])
+    appended = len((package_dir / "metrics/lora-r16.jsonl").read_text().splitlines())  # the line planted last
     (finding,) = only(static_findings(package_dir), "IV405")
-    assert finding.run == "lora-r16" and finding.line == 7
+    assert finding.run == "lora-r16" and finding.line == appended
     assert "is 0.41, under the floor 0.6 of stop rule f1-floor" in finding.message
 
 
