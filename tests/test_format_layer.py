@@ -94,3 +94,11 @@ def test_a_config_json_nested_past_the_limit_is_one_clear_reload_failure(package
     [result] = results.values() if isinstance(results, dict) else results
     assert not result.ok and result.failure == "load", (result.failure, result.error)
     assert "nested 100,001 levels deep" in result.error
+
+
+def test_one_duration_speller_for_the_recorder_and_the_report():
+    from itera_verify.format.values import spoken_duration
+
+    assert [spoken_duration(s) for s in (8, 2528, 11520, 183600)] == ["8 s", "42 min", "3 h 12 min", "2 d 3 h"]
+    assert spoken_duration(2528, seconds_with_minutes=True) == "42 min 8 s"
+    assert spoken_duration(-90) == "-1 min"

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..format.values import spoken_duration
 from .store import MANIFEST, parse_time, read, transaction
 
 if TYPE_CHECKING:
@@ -54,20 +55,6 @@ def rental_end(plan: dict | None) -> datetime | None:
     return min(ends) if ends else None
 
 
-def spell_duration(seconds: float) -> str:
-    """A duration as a person reads it on a log line: 2 d 3 h, 3 h 12 min, 42 min, 8 s."""
-    seconds = int(round(seconds))
-    sign, seconds = ("-" if seconds < 0 else ""), abs(seconds)
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{sign}{days} d {hours} h"
-    if hours:
-        return f"{sign}{hours} h {minutes} min"
-    return f"{sign}{minutes} min" if minutes else f"{sign}{secs} s"
-
-
 def record_save(run: Run, artifact_id: str, path: Path, step: int, write_seconds: float | None) -> dict:
     """The save's entry in `runs[].checkpoints` (replacing one of the same artifact, a save repeated), written
     under the package lock; prints the save's cost and the time the rental has left. Returns the entry."""
@@ -98,8 +85,8 @@ def _time_left(run: Run, end: datetime | None) -> str:
     left = (end - parse_time(run.campaign.now())).total_seconds()
     when = end.strftime("%Y-%m-%dT%H:%M:%SZ")
     if left <= 0:
-        return f"; the rental ended at {when}, {spell_duration(-left)} ago"
-    return f"; the rental ends at {when}, in {spell_duration(left)}"
+        return f"; the rental ended at {when}, {spoken_duration(-left)} ago"
+    return f"; the rental ends at {when}, in {spoken_duration(left)}"
 
 
 def set_proof(run: Run, artifact_id: str, proof: dict) -> None:

@@ -1,6 +1,5 @@
 """Inline SVG drawn in Python for the HTML report: one chart per metric with the control and every variant
-overlaid (their stop points and saved checkpoints marked on the line), one line chart per run and metric, and the
-plan bar.
+overlaid (their stop points and saved checkpoints marked on the line), and the plan bar.
 
 Large curves are downsampled here too (min and max per bucket, so spikes survive) and say so in their caption;
 non-finite points are never dropped silently: each is a red × at its step.
@@ -15,9 +14,8 @@ from .text_format import clean, hours, plural
 
 MAX_DRAWN_POINTS = 1200
 MAX_NONFINITE_MARKS = 400
-WIDTH, HEIGHT = 360, 190
+HEIGHT = 190
 LEFT, RIGHT, TOP, BOTTOM = 52, 12, 16, 28
-LINE_COLOR = "#0969da"
 BAD_COLOR = "#cf222e"
 
 
@@ -72,72 +70,6 @@ def _tick(value: float) -> str:
     if abs(value) >= 1e5 or abs(value) < 1e-3:
         return f"{value:.2e}"
     return f"{value:.4g}"
-
-
-def metric_chart(run_id: str, metric: str, curve: Any) -> str:
-    """A figure with the curve of one metric of one run, from its raw points."""
-    points = _points(curve)
-    total = curve.get("total_points") if isinstance(curve, dict) else None
-    total = total if isinstance(total, int) and total >= len(points) else len(points)
-    nonfinite_steps = {p[0] for p in points if p[1] is None}
-    if isinstance(curve, dict) and isinstance(curve.get("nonfinite_steps"), list):
-        nonfinite_steps |= {float(s) for s in curve["nonfinite_steps"] if _finite(s) is not None}
-    drawn = downsample(points)
-    downsampled = len(drawn) < total or (isinstance(curve, dict) and bool(curve.get("downsampled")))
-    caption = [f"<b>{_esc(run_id)}</b> · {_esc(metric)}"]
-    caption.append(f"downsampled from {total:,} points ({len(drawn):,} drawn)" if downsampled
-                   else plural(total, "point"))
-    if nonfinite_steps:
-        caption.append(f'<span style="color:{BAD_COLOR}">× {plural(len(nonfinite_steps), "non-finite value")}</span>')
-    label = f"{clean(metric)} of run {clean(run_id)}"
-    return (f'<figure><svg viewBox="0 0 {WIDTH} {HEIGHT}" width="100%" role="img" aria-label="{_esc(label)}">'
-            f"{_plot(drawn, sorted(nonfinite_steps))}</svg>"
-            f'<figcaption>{" · ".join(caption)}</figcaption></figure>')
-
-
-def _plot(points: list[tuple[float, float | None]], nonfinite_steps: list[float]) -> str:
-    steps = [p[0] for p in points] + nonfinite_steps
-    values = [p[1] for p in points if p[1] is not None]
-    if not steps:
-        return f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle" fill="#59636e">no data</text>'
-    x_min, x_max = min(steps), max(steps)
-    y_min, y_max = (min(values), max(values)) if values else (0.0, 1.0)
-    if y_min == y_max:
-        y_min, y_max = y_min - (abs(y_min) * 0.1 or 1), y_max + (abs(y_max) * 0.1 or 1)
-    pad = (y_max - y_min) * 0.06
-    y_min, y_max = y_min - pad, y_max + pad
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
-
-    def x(step: float) -> float:
-        return LEFT + (plot_w * (step - x_min) / (x_max - x_min) if x_max > x_min else plot_w / 2)
-
-    def y(value: float) -> float:
-        return TOP + plot_h * (1 - (value - y_min) / (y_max - y_min))
-
-    parts = [f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="#fff" stroke="#d1d9e0"/>']
-    for fraction in (0, 0.5, 1):
-        value = y_min + (y_max - y_min) * fraction
-        parts.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y(value):.1f}" y2="{y(value):.1f}" '
-                     f'stroke="#eef1f4"/><text x="{LEFT - 4}" y="{y(value) + 4:.1f}" font-size="10" '
-                     f'text-anchor="end" fill="#59636e">{_tick(value)}</text>')
-    x_labels = ((x_min, "start"), (x_max, "end")) if x_max > x_min else ((x_min, "middle"),)
-    for step, anchor in x_labels:
-        parts.append(f'<text x="{x(step):.1f}" y="{HEIGHT - 10}" font-size="10" text-anchor="{anchor}" '
-                     f'fill="#59636e">step {_step(step)}</text>')
-    for segment in _segments(points):
-        if len(segment) == 1:
-            parts.append(f'<circle cx="{x(segment[0][0]):.1f}" cy="{y(segment[0][1]):.1f}" r="2.5" '
-                         f'fill="{LINE_COLOR}"/>')
-        else:
-            coords = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in segment)
-            parts.append(f'<polyline points="{coords}" fill="none" stroke="{LINE_COLOR}" stroke-width="1.6" '
-                         f'stroke-linejoin="round"/>')
-    for step in nonfinite_steps[:MAX_NONFINITE_MARKS]:
-        cx, cy = x(step), TOP + 7
-        parts.append(f'<g stroke="{BAD_COLOR}" stroke-width="2"><title>step {_step(step)}: non-finite</title>'
-                     f'<line x1="{cx - 4:.1f}" y1="{cy - 4}" x2="{cx + 4:.1f}" y2="{cy + 4}"/>'
-                     f'<line x1="{cx - 4:.1f}" y1="{cy + 4}" x2="{cx + 4:.1f}" y2="{cy - 4}"/></g>')
-    return "".join(parts)
 
 
 def _segments(points: list[tuple[float, float | None]]) -> list[list[tuple[float, float]]]:

@@ -14,6 +14,7 @@ from typing import Any
 from ..model import Finding, Severity
 from ..package.campaign import (accepted_declared, filled_text, first_run_start, indexed_runs, is_number,
                                 listed, parse_time, runs_by_id, section, stopped_by_record, metrics_of)
+from ..format.values import spoken_duration
 from ..format.money import cost_per_accepted, fmt_usd, lots, money, other_expenses, rental_usd, total_usd
 from ..package.budget import lots_window_hours
 
@@ -298,28 +299,20 @@ def rental_summary(package, *, now: datetime | None = None, push: bool = False) 
         "fits": left >= needed * MARGIN,
     }
     if left <= 0:
-        summary["warning"] = (f"the rental ended at {summary['ends_at']} ({_duration(-left)} ago): whatever is not "
+        summary["warning"] = (f"the rental ended at {summary['ends_at']} ({_spoken(-left)} ago): whatever is not "
                               "already off the machine may be gone")
     elif not summary["fits"]:
         what = "the seal and the push" if push else "the seal"
-        summary["warning"] = (f"the rental ends at {summary['ends_at']}, in {_duration(left)}; {what} of "
-                              f"{size / 2**30:.2f} GiB should take about {_duration(needed)} at "
+        summary["warning"] = (f"the rental ends at {summary['ends_at']}, in {_spoken(left)}; {what} of "
+                              f"{size / 2**30:.2f} GiB should take about {_spoken(needed)} at "
                               f"{SEAL_BYTES_PER_SECOND / 2**20:.0f} MiB/s"
                               + (f" (push {PUSH_BYTES_PER_SECOND / 2**20:.0f} MiB/s)" if push else "")
                               + ": they may not finish in time; seal and push now, reloads after (--no-reload)")
     return summary
 
 
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days} d {hours} h"
-    if hours:
-        return f"{hours} h {minutes} min"
-    return f"{minutes} min {secs} s" if minutes else f"{secs} s"
+def _spoken(seconds: float) -> str:
+    return spoken_duration(seconds, seconds_with_minutes=True)  # a warning a minute from the end keeps its seconds
 
 
 METRIC_PREFIXES = ("eval_", "train_", "val_", "valid_", "test_")
