@@ -8,6 +8,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
+from ..package.jsonread import read_json_file
 from ..package.pickles import has_pickle_extension, scan_file, sniff
 
 # Failure kinds, mapped to codes by rules/reload.py.
@@ -159,6 +160,17 @@ def scan_folder(folder: Path, outcome: Outcome) -> None:
             result = scan_file(path)
             if result.is_pickle and not result.loadable:
                 raise Stop(LOAD, f"refused to load {outcome.rel(path)}: it {result.refusal()}", path)
+
+
+def read_json_document(path: Path, outcome: "Outcome", missing_failure: str = LOAD, missing_why: str = "") -> Any:
+    """A JSON document of the artifact (the one bounded reader), or Stop: missing (`missing_failure`, the
+    message ending in `missing_why`) or not parsing (LOAD). The caller judges the value's shape."""
+    try:
+        return read_json_file(path)
+    except FileNotFoundError:
+        raise Stop(missing_failure, f"{outcome.rel(path)} is missing{missing_why}", path) from None
+    except (OSError, ValueError) as exc:
+        raise Stop(LOAD, f"{outcome.rel(path)} does not parse: {short(exc)}", path) from exc
 
 
 def short(exc: BaseException, limit: int = 400) -> str:

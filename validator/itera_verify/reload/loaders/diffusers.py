@@ -11,8 +11,8 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-from ...package.jsonread import read_json_file
-from ..common import LOAD, MISSING, Outcome, Stop, check_parameters, nonfinite_count, require, scan_folder, short
+from ..common import (LOAD, MISSING, Outcome, Stop, check_parameters, nonfinite_count, read_json_document, require,
+                      scan_folder, short)
 from .transformers import check_loading_info
 
 MODEL_INDEX = "model_index.json"
@@ -24,12 +24,7 @@ STEPS = 1
 def read_index(folder: Path, outcome: Outcome) -> tuple[str, dict[str, tuple[str, str] | None]]:
     """The pipeline class and its components: name -> (library, class), None for an optional one left out."""
     path = folder / MODEL_INDEX
-    try:
-        index = read_json_file(path)
-    except FileNotFoundError:
-        raise Stop(MISSING, f"{outcome.rel(path)} is missing: not a diffusers pipeline folder", path) from None
-    except (OSError, ValueError) as exc:
-        raise Stop(LOAD, f"{outcome.rel(path)} does not parse: {short(exc)}", path) from exc
+    index = read_json_document(path, outcome, MISSING, ": not a diffusers pipeline folder")
     if not isinstance(index, dict) or not isinstance(index.get("_class_name"), str):
         raise Stop(LOAD, f"{outcome.rel(path)} names no pipeline class (_class_name)", path)
     components: dict[str, tuple[str, str] | None] = {}

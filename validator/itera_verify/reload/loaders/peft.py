@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...package.jsonread import read_json_file
 from ...format.names import HUB_ID
 from ..common import (BASE_UNAVAILABLE, LOAD, Outcome, Stop, check_parameters, forward_pass, safe_torch_load,
-                      scan_folder, short, torch_dtype)
+                      read_json_document, scan_folder, short, torch_dtype)
 from . import safetensors as safetensors_loader
 from .transformers import (check_declared_size, check_loading_info, check_on_gpu, device_map, dtype_keyword,
                            model_class, read_config, spread)
@@ -25,12 +24,7 @@ TASK_CLASSES = {"CAUSAL_LM": "AutoModelForCausalLM", "SEQ_CLS": "AutoModelForSeq
 
 def read_adapter_config(folder: Path, outcome: Outcome) -> dict:
     path = folder / "adapter_config.json"
-    try:
-        value = read_json_file(path)
-    except FileNotFoundError:
-        raise Stop(LOAD, f"{outcome.rel(path)} is missing", path) from None
-    except (OSError, ValueError) as exc:
-        raise Stop(LOAD, f"{outcome.rel(path)} does not parse: {short(exc)}", path) from exc
+    value = read_json_document(path, outcome)
     if not isinstance(value, dict):
         raise Stop(LOAD, f"{outcome.rel(path)} is not a JSON object", path)
     return value

@@ -12,8 +12,8 @@ from __future__ import annotations
 import gc
 from pathlib import Path
 
-from ...package.jsonread import read_json_file
-from ..common import LOAD, MISSING, Outcome, Stop, check_parameters, nonfinite_count, require, scan_folder, short
+from ..common import (LOAD, MISSING, Outcome, Stop, check_parameters, nonfinite_count, read_json_document, require,
+                      scan_folder, short)
 from .transformers import load_model
 
 MODULES = "modules.json"
@@ -25,12 +25,7 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", 
 
 def read_modules(folder: Path, outcome: Outcome) -> list[dict]:
     path = folder / MODULES
-    try:
-        modules = read_json_file(path)
-    except FileNotFoundError:
-        raise Stop(MISSING, f"{outcome.rel(path)} is missing: not a SentenceTransformer.save folder", path) from None
-    except (OSError, ValueError) as exc:
-        raise Stop(LOAD, f"{outcome.rel(path)} does not parse: {short(exc)}", path) from exc
+    modules = read_json_document(path, outcome, MISSING, ": not a SentenceTransformer.save folder")
     if not isinstance(modules, list) or not modules or not all(isinstance(m, dict) for m in modules):
         raise Stop(LOAD, f"{outcome.rel(path)} lists no module", path)
     for module in modules:

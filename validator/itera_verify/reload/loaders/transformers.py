@@ -6,10 +6,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ...package.jsonread import read_json_file
 from ...format.loaders import QUANTIZATION_LIBRARIES
 from ..common import (LOAD, MISSING, Outcome, Stop, check_parameters, forward_pass, nonfinite_count, require,
-                      scan_folder, short, torch_dtype)
+                      read_json_document, scan_folder, short, torch_dtype)
 
 CLASS_NAME = re.compile(r"[A-Z][A-Za-z0-9]*")
 # Values a config may declare beyond those its weight files hold: a new task head, buffers, a head the adapter
@@ -57,10 +56,7 @@ def read_config(folder: Path, outcome: Outcome) -> dict:
     if not path.is_file():
         raise Stop(MISSING if outcome.job.get("loader") == "hf-trainer-checkpoint" else LOAD,
                    f"{outcome.rel(path)} is missing: transformers cannot build the model", path)
-    try:
-        value = read_json_file(path)
-    except (OSError, ValueError) as exc:
-        raise Stop(LOAD, f"{outcome.rel(path)} does not parse: {short(exc)}", path) from exc
+    value = read_json_document(path, outcome)
     if not isinstance(value, dict):
         raise Stop(LOAD, f"{outcome.rel(path)} is not a JSON object", path)
     return value
