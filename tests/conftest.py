@@ -210,3 +210,32 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if MULTIPROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.multiprocess)
+
+
+# The object stores the push tests start on loopback (tests/push_stores.py), one of each per test module that asks,
+# stopped at its end; `proxy` stands between the client and SeaweedFS to plant faults.
+@pytest.fixture(scope="module")
+def seaweedfs(tmp_path_factory):
+    from tests.push_stores import start_seaweedfs
+
+    store = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
+    yield store
+    store.stop()
+
+
+@pytest.fixture(scope="module")
+def rclone(tmp_path_factory):
+    from tests.push_stores import start_rclone
+
+    store = start_rclone(tmp_path_factory.mktemp("rclone"))
+    yield store
+    store.stop()
+
+
+@pytest.fixture
+def proxy(seaweedfs):
+    from tests.push_stores import FaultProxy
+
+    between = FaultProxy(seaweedfs.endpoint)
+    yield between
+    between.close()

