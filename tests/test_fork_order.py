@@ -16,7 +16,7 @@ def hold_a_thread(name: str):
     return release, thread
 
 
-@pytest.mark.parametrize("name", ["seal", "archive-compress_0", "push-part_1"])
+@pytest.mark.parametrize("name", ["seal", "archive-compress_0", "push-part_1", "push-follow"])
 def test_a_fork_while_the_tools_threads_run_is_refused(name):
     release, thread = hold_a_thread(name)
     try:

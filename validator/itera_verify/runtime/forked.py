@@ -35,9 +35,10 @@ def can_fork() -> bool:
 
 
 # The tool's own worker threads, by the names they are started with (the seal's pass, the archive's readers,
-# writers and compressors, the push's parts). A child forked while one of them runs inherits whatever lock it
-# held at that instant (an allocator's, a compressor's, a file object's) and may wait on it forever.
-TOOL_THREADS = ("seal", "archive-", "push-part", "range-read")
+# writers and compressors, the push's follower, parts and sidecars, its ranged read-back). A child forked while
+# one of them runs inherits whatever lock it held at that instant (an allocator's, a compressor's, a file
+# object's) and may wait on it forever.
+TOOL_THREADS = ("seal", "archive-", "push-", "range-read")
 
 
 class ForkAfterThreads(OSError):
