@@ -179,16 +179,16 @@ def test_reference_with_harmless_dot_dot_stays_inside(package_dir):
 def test_a_safetensors_file_that_cannot_be_read_is_exit_2_even_without_reload(package_dir, monkeypatch):
     """Its header is read for metadata paths: a read failure is unreadable input, never a silent pass."""
     from itera_verify.model import UsageError
-    from itera_verify.rules import paths
+    from itera_verify.package import files  # the one safetensors header reader opens it there
 
-    real_open = paths.open_binary
+    real_open = files.open_binary
 
     def refusing_open(path):
         if str(path).endswith("control-model/model.safetensors"):
             raise PermissionError(13, "Permission denied")
         return real_open(path)
 
-    monkeypatch.setattr(paths, "open_binary", refusing_open)
+    monkeypatch.setattr(files, "open_binary", refusing_open)
     with pytest.raises(UsageError, match="artifacts/control-model/model.safetensors: cannot read"):
         static_findings(package_dir)
 

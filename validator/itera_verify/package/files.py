@@ -24,9 +24,10 @@ def open_binary(path: str | os.PathLike) -> BinaryIO:
         raise
 
 
-def read_safetensors_header(path: str | os.PathLike) -> "safetensors.Header | None":
+def read_safetensors_header(path: str | os.PathLike, *, unreadable_is_none: bool = True) -> "safetensors.Header | None":
     """The header of a safetensors file (format/safetensors.py reads it; this reads its two pieces), or None when
-    the file cannot be read or safetensors would refuse it."""
+    safetensors would refuse the file. A file that cannot be read is None too, or its OSError with
+    `unreadable_is_none=False` (a check that must say the input is unreadable)."""
     try:
         with open_binary(path) as fh:
             size = os.fstat(fh.fileno()).st_size
@@ -34,4 +35,6 @@ def read_safetensors_header(path: str | os.PathLike) -> "safetensors.Header | No
             length = safetensors.header_length(head, size)
             return None if length is None else safetensors.parse(head, fh.read(length), size)
     except OSError:
-        return None
+        if unreadable_is_none:
+            return None
+        raise

@@ -9,7 +9,7 @@ from typing import Any, Iterator
 import yaml
 
 from ..package.jsonpos import line_of, pointer_lines
-from ..package.files import open_binary, read_safetensors_header
+from ..package.files import read_safetensors_header
 from ..package.layout import references
 from ..format import names
 from ..model import Finding, Rule, Severity, UsageError
@@ -238,12 +238,10 @@ def _binary(package: Package, rel: str, matcher: TmpMatcher) -> Iterator[Finding
 
 
 def _safetensors_metadata(package: Package, rel: str, pattern: re.Pattern[str]) -> Iterator[Finding]:
-    try:
-        with open_binary(package.abspath(rel)):
-            pass  # a file that cannot be read is unreadable input, with or without --no-reload
-    except OSError as exc:
+    try:  # the one header reader (format/safetensors.py)
+        header = read_safetensors_header(package.abspath(rel), unreadable_is_none=False)
+    except OSError as exc:  # a file that cannot be read is unreadable input, with or without --no-reload
         raise UsageError(f"{rel}: cannot read ({exc.strerror or exc})") from exc
-    header = read_safetensors_header(package.abspath(rel))  # the one header reader (format/safetensors.py)
     if header is None:
         return  # the reload reports a header that does not parse
     for key, value in (header.metadata or {}).items():
