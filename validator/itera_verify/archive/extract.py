@@ -138,21 +138,15 @@ def _write_all(fd: int, data: memoryview) -> None:
         data = data[os.write(fd, data):]
 
 
-# (member name, member size, its first bytes) -> how many leading bytes to write, or None for all of them.
-KeepPrefix = Callable[[str, int, bytes], "int | None"]
-
-
 class _Extractor:
     def __init__(self, root: str, result: Extraction, on_bytes: Callable[[int], None],
-                 keep_prefix: KeepPrefix | None = None, seal_side: str | None = None,
-                 reserved: Reserved | None = None):
+                 seal_side: str | None = None, reserved: Reserved | None = None):
         self.tree = _Tree(root)
         self.reserved = reserved
         self.seal_side = seal_side
         self.root = root
         self.result = result
         self.on_bytes = on_bytes
-        self.keep_prefix = keep_prefix
         self.seen: set[str] = set()
         self.symlinks: list[list[str]] = []
         self.refused_links: set[str] = set()  # a member beneath one would go where the link pointed
@@ -194,25 +188,14 @@ class _Extractor:
             self.refuse(member, f"cannot be extracted safely ({exc.strerror or exc}: a link or file in its way)")
 
     def _file(self, reader: ArchiveReader, member: Member, parts: list[str], rel: str) -> None:
-        """Every byte is hashed; the bytes written may stop at a prefix the caller asked for, the rest of the
-        file is left as a hole of the right size (the caller's checks never read past that prefix)."""
+        """Every byte is written whole and hashed (IV512 compares tensor payloads without --reload too)."""
         fd = self.tree.create_file(parts)
         digest = hashlib.sha256()
-        to_write: int | None = None
-        written = 0
         try:
             for piece in reader.data(member):
                 digest.update(piece)
-                if to_write is None:
-                    asked = self.keep_prefix(rel, member.size, bytes(piece[:64])) if self.keep_prefix else None
-                    to_write = member.size if asked is None else max(0, min(asked, member.size))
-                if written < to_write:
-                    part = piece[: to_write - written]
-                    _write_all(fd, part)
-                    written += len(part)
+                _write_all(fd, piece)
                 self.on_bytes(len(piece))
-            if to_write is not None and to_write < member.size:
-                os.ftruncate(fd, member.size)
         finally:
             os.close(fd)
         self.result.files[rel] = digest.hexdigest()
@@ -282,17 +265,15 @@ def _within(path: str, top: str) -> bool:
 
 
 def safe_extract(fileobj, root: str, *, max_expanded: int | None,
-                 on_bytes: Callable[[int], None] = lambda n: None, keep_prefix: KeepPrefix | None = None,
-                 hash_archive: bool = True, seal_side: str | None = None,
-                 reserved: Reserved | None = None) -> Extraction:
+                 on_bytes: Callable[[int], None] = lambda n: None, hash_archive: bool = True,
+                 seal_side: str | None = None, reserved: Reserved | None = None) -> Extraction:
     """Extract into `root` (an empty private folder). Never raises for a bad archive: see Extraction.error.
 
-    `keep_prefix` lets the caller write only the leading bytes of members it will not read in full;
     `hash_archive=False` leaves the archive's own SHA-256 to the caller (archive_sha256 stays "");
     `reserved`: the folder kept out of the tree (the seal's SEAL/); `seal_side`: an empty private folder
     outside `root` for its files other than the kept ones."""
     result = Extraction()
-    extractor = _Extractor(root, result, on_bytes, keep_prefix, seal_side, reserved)
+    extractor = _Extractor(root, result, on_bytes, seal_side, reserved)
     reader = None
     try:
         reader = ArchiveReader(fileobj, max_expanded=max_expanded, frames="scan", hash_archive=hash_archive)

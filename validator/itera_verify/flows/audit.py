@@ -249,15 +249,14 @@ def _open_remote(archive, endpoint_url: str | None):
 
 
 def _extract(path: Path, fd: int | None, workdir: str, limit: int, progress: Progress, seal_side: str,
-             keep_prefix=None, remote=None) -> Extraction:
+             remote=None) -> Extraction:
     progress.start("audit", f"reading {path.name}", total=None, unit="B")
     try:
         # From a bucket: one ordered stream (a file object), its frames decompressed one after another.
         with os.fdopen(os.dup(fd), "rb", buffering=0) if remote is None else remote.open() as source:
             if remote is None:
                 source.seek(0)
-            return safe_extract(source, workdir, max_expanded=limit, keep_prefix=keep_prefix, seal_side=seal_side,
-                                reserved=SEAL_LAYOUT,
+            return safe_extract(source, workdir, max_expanded=limit, seal_side=seal_side, reserved=SEAL_LAYOUT,
                                 on_bytes=lambda n: progress.advance("audit", n))
     except PermissionError as exc:
         raise UsageError(f"{path}: permission denied") from exc
