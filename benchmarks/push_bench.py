@@ -1,10 +1,18 @@
 """Leaving the machine: the seal and push against the shell tools and SDK doing the same, side by side, one run.
 
-    .venv/bin/python benchmarks/push_bench.py [--size-gib 0.25] [--rounds 3] [--out FILE]
+    .venv/bin/python benchmarks/push_bench.py [--package campaign|small|both] [--size 300M] [--rounds 3]
+                                              [--no-rclone] [--out FILE]
 
-Builds a valid package of about --size-gib (seal_bench.py's builder: the example package plus weight shards, a
-large JSONL and small files), starts one SeaweedFS on loopback (tests/push_stores.py, the store the tests use)
-and, in each round, times:
+Two packages, each valid (it passes its checks before it is timed):
+
+  campaign  a recorded campaign (itera_verify.record: plan, stop rules, metrics, predictions, the decision) of
+            three runs, each with a Trainer-like checkpoint folder: a bf16 `model.safetensors` (about a third)
+            and an `optimizer.pt` of fp32 Adam moments written by torch.save (the rest): what a rental ends with.
+            --size sets its total (300M default; 2G for the issue's "2 GB and more").
+  small     seal_bench.py's package of --size (the example package plus weight shards, a large JSONL and 20,000
+            small JSON files): the case where the checks dominate.
+
+starts one SeaweedFS on loopback (tests/push_stores.py, the store the tests use) and, in each round, times:
 
   verify --push   itera-verify DIR --no-reload -o OUT --push s3://bench/a/   (checks, seal, read-back, push
                                                                             overlapping the seal, the store's
@@ -13,13 +21,16 @@ and, in each round, times:
   rclone copy     rclone copy DIR of the raw folder to the same store (checksums per file by rclone)
 
 Each command is its own process; peak memory is its process tree's maximum resident set (wait4). Medians over
-the rounds. The ratio the issue asks for is verify --push over the sequential pair. Run on a quiet machine: the
-three share its cores with the store.
+the rounds; the order of the commands alternates from round to round, so a burst of load elsewhere does not
+always fall on the same one. The ratio the issue asks for is verify --push over the sequential pair. Run on a
+quiet machine: the three share its cores with the store (`uptime` before and after is written with the results).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
+import subprocess
 import statistics
 import sys
 import tempfile
@@ -40,61 +51,182 @@ from botocore.config import Config
 s3 = boto3.client("s3", config=Config(s3={"addressing_style": "path"}))
 s3.upload_file(sys.argv[1], "bench", sys.argv[2])
 """
+RUNS = ("control", "lora-r16", "lora-r64")
 
 
-def round_of(package: Path, out: Path, env: dict, endpoint: str, number: int) -> dict[str, dict]:
+# ---- the campaign package ----------------------------------------------------------------------------------
+def generate_campaign(root: Path, total: int) -> None:
+    """Runs in a child (torch and numpy must not count in this process): the campaign through the recorder."""
+    import numpy as np
+    import torch
+    from itera_verify.record import open_campaign
+
+    ids = [f"q-{i:04d}" for i in range(200)]
+    campaign = open_campaign(root, "lora-sweep-2026-12", "Does LoRA r16 match full fine-tuning on the reviews?",
+                             "reviews", "v3", ids)
+    campaign.declare_plan(lots=[{"gpu": "RTX 4090", "days": 3, "gpus": 1, "price_usd": 47.14}], reserved_hours=40)
+    campaign.declare_stop_rules([{"id": "nonfinite-loss", "kind": "nonfinite_loss", "metric": "loss"}])
+    rng = np.random.default_rng(7)
+    per_run, chunk = total // len(RUNS), 4 * seal_bench.MiB  # chunk: values per tensor
+    for index, run_id in enumerate(RUNS):
+        run = campaign.start_run(run_id, "control" if index == 0 else "variant",
+                                 params={"seed": index, "learning_rate": 2e-4, "lora_r": [0, 16, 64][index]})
+        for step in range(1, 201):
+            run.log_dict(step, {"loss": 2.0 / step ** (0.3 + index / 50), "learning_rate": 2e-4})
+        folder = root / "checkpoints" / run_id / "checkpoint-200"
+        folder.mkdir(parents=True)
+        tensors = max(1, per_run // 3 // (2 * chunk))  # bf16 weights: a third of the run
+        header = {f"model.layers.{t}.weight": {"dtype": "BF16", "shape": [chunk // 1024, 1024],
+                                               "data_offsets": [t * 2 * chunk, (t + 1) * 2 * chunk]}
+                  for t in range(tensors)}
+        raw = json.dumps(header).encode()
+        raw += b" " * (-len(raw) % 8)
+        with open(folder / "model.safetensors", "wb") as fh:
+            fh.write(len(raw).to_bytes(8, "little") + raw)
+            for _ in range(tensors):
+                values = rng.standard_normal(chunk, dtype=np.float32) * 0.02
+                fh.write((values.view(np.uint32) >> 16).astype(np.uint16).tobytes())
+        groups = max(1, (per_run - tensors * 2 * chunk) // (8 * seal_bench.MiB))  # two fp32 moments of 1 Mi values
+        state = {g: {"step": torch.tensor(200.0),
+                     "exp_avg": torch.from_numpy(rng.standard_normal(seal_bench.MiB, dtype=np.float32) * 1e-3),
+                     "exp_avg_sq": torch.from_numpy(rng.random(seal_bench.MiB, dtype=np.float32) * 1e-6)}
+                 for g in range(groups)}
+        torch.save({"state": state, "param_groups": [{"lr": 2e-4, "params": list(range(groups))}]},
+                   folder / "optimizer.pt")
+        torch.save({"last_epoch": 200, "_step_count": 201}, folder / "scheduler.pt")
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": 200, "epoch": 1.0}))
+        run.artifact(folder / "model.safetensors", "safetensors")
+        with run.predictions() as stream:
+            for position, example in enumerate(ids):
+                stream.write(example, "positive" if (position * (index + 3)) % 7 else "negative")
+        run.complete()
+    campaign.decision("continue", after="pilot")
+    campaign.close("positive", "r16 matches the control", accepted=list(RUNS[:2]), error_analysis="# none\n",
+                   observed_hours=40)
+
+
+def build_campaign(work: Path, size: int) -> Path:
+    package = work / f"campaign-{size >> 20}mib" / "lora-sweep-2026-12"
+    if not (package / "manifest.json").exists():
+        shutil.rmtree(package.parent, ignore_errors=True)
+        package.parent.mkdir(parents=True)
+        subprocess.run([sys.executable, __file__, "--generate-campaign", str(package), str(size)], check=True,
+                       env=seal_bench.ENV)
+        check = subprocess.run([*seal_bench.CLI, str(package), "--no-reload", "--no-seal", "-q"],
+                               env=seal_bench.ENV, capture_output=True, text=True)
+        if check.returncode != 0:
+            sys.exit(f"the campaign package does not pass its checks:\n{check.stdout}{check.stderr}")
+    return package
+
+
+# ---- measuring ---------------------------------------------------------------------------------------------
+def round_of(package: Path, out: Path, env: dict, endpoint: str, number: int, rclone: bool) -> dict[str, dict]:
+    def verify_push():
+        return seal_bench.measure([*seal_bench.CLI, str(package), "--no-reload", "-q", "-o", str(out), "--push",
+                                   f"s3://bench/a{number}/"], env=env)
+
+    def pair():
+        archive = out / "shell.tar.zst"
+        return seal_bench.measure(
+            f"tar -cf - -C {package.parent} {package.name} | zstd -q -T0 -3 -o {archive} && "
+            f"{sys.executable} -c '{UPLOAD}' {archive} b{number}/{archive.name}", shell=True, env=env)
+
+    def rclone_copy():
+        remote = {"RCLONE_CONFIG_STORE_TYPE": "s3", "RCLONE_CONFIG_STORE_PROVIDER": "SeaweedFS",
+                  "RCLONE_CONFIG_STORE_ACCESS_KEY_ID": ACCESS, "RCLONE_CONFIG_STORE_SECRET_ACCESS_KEY": SECRET,
+                  "RCLONE_CONFIG_STORE_ENDPOINT": endpoint}
+        return seal_bench.measure([str(BIN / "rclone"), "copy", str(package), f"store:bench/c{number}/",
+                                   "--config", "/dev/null", "--transfers", "4"], env={**env, **remote})
+
+    order = [("verify --push", verify_push), ("tar|zstd+upload", pair)]
+    if number % 2:  # alternate: neither side always runs first
+        order.reverse()
+    if rclone:
+        order.append(("rclone copy", rclone_copy))
     results = {}
-    for old in out.glob("*"):
-        old.unlink()
-    results["verify --push"] = seal_bench.measure(
-        [*seal_bench.CLI, str(package), "--no-reload", "-q", "-o", str(out), "--push", f"s3://bench/a{number}/"],
-        env=env)
-    archive = out / "shell.tar.zst"
-    results["tar|zstd+upload"] = seal_bench.measure(
-        f"tar -cf - -C {package.parent} {package.name} | zstd -q -T0 -3 -o {archive} && "
-        f"{sys.executable} -c '{UPLOAD}' {archive} b{number}/{archive.name}", shell=True, env=env)
-    remote = {"RCLONE_CONFIG_STORE_TYPE": "s3", "RCLONE_CONFIG_STORE_PROVIDER": "SeaweedFS",
-              "RCLONE_CONFIG_STORE_ACCESS_KEY_ID": ACCESS, "RCLONE_CONFIG_STORE_SECRET_ACCESS_KEY": SECRET,
-              "RCLONE_CONFIG_STORE_ENDPOINT": endpoint}
-    results["rclone copy"] = seal_bench.measure([str(BIN / "rclone"), "copy", str(package), f"store:bench/c{number}/",
-                                                 "--config", "/dev/null", "--transfers", "4"], env={**env, **remote})
+    for name, command in order:
+        for old in out.glob("*"):
+            old.unlink()
+        results[name] = command()
     return results
 
 
+def bench(package: Path, title: str, rounds: int, rclone: bool, work: Path) -> list[str]:
+    store = start_seaweedfs(work / "seaweedfs")
+    try:
+        store.client().create_bucket(Bucket="bench")
+        env = {**seal_bench.ENV, **store_env(store.endpoint), "PYTHONPATH": seal_bench.ENV["PYTHONPATH"]}
+        out = work / "out"
+        out.mkdir(exist_ok=True)
+        results = []
+        for number in range(rounds):
+            results.append(round_of(package, out, env, store.endpoint, number, rclone))
+            print(f"{title} round {number + 1}: " + ", ".join(f"{name} {r['seconds']:.2f} s"
+                                                              for name, r in results[-1].items()), flush=True)
+        for old in out.glob("*"):
+            old.unlink()
+    finally:
+        store.stop()
+        shutil.rmtree(work / "seaweedfs", ignore_errors=True)
+    files = [f for f in package.rglob("*") if f.is_file()]
+    lines = [f"{title}: {sum(f.stat().st_size for f in files) / seal_bench.MiB:.0f} MiB ({len(files)} files), "
+             f"{rounds} rounds", f"{'command':<18}{'median s':>10}{'min s':>9}{'max s':>9}{'cpu s':>9}"
+             f"{'peak RSS MiB':>14}"]
+    medians = {}
+    for name in ("verify --push", "tar|zstd+upload", "rclone copy"):
+        if name not in results[0]:
+            continue
+        times = [r[name]["seconds"] for r in results]
+        medians[name] = statistics.median(times)
+        lines.append(f"{name:<18}{medians[name]:>10.2f}{min(times):>9.2f}{max(times):>9.2f}"
+                     f"{statistics.median(r[name]['cpu'] for r in results):>9.2f}"
+                     f"{max(r[name]['rss'] for r in results) / seal_bench.MiB:>14.0f}")
+    pairs = [r["verify --push"]["seconds"] / r["tar|zstd+upload"]["seconds"] for r in results]
+    ratio = medians["verify --push"] / medians["tar|zstd+upload"]
+    lines.append(f"verify --push / (tar|zstd + upload_file) = {ratio:.2f} (target <= 0.9; per round: "
+                 f"{', '.join(f'{x:.2f}' for x in pairs)})")
+    if "rclone copy" in medians:
+        lines.append(f"verify --push / rclone copy = {medians['verify --push'] / medians['rclone copy']:.2f}")
+    else:
+        lines.append("rclone copy: not run (--no-rclone)")
+    return lines
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(float(text[:-1]) * units[text[-1].upper()]) if text[-1:].upper() in units else int(text)
+
+
 def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--generate-campaign":
+        generate_campaign(Path(sys.argv[2]), int(sys.argv[3]))
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size-gib", type=float, default=0.25)
+    parser.add_argument("--package", choices=("campaign", "small", "both"), default="both")
+    parser.add_argument("--size", default="300M", help="the campaign package's size (300M, 2G)")
+    parser.add_argument("--small-size", default="0.25G", help="the small-file package's size")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-rclone", action="store_true", help="skip rclone copy (slow on large packages)")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "itera-push-bench")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / f"push-{date.today()}.txt")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    package = seal_bench.build_package(args.work, args.size_gib)
-    store = start_seaweedfs(args.work / "seaweedfs")
-    try:
-        store.client().create_bucket(Bucket="bench")
-        env = {**seal_bench.ENV, **store_env(store.endpoint), "PYTHONPATH": seal_bench.ENV["PYTHONPATH"]}
-        out = args.work / "out"
-        out.mkdir(exist_ok=True)
-        rounds = [round_of(package, out, env, store.endpoint, number) for number in range(args.rounds)]
-    finally:
-        store.stop()
-        shutil.rmtree(args.work / "seaweedfs", ignore_errors=True)
-    size = sum(f.stat().st_size for f in package.rglob("*") if f.is_file())
-    lines = [f"push benchmark {date.today()}: package {size / seal_bench.MiB:.0f} MiB "
-             f"({sum(1 for f in package.rglob('*') if f.is_file())} files), {args.rounds} rounds, "
-             "one SeaweedFS on loopback", *seal_bench.machine(), "",
-             f"{'command':<18}{'median s':>10}{'min s':>9}{'max s':>9}{'cpu s':>9}{'peak RSS MiB':>14}"]
-    medians = {}
-    for name in rounds[0]:
-        times = [r[name]["seconds"] for r in rounds]
-        medians[name] = statistics.median(times)
-        lines.append(f"{name:<18}{medians[name]:>10.2f}{min(times):>9.2f}{max(times):>9.2f}"
-                     f"{statistics.median(r[name]['cpu'] for r in rounds):>9.2f}"
-                     f"{max(r[name]['rss'] for r in rounds) / seal_bench.MiB:>14.0f}")
-    lines += ["", f"verify --push / (tar|zstd + upload_file) = "
-                  f"{medians['verify --push'] / medians['tar|zstd+upload']:.2f} (target <= 0.9)",
-              f"verify --push / rclone copy = {medians['verify --push'] / medians['rclone copy']:.2f}",
+    lines = [f"push benchmark {date.today()}: one SeaweedFS on loopback; command order alternating per round",
+             *seal_bench.machine(), f"uptime before: {uptime()}",
+             f"command: {' '.join([Path(sys.executable).name, *sys.argv])}"]
+    if args.package in ("campaign", "both"):
+        package = build_campaign(args.work, parse_size(args.size))
+        lines += ["", *bench(package, "campaign package (3 runs, safetensors + optimizer.pt)", args.rounds,
+                             not args.no_rclone, args.work)]
+    if args.package in ("small", "both"):
+        package = seal_bench.build_package(args.work, parse_size(args.small_size) / seal_bench.GiB)
+        lines += ["", *bench(package, "small-file package (seal_bench.py's builder)", args.rounds,
+                             not args.no_rclone, args.work)]
+    lines += ["", f"uptime after: {uptime()}",
               "verify --push also runs every check, reads the archive back, and proves the remote copy equal "
               "(the store's CRC64NVME); the shell pair and rclone check nothing of the package."]
     text = "\n".join(lines) + "\n"
