@@ -10,7 +10,7 @@ import posixpath
 
 from ..model import Finding
 from . import Report
-from .words import signer_line
+from .words import saves_line, signer_line
 from .text_format import clean, severity_of, verdict_line
 
 COMMAND = {"error": "error", "warning": "warning", "info": "notice"}
@@ -53,6 +53,11 @@ def annotation(report: Report, finding: Finding) -> str:
 
 def render(report: Report, options: dict) -> str:
     lines = [annotation(report, finding) for finding in report.findings]
+    for run in report.runs or []:  # each run's saves (SPEC §7): a notice the workflow's summary lists
+        line = saves_line(run) if isinstance(run, dict) else None
+        if line:
+            title = escape_property(f"itera-verify saves of {clean(run.get('id'))}")
+            lines.append(f"::notice title={title}::{escape_data(line)}")
     if signer_line(report):
         lines.append(f"::notice title=itera-verify signature::{escape_data(signer_line(report))}")
     summary = "error" if report.verdict == "fail" else "notice"

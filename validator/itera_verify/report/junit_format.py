@@ -12,7 +12,7 @@ from typing import Iterable
 from ..model import Finding
 from ..rules import all_rules
 from . import Report
-from .words import signer_line
+from .words import saves_line, signer_line
 from .text_format import clean, human_bytes, location, severity_of, verdict_line
 
 
@@ -106,6 +106,9 @@ def _properties(suite: ET.Element, report: Report) -> None:
         ("package", report.package), ("campaign_id", report.campaign_id), ("verdict", report.verdict),
         ("summary", verdict_line(report)), ("archive", archive.get("path")), ("archive_sha256", archive.get("sha256")),
         ("signature", signer_line(report)))
+    # Each run's saves (SPEC §7), one property per run: the viewers that show a suite's properties show these.
+    values = [*values, *((f"saves.{clean(run.get('id'))}", saves_line(run)) for run in report.runs or []
+                         if isinstance(run, dict))]
     properties = ET.Element("properties")
     for name, value in values:
         if value is not None:

@@ -184,3 +184,32 @@ def _model_signing_words(oms) -> str:
     key = f" by EC key {clean(oms.get('key'))}" if oms.get("key") else ""
     why = f" ({clean(oms.get('problem'))})" if oms.get("problem") else ""
     return f"; model-signing signature {state}{key}{why}"
+
+
+def saves_line(run: dict) -> str | None:
+    """A run's saves in one sentence (report `runs[].saves`, summary.saves_summary), for the formats that have no
+    table (JUnit, GitHub): what the guide asks to weigh when choosing the interval. None for a run without saves."""
+    saves = run.get("saves") if isinstance(run, dict) else None
+    if not isinstance(saves, dict) or not isinstance(saves.get("count"), int):
+        return None
+
+    def pair(steps: str, minutes: str) -> str:
+        said = [f"{number(saves.get(steps), 0)} steps" if number(saves.get(steps), 0) else None,
+                f"{number(saves.get(minutes))} min" if number(saves.get(minutes)) else None]
+        return " / ".join(s for s in said if s) or "?"
+
+    parts = [plural(saves["count"], "save")]
+    if saves["count"] > 1:
+        parts.append(f"every {pair('interval_steps', 'interval_minutes')}")
+    if number(saves.get("write_seconds_mean")) is not None:
+        parts.append(f"{number(saves['write_seconds_mean'])} s to write each ({human_bytes(saves.get('bytes_last'))})")
+    share = saves.get("saving_share")
+    if number(share, 4) is not None:
+        parts.append(f"{100 * share:.1f} % of the run spent saving")
+    parts.append(f"at risk {pair('at_risk_steps', 'at_risk_minutes')}")
+    proof = {True: "passed", False: "FAILED"}.get(saves.get("proof_ok"), "not proven")
+    seconds = number(saves.get("proof_seconds"))
+    parts.append(f"early resume proof {proof}" + (f" ({seconds} s)" if seconds is not None else ""))
+    if number(saves.get("reload_seconds")) is not None:
+        parts.append(f"final reload {number(saves['reload_seconds'])} s")
+    return f"{clean(run.get('id'))}: " + ", ".join(parts)
