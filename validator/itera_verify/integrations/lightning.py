@@ -24,7 +24,7 @@ except ImportError:  # the standalone package
 
 from ..record.artifacts import forget_missing
 from ..record.files import prepare_target
-from ..record.proofs import check_mode, warn
+from ..record.proofs import DEFAULT_TIMEOUT, check_mode, warn
 from ..record.run import Run
 from .common import json_value, package_relative
 
@@ -41,15 +41,17 @@ class LightningRecorder(pl.Callback):
     """Record `run` (a handle from `campaign.run(...)`) while a Lightning Trainer fits it.
 
     save_weights_to: a `.safetensors` path inside the package for the final weights (default
-    artifacts/<run>.safetensors; None to save nothing)."""
+    artifacts/<run>.safetensors; None to save nothing). proof_timeout: seconds for the whole resume proof; a
+    proof still running then is killed and recorded as unproven (training goes on)."""
 
     def __init__(self, run: Run, save_weights_to: str | None = "default", register_checkpoints: bool = False,
-                 prove_resume: str | bool = "first", proof_device: str = "cpu", hf_cache=None):
+                 prove_resume: str | bool = "first", proof_device: str = "cpu", hf_cache=None,
+                 proof_timeout: float = DEFAULT_TIMEOUT):
         self.run = run
         self.register_checkpoints = register_checkpoints
         self.save_weights_to = f"artifacts/{run.id}.safetensors" if save_weights_to == "default" else save_weights_to
         self.prove_resume = check_mode(prove_resume)
-        self.proof_device, self.hf_cache = proof_device, hf_cache
+        self.proof_device, self.hf_cache, self.proof_timeout = proof_device, hf_cache, proof_timeout
         self.stopped = False
         self._last: dict[str, float] = {}
         self._save_began: float | None = None  # wall clock: compared with the file's mtime
@@ -116,7 +118,7 @@ class LightningRecorder(pl.Callback):
                 write_seconds = max(0.0, os.stat(saved).st_mtime - began)
                 self.run.saved(artifact_id, trainer.global_step, write_seconds,
                                prove_resume="every" if prove and not self.stopped else False,
-                               device=self.proof_device, hf_cache=self.hf_cache)
+                               device=self.proof_device, hf_cache=self.hf_cache, timeout=self.proof_timeout)
 
     def _proof_news(self, trainer) -> None:
         if not self._unsettled:

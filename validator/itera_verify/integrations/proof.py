@@ -23,6 +23,7 @@ STATIC_CODES = ("IV506", "IV507", "IV508")
 RELOAD_CODES = ("IV504", "IV505", "IV507", "IV508")
 # ioprio_set(2): which = IOPRIO_WHO_PROCESS, class IDLE (3) in the top bits; the syscall number per machine.
 IOPRIO_WHO_PROCESS, IOPRIO_CLASS_IDLE, IOPRIO_CLASS_SHIFT = 1, 3, 13
+RESULT_SECONDS = 5.0  # of the proof's timeout, kept to judge the reload and write the result
 SYS_IOPRIO_SET = {"x86_64": 251, "aarch64": 30, "i686": 289, "ppc64le": 273, "s390x": 282}
 
 
@@ -49,22 +50,28 @@ def _concerns(finding, artifact: str, rel: str | None) -> bool:
     return rel is not None and (path == rel or path.startswith(rel.rstrip("/") + "/"))
 
 
-def prove(root: str, artifact: str, *, device: str, timeout: float, hf_cache: str | None) -> dict:
-    from ..package import discover
+def prove(root: str, artifact: str, *, device: str, timeout: float, hf_cache: str | None,
+          started: float | None = None) -> dict:
+    """`timeout` bounds the whole proof from `started` (time.monotonic(), default now): the reload gets what the
+    start-up and the scan left of it, less a few seconds to judge it and write the result."""
+    started = time.monotonic() if started is None else started
+    from ..package import RunContext, discover
     from ..reload import run_reloads
     from ..rules import Selection, run_checks
     from ..runtime.hfcache import resolve_hf_cache
     from ..runtime.progress import NULL_PROGRESS
 
-    package = discover(root)
+    package = RunContext(discover(root))
     package.hf_cache = resolve_hf_cache(hf_cache)
-    listed = next((a for a in package.artifacts() if a.get("id") == artifact), None)
+    listed = next((a for a in package.documents.artifacts() if a.get("id") == artifact), None)
     if listed is None:
         return {"ok": False, "error": f"{artifact} is not an artifact of the package", "codes": []}
-    rel = package.normalise_ref(listed["path"]) if isinstance(listed.get("path"), str) else None
+    rel = package.inventory.normalise_ref(listed["path"]) if isinstance(listed.get("path"), str) else None
     findings = [f for f in run_checks(package, Selection(select=STATIC_CODES), "static")
                 if _concerns(f, artifact, rel)]
-    reloads = run_reloads(package, device=device, timeout=timeout, jobs=1, progress=NULL_PROGRESS, only={artifact})
+    left = timeout - (time.monotonic() - started) - RESULT_SECONDS
+    reloads = run_reloads(package, device=device, timeout=max(1.0, left), jobs=1, progress=NULL_PROGRESS,
+                          only={artifact})
     package.reloads = reloads
     findings += [f for f in run_checks(package, Selection(select=RELOAD_CODES), "reload")
                  if _concerns(f, artifact, rel)]
@@ -101,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     priority = lowest_priority()
     started = time.monotonic()
-    result = prove(args.package, args.artifact, device=args.device, timeout=args.timeout, hf_cache=args.hf_cache)
+    result = prove(args.package, args.artifact, device=args.device, timeout=args.timeout, hf_cache=args.hf_cache,
+                   started=started)
     result["priority"] = priority
     result["proof_seconds"] = round(time.monotonic() - started, 3)
     temporary = args.result + ".part"

@@ -15,7 +15,7 @@ from transformers import TrainerCallback
 
 from ..record.artifacts import forget_missing
 from ..record.errors import RecordError
-from ..record.proofs import check_mode, warn
+from ..record.proofs import DEFAULT_TIMEOUT, check_mode, warn
 from ..record.run import Run
 from .common import (
     json_value,
@@ -59,17 +59,18 @@ class RecordCallback(TrainerCallback):
     the artifact id of each checkpoint, formatted with the run id and the step. prove_resume: "first" (the
     run's first checkpoint), "every" or False: its resume proven in a background process at the lowest
     priority on `proof_device` (the CPU: the GPU is training); a failed proof stops the run at its next step
-    under a declared `no_usable_resume` rule, else warns on every rank."""
+    under a declared `no_usable_resume` rule, else warns on every rank. proof_timeout: seconds for the whole
+    proof; a proof still running then is killed and recorded as unproven (training goes on)."""
 
     def __init__(self, run: Run, save_model_to: str | None = None, hf_cache=None,
                  checkpoint_id: str = "{run}-checkpoint-{step}", prove_resume: str | bool = "first",
-                 proof_device: str = "cpu"):
+                 proof_device: str = "cpu", proof_timeout: float = DEFAULT_TIMEOUT):
         self.run = run
         self.checkpoint_id = checkpoint_id
         self.save_model_to = save_model_to
         self.hf_cache = hf_cache
         self.prove_resume = check_mode(prove_resume)
-        self.proof_device = proof_device
+        self.proof_device, self.proof_timeout = proof_device, proof_timeout
         self.stopped = run.stopped
         self._mark = time.monotonic()  # the end of the last hook before a save: the save's write time runs from it
         self._saves = 0
@@ -155,7 +156,7 @@ class RecordCallback(TrainerCallback):
                 self.run.artifact(folder.absolute(), "resume-checkpoint", id=artifact_id)
                 self.run.saved(artifact_id, state.global_step, write_seconds,
                                prove_resume="every" if prove and not self.stopped else False,
-                               device=self.proof_device, hf_cache=self.hf_cache)
+                               device=self.proof_device, hf_cache=self.hf_cache, timeout=self.proof_timeout)
             forget_missing(self.run, "resume-checkpoint")  # save_total_limit deleted older ones
         self._mark = time.monotonic()
 

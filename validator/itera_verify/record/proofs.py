@@ -38,7 +38,10 @@ if TYPE_CHECKING:
 PROOF_MODULE = "itera_verify.integrations.proof"
 VALIDATOR_DIR = str(Path(__file__).resolve().parents[2])  # the folder holding the itera_verify package
 MODES = ("first", "every", False)
-DEFAULT_TIMEOUT = 1800.0  # seconds for the reload itself; the proof process adds its start-up
+DEFAULT_TIMEOUT = 1800.0  # seconds for the whole proof: start-up, scan and reload
+# Past its timeout the proof process is killed: its reload ended at the timeout, and writing the result takes
+# seconds; one still alive then is hung (blocked on a file system, stopped) and must not hold run.complete().
+KILL_GRACE = 10.0
 LOG_TAIL = 400
 
 
@@ -60,6 +63,8 @@ class Proof:
     work: Path
     view: Path | None = None  # the snapshot the proof reads (removed with it)
     started: float = field(default_factory=time.monotonic)
+    timeout: float = DEFAULT_TIMEOUT
+    timed_out: bool = False  # killed by its watcher, past timeout + KILL_GRACE
     result: dict | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -99,7 +104,7 @@ class Proofs:
         with open(work / "proof.log", "wb") as log:
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                        env=env, cwd=work)
-        proof = Proof(artifact_id, step, process, work, view)
+        proof = Proof(artifact_id, step, process, work, view, timeout=timeout)
         with self._lock:
             self.started[artifact_id] = proof
         _LIVE.add(self)
@@ -108,7 +113,12 @@ class Proofs:
 
     def _watch(self, proof: Proof) -> None:
         try:
-            code = proof.process.wait()
+            try:
+                code = proof.process.wait(proof.timeout + KILL_GRACE)
+            except subprocess.TimeoutExpired:
+                proof.timed_out = True
+                proof.process.kill()
+                code = proof.process.wait()
             result = _read_result(proof, code)
             result["at"] = self.run.campaign.now()
             result.setdefault("device", "cpu")
@@ -240,6 +250,12 @@ def _read_result(proof: Proof, code: int) -> dict:
             result = {"ok": False, "error": f"the proof's result is not JSON ({exc})", "codes": []}
         result.setdefault("proof_seconds", seconds)
         return result
+    if proof.timed_out:
+        why = (f"the proof process did not end within its timeout of {proof.timeout:g} s (hung or blocked): "
+               "killed")
+        tail = _tail(proof.work / "proof.log")
+        return {"ok": False, "error": why + (f": {tail}" if tail else ""), "codes": [], "timed_out": True,
+                "proof_seconds": seconds}
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
         why = f"the proof process was killed by {name}"
