@@ -103,3 +103,11 @@ def test_the_schema_declares_the_campaign_time_fields(spoil):
     spoil(document)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(document, schema())
+
+
+def test_the_text_report_says_the_seals_rate_and_that_it_was_measured_here():
+    text = render("text", report_with_saves())
+    assert "estimated 30.5 s at 168 MiB/s (measured here)" in text
+    report = report_with_saves()
+    report.plan["rental"]["rates"]["seal_rate_source"] = "a prior: nothing here could be read to measure it"
+    assert "(a prior)" in render("text", report)

@@ -186,9 +186,19 @@ def _rental(console: Console, rental) -> None:
     console.print(f"  the rental ends at {clean(rental.get('ends_at'))} ({clean(rental.get('source'))}); "
                   f"{clean(round(rental.get('seconds_left', 0) / 3600, 2))} h left; seal of "
                   f"{human_bytes(rental.get('package_bytes'))} estimated {clean(rental.get('seal_estimate_seconds'))} s"
-                  + (f", push {clean(push)} s" if push is not None else ""), soft_wrap=True)
+                  + _seal_rate(rental.get("rates")) + (f", push {clean(push)} s" if push is not None else ""),
+                  soft_wrap=True)
     if rental.get("warning"):
         console.print(Text(f"  WARNING: {clean(rental['warning'])}", style="bold yellow"), soft_wrap=True)
+
+
+def _seal_rate(rates) -> str:
+    """The rate the seal's estimate used and whether it was measured here (summary.rental_summary)."""
+    rate = rates.get("seal_bytes_per_second") if isinstance(rates, dict) else None
+    if not isinstance(rate, (int, float)) or isinstance(rate, bool) or rate <= 0:
+        return ""
+    measured = str(rates.get("seal_rate_source") or "").startswith("measured here")
+    return f" at {rate / 2**20:.0f} MiB/s ({'measured here' if measured else 'a prior'})"
 
 
 def _archive(console: Console, report: Report) -> None:
