@@ -176,7 +176,8 @@ class Proofs:
             return [p for p in self.started.values() if not p.done.is_set()]
 
     def wait(self, timeout: float | None = None) -> None:
-        """Wait for every proof still running (each reload has its own timeout; `timeout` bounds the wait)."""
+        """Wait for every proof still running (each is killed KILL_GRACE past its own timeout; `timeout` bounds
+        the wait)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         for proof in self.running():
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -273,7 +274,7 @@ def _tail(log: Path) -> str:
     return " | ".join(lines[-3:])[-LOG_TAIL:]
 
 
-# Proofs still running when the script ends are waited for, so their result is recorded (each reload is bounded
+# Proofs still running when the script ends are waited for, so their result is recorded (each proof is bounded
 # by its timeout).
 _LIVE: set[Proofs] = set()
 
