@@ -1,5 +1,5 @@
 """Fork before threads, checked by code: a child forked while the tool's own threads run could inherit a lock
-one of them held. runtime/forked.py refuses such a fork; the checks then run in this process."""
+one of them held. runtime/launcher.py refuses such a fork; the checks then run in this process."""
 from __future__ import annotations
 
 import os

@@ -296,7 +296,7 @@ def test_verify_beside_a_seal_forks_the_checks_before_the_seal_starts_its_thread
     are forked first. The order is observed, not assumed: the fork records how many threads were running."""
     import threading
 
-    from itera_verify.runtime import forked
+    from itera_verify.runtime import launcher
     from itera_verify import verify
 
     threads_at_fork = []
@@ -306,7 +306,7 @@ def test_verify_beside_a_seal_forks_the_checks_before_the_seal_starts_its_thread
         threads_at_fork.append(sorted(t.name for t in threading.enumerate() if t.ident not in before))
         return real_fork()
 
-    monkeypatch.setattr(forked.os, "fork", recording_fork)
+    monkeypatch.setattr(launcher.os, "fork", recording_fork)
     before = {thread.ident for thread in threading.enumerate()}  # earlier tests' threads are not this run's
     report = verify(package_dir, reload=False, output=tmp_path / "a.tar.zst")
     assert report.sealed and report.verdict == "pass"

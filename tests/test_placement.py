@@ -216,9 +216,6 @@ def test_which_artifacts_need_every_gpu_and_the_gpus_in_cuda_order(monkeypatch):
     assert needs_every_gpu({"weight_bytes": 20 << 30}, free, 10 << 30)  # the cap makes it too large for one
     assert not needs_every_gpu({"weight_bytes": 60 << 30}, {0: 40 << 30}, None)  # one GPU: nothing to spread over
     rows = [("0", "GPU-aaa", 1), ("1", "GPU-bbb", 2), ("2", "GPU-ccc", 3)]
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert _visible_order(rows) == [1, 2, 3]
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
-    assert _visible_order(rows) == [3, 1]
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bb,7,0")  # a UUID prefix; CUDA stops at the invalid 7
-    assert _visible_order(rows) == [2]
+    assert _visible_order(rows, None) == [1, 2, 3]  # CUDA_VISIBLE_DEVICES unset
+    assert _visible_order(rows, "2,0") == [3, 1]
+    assert _visible_order(rows, "GPU-bb,7,0") == [2]  # a UUID prefix; CUDA stops at the invalid 7

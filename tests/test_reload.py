@@ -367,10 +367,11 @@ def test_prefetched_reloads_overlap_start_up_and_prove_the_same(package_dir, hf_
 
 
 def test_ctrl_c_during_prefetched_reloads_ends_the_waiting_child_too(package_dir, hf_cache, monkeypatch, tmp_path):
-    from itera_verify.reload import process, runner
+    from itera_verify.reload import runner
+    from itera_verify.runtime.launcher import Launcher
 
     spawned = []
-    real_init, real_wait = runner._Child.__init__, process.ChildProcesses.wait
+    real_init, real_wait = runner._Child.__init__, Launcher.wait
 
     def remember(self, *args, **kwargs):
         real_init(self, *args, **kwargs)
@@ -383,7 +384,7 @@ def test_ctrl_c_during_prefetched_reloads_ends_the_waiting_child_too(package_dir
         return real_wait(self, proc, timeout, *limit)
 
     monkeypatch.setattr(runner._Child, "__init__", remember)
-    monkeypatch.setattr(process.ChildProcesses, "wait", interrupted_once)
+    monkeypatch.setattr(Launcher, "wait", interrupted_once)
     temp = private_tempdir(monkeypatch, tmp_path)
     with pytest.raises(KeyboardInterrupt):
         reload(package_dir, hf_cache, "control-model", "lora-r16-resume", jobs=1, prefetch=True)

@@ -19,7 +19,7 @@ from fixtures.edit import edit_json
 from itera_verify.package import discover
 from itera_verify.reload import run_reloads
 from itera_verify.reload.limits import LIMIT_VARIABLE, resident_bytes
-from itera_verify.reload.process import ChildProcesses
+from itera_verify.runtime.launcher import Launcher as ChildProcesses
 from itera_verify.reload.runner import zygote_env
 from itera_verify.reload.zygote_client import ForkedChild, Zygote
 from itera_verify.rules import reload as reload_rules

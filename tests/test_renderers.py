@@ -290,12 +290,11 @@ def test_github_escapes_percent_newlines_and_property_delimiters():
     assert line == "::error file=demo-out/package/params/a%2Cb%3Ac.json,line=3,title=IV201::100%25 in /tmp/x%0D%0Asecond line"
 
 
-def test_github_info_is_a_notice_and_absolute_package_is_made_relative(tmp_path, monkeypatch):
-    monkeypatch.setenv("GITHUB_WORKSPACE", str(tmp_path))
+def test_github_info_is_a_notice_and_absolute_package_is_made_relative(tmp_path):
     report = sample_report(clean=True)
     report.package = str(tmp_path / "outdir")
     report.findings = [finding("IV608", "manifest.json", "no error analysis", Severity.INFO)]
-    lines = render("github", report).splitlines()
+    lines = render("github", report, workspace=str(tmp_path)).splitlines()  # GITHUB_WORKSPACE, as cli hands it
     assert lines[0] == "::notice file=outdir/manifest.json,title=IV608::no error analysis"
     assert lines[-1].startswith("::notice title=itera-verify::PASS: 0 errors")
 

@@ -17,7 +17,7 @@ from itera_verify.model import UsageError
 from itera_verify.package import discover
 from itera_verify.runtime.progress import NULL_PROGRESS
 from itera_verify.reload import run_reloads
-from itera_verify.reload.process import ChildProcesses
+from itera_verify.runtime.launcher import Launcher as ChildProcesses
 from itera_verify.reload.runner import zygote_env
 from itera_verify.reload.zygote_client import ForkedChild, Zygote
 from itera_verify.rules import reload as reload_rules

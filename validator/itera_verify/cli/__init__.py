@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -11,6 +12,7 @@ import click
 from ..version import __version__
 from ..runtime.allocator import keep_freed_buffers
 from ..flows.config import Config, load_config
+from ..runtime.environment import Environment
 from ..model import UsageError
 from ..package import inside_package, shortened
 from ..report import FORMATS, Report, renderer
@@ -55,10 +57,10 @@ def _selection(config: Config, select: str | None, ignore: str | None, strict: b
                      levels=dict(config.levels), strict=strict)
 
 
-def _choose_format(fmt: str | None) -> str:
+def _choose_format(fmt: str | None, environment: Environment) -> str:
     if fmt:
         return fmt
-    return "github" if os.environ.get("GITHUB_ACTIONS") == "true" else "text"
+    return "github" if environment.github_actions else "text"
 
 
 def _refuse_reports_inside(targets: list[tuple[str, Path]], folder: Path, what: str) -> None:
@@ -87,9 +89,10 @@ def _write_report(path: Path, text: str) -> None:
         partial.unlink(missing_ok=True)
 
 
-def _emit(report: Report, fmt: str, targets: list[tuple[str, Path]], quiet: bool, verbose: bool) -> None:
-    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-    options = {"color": color, "verbose": verbose, "quiet": quiet}
+def _emit(report: Report, fmt: str, targets: list[tuple[str, Path]], quiet: bool, verbose: bool,
+          environment: Environment) -> None:
+    color = sys.stdout.isatty() and not environment.no_color
+    options = {"color": color, "verbose": verbose, "quiet": quiet, "workspace": environment.github_workspace}
     for target_format, path in targets:
         text = renderer(target_format)(report, {**options, "color": False})
         try:
@@ -286,8 +289,9 @@ def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, r
     from ..flows.verify import verify
 
     def action() -> int:
-        config = load_config(explicit=config_path)
-        fmt_chosen = _choose_format(fmt)
+        environment = Environment.read()  # once, for the whole command (runtime/environment.py)
+        config = replace(load_config(explicit=config_path), environment=environment)
+        fmt_chosen = _choose_format(fmt, environment)
         targets = _report_targets(reports, fmt_chosen)
         _refuse_reports_inside(targets, outdir, "package")
         selection = _selection(config, select, ignore, strict)
@@ -315,7 +319,7 @@ def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, r
         if not streamed:
             failure = _push_sealed(report, push_dest, deadline=follower.watch.deadline if follower else None,
                                    **push_options)
-        _emit(report, fmt_chosen, targets, quiet, verbose)
+        _emit(report, fmt_chosen, targets, quiet, verbose, environment)
         if failure is not None:
             click.echo(plain_lines(clean(failure[1])), err=True)
             return failure[0]
@@ -375,8 +379,9 @@ def audit_command(archive, do_reload, endpoint_url,
     def action() -> int:
         # The reviewer's configuration, never the sender's (not one in an extracted package, where the README
         # sends the reviewer next): the sender's is shown beside it from the record.
-        config = load_config(explicit=config_path, reviewer=True)
-        fmt_chosen = _choose_format(fmt)
+        environment = Environment.read()  # once, for the whole command (runtime/environment.py)
+        config = replace(load_config(explicit=config_path, reviewer=True), environment=environment)
+        fmt_chosen = _choose_format(fmt, environment)
         targets = _report_targets(reports, fmt_chosen)
         from ..push import is_s3
 
@@ -390,7 +395,7 @@ def audit_command(archive, do_reload, endpoint_url,
                            selection=_selection(config, select, ignore, strict), progress=progress,
                            isolation=isolation, allowed_signers=allowed_signers, signer=signer,
                            oms_public_key=oms_public_key)
-        _emit(report, fmt_chosen, targets, quiet, verbose)
+        _emit(report, fmt_chosen, targets, quiet, verbose, environment)
         return _exit_code(report)
 
     _run(action)

@@ -28,6 +28,7 @@ from pathlib import Path
 from ..version import __version__
 from ..archive.extract import Extraction, safe_extract
 from ..archive.zstdframes import declared_content_size
+from ..runtime.environment import Environment
 from ..runtime.hfcache import resolve_hf_cache
 from ..model import Severity, UsageError
 from ..package import discover
@@ -85,7 +86,7 @@ def audit(archive, *, config: Config | None = None, reload: bool = False, max_si
         size = os.fstat(fd).st_size if remote is None else remote.size
         limit = max_size or default_max_size(size)
         with termination_unwinds():
-            folder = scratch_folder(path, fd) if remote is None else None
+            folder = scratch_folder(path, fd, options.environment) if remote is None else None
             workdir = tempfile.mkdtemp(prefix="itera-audit-", dir=folder)  # mode 0700: private
             seal_side = tempfile.mkdtemp(prefix="itera-audit-seal-", dir=folder)  # SEAL/ extras, outside the tree
             try:
@@ -94,7 +95,8 @@ def audit(archive, *, config: Config | None = None, reload: bool = False, max_si
                 report, unwalkable = _recheck(path, size, workdir, extraction, selection, reload=reload,
                                               device=resolved_device, hf_cache=hf_cache, timeout=timeout,
                                               jobs=jobs, progress=progress, isolation=isolation,
-                                              tmp_patterns=tmp_patterns, tariffs=tariffs, scan_budget=limit)
+                                              tmp_patterns=tmp_patterns, tariffs=tariffs, scan_budget=limit,
+                                              environment=options.environment)
                 facts = AuditFacts(path.name, limit, extraction, seal_scans=_scan_seal_files(extraction),
                                    detached=_detached_checksum(path, extraction, remote), unwalkable=unwalkable)
                 # The top folder is the manifest's campaign_id (the seal names it so): compared once re-checked.
@@ -191,7 +193,7 @@ _FILE_TYPES = {stat.S_IFIFO: "a fifo", stat.S_IFCHR: "a character device", stat.
                stat.S_IFSOCK: "a socket"}
 
 
-def scratch_folder(archive: Path, fd: int | None = None) -> str | None:
+def scratch_folder(archive: Path, fd: int | None = None, environment: Environment | None = None) -> str | None:
     """Where the private extraction folder goes; None: the temporary folder the user or system chose.
 
     Memory (/dev/shm) when nobody chose a temporary folder (no TMPDIR, TEMP or TMP; Python's default), every
@@ -199,7 +201,7 @@ def scratch_folder(archive: Path, fd: int | None = None) -> str | None:
     The extraction lives a minute and is deleted: on a disk, creating thousands of files and writing gigabytes
     only to remove them costs more than the audit's own work (GNU tar -x of the 2 GiB benchmark archive takes
     9.4 s on ext4 with discard; the whole audit reads and re-checks it in about 5 s in memory)."""
-    if any(os.environ.get(name) for name in ("TMPDIR", "TEMP", "TMP")) or tempfile.gettempdir() not in SYSTEM_TEMP:
+    if (environment or Environment.read()).temp_folder_chosen or tempfile.gettempdir() not in SYSTEM_TEMP:
         return None
     if not MEMORY_SCRATCH.is_dir() or not os.access(MEMORY_SCRATCH, os.W_OK | os.X_OK):
         return None
@@ -269,7 +271,8 @@ def _extract(path: Path, fd: int | None, workdir: str, limit: int, progress: Pro
 def _recheck(path: Path, size: int, workdir: str, extraction: Extraction, selection: Selection, *, reload: bool,
              device: str | None, hf_cache, timeout: float, jobs: int,
              progress: Progress, isolation: str = "auto", tmp_patterns: tuple[str, ...] = (),
-             tariffs: dict | None = None, scan_budget: int | None = None) -> tuple[Report, str | None]:
+             tariffs: dict | None = None, scan_budget: int | None = None,
+             environment: Environment | None = None) -> tuple[Report, str | None]:
     """Every check again on the extracted package; skipped when the stream itself failed. Returns the report
     and, when the extracted package cannot even be walked, why."""
     facts = {"archive": str(path), "archive_bytes": size,
@@ -290,14 +293,14 @@ def _recheck(path: Path, size: int, workdir: str, extraction: Extraction, select
         report = Report(package=str(path), mode="audit", reloaded=False, strict=selection.strict)
         report.audit = facts
         return report, unwalkable
-    package.hf_cache = resolve_hf_cache(hf_cache)
+    package.hf_cache = resolve_hf_cache(hf_cache, environment)
     package.tmp_patterns = tuple(tmp_patterns)
     if tariffs is not None:
         package.settings["tariffs"] = tariffs
     package.settings[SCAN_BUDGET_SETTING] = scan_budget  # the pickle scan's work is bounded by --max-size
     findings, reloads = check_package(package, selection, reload=reload, device=device or "cpu", timeout=timeout,
                                       jobs=jobs, progress=progress, processes=check_processes(package),
-                                      isolation=isolation)
+                                      isolation=isolation, environment=environment)
     report = build_report(package, findings, reloads, selection, mode="audit", reloaded=reload, device=device)
     report.package = str(path)  # the archive, never the temporary folder
     report.audit = {**facts, "rechecked": True}

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..format.names import PACKAGE_MARKS
 from ..model import Severity, UsageError
+from ..runtime.environment import Environment
 
 KEYS = {"select", "ignore", "levels", "tmp-patterns", "tariffs", "device", "timeout"}
 
@@ -37,6 +38,7 @@ class Config:
     tariffs: dict[str, Any] | None = None
     device: str | None = None
     timeout: float | None = None
+    environment: Environment | None = None  # the entry point's snapshot (None: read when the options settle)
 
 
 def find_config(start: Path, folders: list[Path] | None = None) -> tuple[Path, dict] | None:
@@ -214,7 +216,8 @@ class Options:
     timeout: float
     tmp_patterns: tuple[str, ...]
     tariffs: dict[str, Any] | None
-    configuration: dict  # describe(config): the file applied, and those passed over
+    configuration: dict  # describe(config): the file applied, and those passed over; the environment applied
+    environment: Environment = Environment()  # read once per run, handed to every stage (runtime/environment.py)
 
 
 def settle(config: Config | None, *, reviewer: bool = False, selection=None, device: str | None = None,
@@ -225,9 +228,12 @@ def settle(config: Config | None, *, reviewer: bool = False, selection=None, dev
     from ..rules import Selection
 
     config = load_config(reviewer=reviewer) if config is None else config
+    environment = config.environment if config.environment is not None else Environment.read()
     if selection is None:
         selection = Selection(select=config.select, ignore=config.ignore, levels=dict(config.levels))
     return Options(selection=selection, device=device or config.device or DEFAULT_DEVICE,
                    timeout=timeout or config.timeout or DEFAULT_TIMEOUT,
                    tmp_patterns=tuple(config.tmp_patterns if tmp_patterns is None else tmp_patterns),
-                   tariffs=config.tariffs if tariffs is None else tariffs, configuration=describe(config))
+                   tariffs=config.tariffs if tariffs is None else tariffs,
+                   configuration={**describe(config), "environment": environment.applied()},
+                   environment=environment)

@@ -41,7 +41,7 @@ def check_processes(package: Package) -> int:
 def check_package(package: Package, selection: Selection, *, reload: bool, device: str, timeout: float,
                   jobs: int, progress: Progress, processes: int = 1,
                   started: StartedChecks | None = None, isolation: str = "auto",
-                  prestarted=None) -> tuple[list[Finding], list]:
+                  prestarted=None, environment=None) -> tuple[list[Finding], list]:
     """Static checks (in `processes` processes, or those `started` already), then (optionally) the reloads and
     the rules over their facts."""
     findings = started.result() if started is not None else run_checks(package, selection, "static",
@@ -51,7 +51,7 @@ def check_package(package: Package, selection: Selection, *, reload: bool, devic
         from ..reload import run_reloads
 
         reloads = run_reloads(package, device=device, timeout=timeout, jobs=jobs, progress=progress,
-                              isolation=isolation, prestarted=prestarted)
+                              isolation=isolation, prestarted=prestarted, environment=environment)
         package.reloads = reloads
         findings += run_checks(package, selection, "reload")
     return findings, reloads
@@ -108,7 +108,7 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
         progress.log(f"WARNING: {rental['warning']}")  # now, before the checks and the seal: time to act
     if push is not None:  # the overlapped upload measures its first parts against the same end
         push.set_deadline(summary.rental_end(package)[0])
-    package.hf_cache = resolve_hf_cache(hf_cache)
+    package.hf_cache = resolve_hf_cache(hf_cache, options.environment)
     package.tmp_patterns = tuple(tmp_patterns)
     if tariffs is not None:
         package.settings["tariffs"] = tariffs
@@ -133,14 +133,15 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
             if reload:  # the reload zygote imports its libraries while the static checks run (reload/runner.py)
                 from ..reload import prestart
 
-                prestarted = prestart(package, device=resolved_device, jobs=jobs, isolation=isolation)
+                prestarted = prestart(package, device=resolved_device, jobs=jobs, isolation=isolation,
+                                      environment=options.environment)
             if seal:
                 sealing = start_sealing(package, follower=push, **seal_options)
             findings, reloads = check_package(package, selection, reload=reload, device=resolved_device or "cpu",
                                               timeout=timeout, jobs=jobs, progress=progress,
                                               processes=1 if static_checks is not None else check_processes(package),
                                               started=static_checks, isolation=isolation,
-                                              prestarted=prestarted)
+                                              prestarted=prestarted, environment=options.environment)
             report = build_report(package, findings, reloads, selection, mode="verify", reloaded=reload,
                                   device=resolved_device)
             report.configuration = options.configuration

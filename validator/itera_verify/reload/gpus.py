@@ -3,10 +3,10 @@ tool itself never creates a CUDA context), and a pool that hands each reload chi
 an artifact too large for one, largest artifacts first (SPEC "Reload on every GPU")."""
 from __future__ import annotations
 
-import os
 import subprocess
 import threading
 
+from ..runtime.environment import Environment
 from . import placement
 
 SMI_TIMEOUT_SECONDS = 20
@@ -18,9 +18,8 @@ def visible_gpus() -> list[int]:
     return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
 
 
-def _visible_order(rows: list[tuple[str, str, int]]) -> list[int]:
+def _visible_order(rows: list[tuple[str, str, int]], chosen: str | None) -> list[int]:
     """Free bytes in CUDA's numbering: CUDA_VISIBLE_DEVICES (indexes or UUIDs) picks and orders the GPUs."""
-    chosen = os.environ.get("CUDA_VISIBLE_DEVICES")
     if chosen is None:
         return [free for _, _, free in rows]
     picked = []
@@ -33,7 +32,7 @@ def _visible_order(rows: list[tuple[str, str, int]]) -> list[int]:
     return picked
 
 
-def free_memory(count: int) -> dict[int, int] | None:
+def free_memory(count: int, environment: Environment) -> dict[int, int] | None:
     """Free bytes per visible GPU, from nvidia-smi; None when it cannot tell (the children then measure)."""
     try:
         done = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,memory.free", "--format=csv,noheader,nounits"],
@@ -44,7 +43,7 @@ def free_memory(count: int) -> dict[int, int] | None:
             rows.append((index, uuid, int(free) << 20))  # MiB
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
-    ordered = _visible_order(rows)
+    ordered = _visible_order(rows, environment.cuda_visible_devices)
     return dict(enumerate(ordered)) if len(ordered) == count else None
 
 

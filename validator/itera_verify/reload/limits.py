@@ -18,7 +18,7 @@ Enforcement, measured on torch 2.13 (CPU) under Linux 6.x:
   Set by the child on itself (child.py) before it opens anything, forked and spawned alike. CPU reloads only:
   the CUDA driver's own host mappings have not been measured under it, and a GPU reload refused for them
   would be a false IV504.
-- A watcher in the parent (process.py) reads the child's resident memory (VmRSS: what the report's host peak
+- A watcher in the parent (runtime/launcher.py) reads the child's resident memory (VmRSS: what the report's host peak
   measures, mapped files included) at every poll (50 ms at most) and kills the child past the limit: the
   bound of GPU reloads, and of what RLIMIT_DATA does not count (a weight file mapped read-only) on the CPU.
   No cgroup: rarely writable where the tool runs (containers, CI), and the two above need none.
@@ -31,9 +31,10 @@ import resource
 from pathlib import Path
 
 from ..package.jsonread import read_json_file
+from ..runtime.environment import RELOAD_HOST_MEMORY as LIMIT_VARIABLE, Environment
+from ..runtime.launcher import resident_bytes, status_bytes  # noqa: F401 - the child and the tests read them here
 from .placement import human, parse_bytes
 
-LIMIT_VARIABLE = "ITERA_RELOAD_HOST_MEMORY"
 WEIGHT_FACTOR = 4  # a bf16 file loaded as float32 (2x) with a tensor's conversion copy beside it
 # The libraries' own memory: a forked CPU child starts at ~0.3 GiB anonymous (torch, transformers, peft) and a
 # tiny model's from_pretrained and forward pass peak under 0.6 GiB. CUDA adds its runtime's host memory
@@ -44,9 +45,9 @@ STARVED_WORDS = ("Thread creation failed", "Resource temporarily unavailable", "
                  "can't allocate memory", "std::bad_alloc", "MemoryError")
 
 
-def configured_limit() -> int | None:
-    """ITERA_RELOAD_HOST_MEMORY, read once per run by the runner."""
-    return parse_bytes(os.environ.get(LIMIT_VARIABLE))
+def configured_limit(environment: Environment) -> int | None:
+    """ITERA_RELOAD_HOST_MEMORY, from the run's environment (read once, at the entry point)."""
+    return parse_bytes(environment.reload_host_memory)
 
 
 def disk_bytes(path: Path) -> int:
@@ -132,24 +133,6 @@ def apply_in_child(job: dict) -> None:
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     except (ValueError, OSError):
         pass  # an administrator's lower hard limit already binds harder; the parent's watcher still applies
-
-
-def status_bytes(field: str, pid: int | str = "self") -> int | None:
-    """A memory field of /proc/PID/status (VmRSS, VmHWM, VmData) in bytes; None off Linux or once it is gone."""
-    key = field.encode() + b":"
-    try:
-        with open(f"/proc/{pid}/status", "rb") as handle:
-            for line in handle:
-                if line.startswith(key):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def resident_bytes(pid: int) -> int | None:
-    """The process's resident memory now."""
-    return status_bytes("VmRSS", pid)
 
 
 def starved(text: str) -> bool:

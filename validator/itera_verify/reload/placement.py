@@ -8,18 +8,18 @@ Pure planning over numbers and meta-device models; nothing here touches a GPU, s
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..package.files import read_safetensors_header
+from ..runtime.environment import RELOAD_GPU_MEMORY, Environment
 
 # Share of a GPU's free memory that weights may take: the rest is for the CUDA context, the forward pass and
 # the allocator's fragments.
 HEADROOM = 0.9
 # A cap on the free memory per GPU (bytes, or with a K/M/G/T suffix, powers of 1024): leave room for other work
 # on the machine, or force the spread over GPUs (scripts/gpu-check.sh does).
-CAP_VARIABLE = "ITERA_RELOAD_GPU_MEMORY"
+CAP_VARIABLE = RELOAD_GPU_MEMORY
 OFF_GPU = ("cpu", "disk", "meta")
 SAFETENSORS_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
                            "I16": 2, "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1,
@@ -165,5 +165,6 @@ def off_gpu_tensors(model) -> list[str]:
     return found
 
 
-def cap_from_environment() -> int | None:
-    return parse_bytes(os.environ.get(CAP_VARIABLE))
+def cap_from_environment(environment: Environment | None = None) -> int | None:
+    """ITERA_RELOAD_GPU_MEMORY: the run's (handed down), else this process's (a reload child's own)."""
+    return parse_bytes((environment or Environment.read()).reload_gpu_memory)

@@ -1,6 +1,6 @@
 """Run each artifact's reload in a fresh child process, with a timeout, and collect what it proved.
 
-The child runs itera_verify.reload.child in its own session (process group, see process.py), offline, with the
+The child runs itera_verify.reload.child in its own session (process group, see runtime/launcher.py), offline, with the
 job as JSON in and the facts as JSON out. It is forked by the zygote (zygote.py: one interpreter that imported
 the libraries once) or, with --isolation spawn or where fork is missing or unsafe, a new interpreter
 (`python -m itera_verify.reload.child`). A timeout kills the whole group; a signal or an exit without a result
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..package.jsonread import read_json_file
-from ..runtime.forked import SIGNAL_POLL_SECONDS
+from ..runtime.environment import Environment
+from ..runtime.launcher import Exit, Launcher, termination_unwinds, wait_until
 from ..format import loaders as loader_table
 from ..model import ReloadResult
 from ..package import Package
@@ -32,7 +33,6 @@ from .gpus import GpuPool, free_memory, needs_every_gpu, visible_gpus
 from .jobs import plan, reload_entry
 from .limits import configured_limit, over_limit, starved
 from .placement import cap_from_environment
-from .process import ChildProcesses, Exit, sigterm_interrupts
 from .zygote_client import ForkedChild, Zygote, can_fork, start_zygote
 
 VALIDATOR_DIR = str(Path(__file__).resolve().parents[2])  # the folder holding the itera_verify package
@@ -41,8 +41,9 @@ IMPORTS, IMPORTS_LIGHT = "torch, transformers, peft…", "torch…"  # what the 
 ISOLATIONS = ("auto", "fork", "spawn")  # auto: fork through the zygote where that is possible and safe
 
 
-def child_env(job: dict, work: str) -> dict:
-    env = dict(os.environ)
+def child_env(job: dict, work: str, environment: Environment) -> dict:
+    """A reload child's variables: the run's environment (read once, runtime/environment.py), made offline."""
+    env = environment.for_child()
     # Third-party scratch files (torch inductor's cache, ...) land in the reload's own folder, removed after it.
     env["TMPDIR"] = work
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1",
@@ -101,11 +102,12 @@ def light(loaders) -> bool:
     return loader_table.light(loaders)
 
 
-def zygote_env(threads: int, hf_cache: str | None) -> dict:
+def zygote_env(threads: int, hf_cache: str | None, environment: Environment | None = None) -> dict:
     """The zygote's environment: what every child shares (the libraries read it at import), plus fork safety.
     numpy's BLAS starts a worker thread at import, and a process with threads must not fork; numpy only reads
     RNG states here. The NVML check keeps torch.cuda.is_available() from initialising CUDA before a fork."""
-    env = child_env({"threads": threads, "hf_cache": hf_cache}, "")  # TMPDIR: the zygote's own folder
+    env = child_env({"threads": threads, "hf_cache": hf_cache}, "",  # TMPDIR: the zygote's own folder
+                    environment if environment is not None else Environment.read())
     env.update(OPENBLAS_NUM_THREADS="1", PYTORCH_NVML_BASED_CUDA_CHECK="1")
     return env
 
@@ -115,7 +117,7 @@ class _Child:
     before it touches the device (see child.py); the timeout runs from there. With a zygote it is forked
     (already imported: never gated)."""
 
-    def __init__(self, job: dict, children: ChildProcesses, *, gated: bool = False, zygote: Zygote | None = None):
+    def __init__(self, job: dict, children: Launcher, *, gated: bool = False, zygote: Zygote | None = None):
         self.job, self.children, self.gated = dict(job, gated=gated), children, gated
         self.work = Path(tempfile.mkdtemp(prefix="itera-reload-"))
         self.job_file, self.result_file, self.log = (self.work / "job.json", self.work / "result.json",
@@ -133,14 +135,15 @@ class _Child:
             if isinstance(forked, ForkedChild):
                 self.proc, self.isolation, self.zygote_seconds = forked, "fork", zygote.seconds
                 return
-            if children.stopping.is_set():
+            if children.stop.is_set():
                 return
         self.job_file.write_text(json.dumps(self.job), encoding="utf-8")
         with open(self.log, "wb") as log_handle:  # the child keeps its own descriptor
             self.proc = children.spawn([sys.executable, "-m", "itera_verify.reload.child", str(self.job_file),
                                         str(self.result_file)],
                                        stdin=subprocess.PIPE if gated else subprocess.DEVNULL, stdout=log_handle,
-                                       stderr=subprocess.STDOUT, cwd=self.work, env=child_env(self.job, str(self.work)))
+                                       stderr=subprocess.STDOUT, cwd=self.work,
+                                       env=child_env(self.job, str(self.work), children.environment))
 
     def let_through(self) -> None:
         if self.gated and self.proc is not None:
@@ -196,7 +199,7 @@ class _Child:
         shutil.rmtree(self.work, ignore_errors=True)
 
 
-def run_child(job: dict, timeout: float, children: ChildProcesses, zygote: Zygote | None = None,
+def run_child(job: dict, timeout: float, children: Launcher, zygote: Zygote | None = None,
               pool: GpuPool | None = None) -> ReloadResult:
     """One reload; on the GPU, once the pool hands it its GPU (or every GPU, for a model too large for one)."""
     if pool is None:
@@ -210,7 +213,7 @@ def run_child(job: dict, timeout: float, children: ChildProcesses, zygote: Zygot
         pool.give(gpus)
 
 
-def _one_at_a_time(jobs: list[dict], timeout: float, children: ChildProcesses, began=None):
+def _one_at_a_time(jobs: list[dict], timeout: float, children: Launcher, began=None):
     """(index, result) in order, one reload at a time, the next child importing while the current one runs;
     began(job) when a job's reload begins."""
     waiting: _Child | None = None
@@ -257,7 +260,7 @@ def _merge(result: ReloadResult, reported: dict) -> None:
 class Prestarted:
     """A zygote started before the static checks, so that its imports overlap them (flows/verify.py)."""
 
-    children: ChildProcesses
+    children: Launcher
     zygote: Zygote
     isolation: str
 
@@ -271,7 +274,8 @@ def _parallel(device: str, jobs: int, gpus: list[int]) -> tuple[int, int]:
     return parallel, max(1, (os.cpu_count() or 1) // parallel) if parallel > 1 else 0
 
 
-def prestart(package: Package, *, device: str, jobs: int, isolation: str = "auto") -> Prestarted | None:
+def prestart(package: Package, *, device: str, jobs: int, isolation: str = "auto",
+             environment: Environment | None = None) -> Prestarted | None:
     """Start the run's zygote now; run_reloads(prestarted=...) uses it, close() ends it if it never is."""
     if not can_fork(isolation) or not package.artifacts():
         return None
@@ -283,28 +287,32 @@ def prestart(package: Package, *, device: str, jobs: int, isolation: str = "auto
         if real.startswith(root + os.sep) and os.path.isdir(real):
             folders.append({"path": real})
     _, threads = _parallel(device, jobs, visible_gpus() if device == "cuda" else [])
-    children = ChildProcesses()
+    children = Launcher(environment=environment)
     hf_cache = os.path.abspath(package.hf_cache) if package.hf_cache else None
     loaders = [reload_entry(package, artifact)[1] for artifact in package.artifacts()]
-    zygote = Zygote(children, zygote_env(threads, hf_cache), model_types(folders), light(loaders))
+    zygote = Zygote(children, zygote_env(threads, hf_cache, children.environment), model_types(folders), light(loaders))
     return Prestarted(children, zygote, isolation)
 
 
 def run_reloads(package: Package, *, device: str, timeout: float, jobs: int, progress,
                 only: set[str] | None = None, prefetch: bool | None = None,
                 isolation: str = "auto", prestarted: Prestarted | None = None,
-                memory_limit: int | None = None) -> list[ReloadResult]:
+                memory_limit: int | None = None, environment: Environment | None = None) -> list[ReloadResult]:
     """Every manifest artifact (or those named in `only`), each in its own child; results in manifest order.
     isolation: "auto" forks the children from one zygote where fork is safe, "fork" insists on it (a usage
     error otherwise), "spawn" starts a new interpreter per child. prefetch (spawned children, default: on a
     GPU): one at a time, the next child importing its libraries while the current one runs; on a machine where
     importing torch and transformers takes 10-20 s, that is most of a small reload. prefetch=True alone asks
     for spawned children. memory_limit: the host memory limit of every child in bytes (default:
-    ITERA_RELOAD_HOST_MEMORY, else each child's own, from its artifact's size: limits.py)."""
+    ITERA_RELOAD_HOST_MEMORY, else each child's own, from its artifact's size: limits.py). environment: the
+    run's (runtime/environment.py; default: this process's now), what the children start with; a prestarted
+    zygote brings its own."""
     gpus = visible_gpus() if device == "cuda" else []
     parallel, threads = _parallel(device, jobs, gpus)  # one reload per GPU at a time
     chosen = [a for a in package.artifacts() if only is None or a.get("id") in only]
-    limit = memory_limit or configured_limit()  # one host memory limit for every child, else each its own
+    children = prestarted.children if prestarted is not None else Launcher(environment=environment)
+    # One host memory limit for every child, else each its own.
+    limit = memory_limit or configured_limit(children.environment)
     plans = [plan(package, artifact, device, threads, limit) for artifact in chosen]
     results: list[ReloadResult | None] = [p if isinstance(p, ReloadResult) else None for p in plans]
     progress.start("reload", "reloading artifacts", total=len(plans), unit="artifacts")
@@ -313,10 +321,9 @@ def run_reloads(package: Package, *, device: str, timeout: float, jobs: int, pro
     pending = {i: p for i, p in enumerate(plans) if isinstance(p, dict)}
     if gpus:  # largest first: the long reloads start at once, the small ones fill the gaps (results: manifest order)
         pending = dict(sorted(pending.items(), key=lambda item: -int(item[1].get("weight_bytes") or 0)))
-    children = prestarted.children if prestarted is not None else ChildProcesses()
-    pool = GpuPool(gpus, children.stopping) if gpus else None
+    pool = GpuPool(gpus, children.stop) if gpus else None
     if gpus:
-        free, cap = free_memory(len(gpus)), cap_from_environment()
+        free, cap = free_memory(len(gpus), children.environment), cap_from_environment(children.environment)
         for job in pending.values():
             job["every_gpu"] = needs_every_gpu(job, free, cap)
     if prefetch is True and isolation == "auto":
@@ -324,14 +331,15 @@ def run_reloads(package: Package, *, device: str, timeout: float, jobs: int, pro
     if prefetch is None:
         prefetch = device != "cpu"
     zygote: Zygote | None = None
-    with sigterm_interrupts(), ThreadPoolExecutor(max_workers=parallel) as workers:
+    with termination_unwinds(), ThreadPoolExecutor(max_workers=parallel) as workers:
         try:
             first = next(iter(pending.values()), {})
             is_light = light(job["loader"] for job in pending.values())
             if pending and can_fork(isolation):  # the zygote's imports: 8-12 s where nothing else is said
                 progress.waiting("reload", f"importing {IMPORTS_LIGHT if is_light else IMPORTS} once, for the "
                                            "reload processes")
-            zygote = start_zygote(isolation, children, zygote_env(first.get("threads") or 0, first.get("hf_cache")),
+            zygote = start_zygote(isolation, children, zygote_env(first.get("threads") or 0, first.get("hf_cache"),
+                                                                children.environment),
                                   bool(pending), model_types(pending.values()),
                                   started=prestarted.zygote if prestarted is not None else None,
                                   light=is_light)
@@ -350,14 +358,17 @@ def run_reloads(package: Package, *, device: str, timeout: float, jobs: int, pro
 
                 futures = {workers.submit(reload_one, job): i for i, job in pending.items()}
                 running = set(futures)
-                while running:
-                    # Bounded waits: a SIGTERM or Ctrl-C the kernel hands to a worker thread runs its Python
-                    # handler only when this thread wakes, and a stopped child may never complete its future.
-                    done, running = wait(running, timeout=SIGNAL_POLL_SECONDS, return_when=FIRST_COMPLETED)
+
+                def collect(pause: float) -> bool:  # the launcher's bounded waits: a signal's handler runs
+                    nonlocal running
+                    done, running = wait(running, timeout=pause, return_when=FIRST_COMPLETED)
                     for future in done:
                         results[futures[future]] = result = future.result()
                         progress.ended("reload", result.artifact, result.ok)
                         progress.advance("reload")
+                    return not running
+
+                wait_until(collect)
         except BaseException:
             children.stop_all()  # Ctrl-C or SIGTERM: end every child now, not after its timeout
             raise

@@ -12,10 +12,10 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
+from types import SimpleNamespace
 
-from .process import ChildProcesses
+from ..runtime.launcher import Exit, Launcher, wait_until
 from .zygote import LIGHT
 
 ZYGOTE_START_SECONDS = 300.0  # importing the libraries; far longer means a broken environment: spawn instead
@@ -30,7 +30,11 @@ def _log_tail(log: Path, lines: int = 3) -> str:
 
 
 class ForkedChild:
-    """A reload child forked by the zygote: its pid, and its end as the zygote reports it."""
+    """A reload child forked by the zygote: its pid, and its end as the zygote reports it. The launcher's Child
+    protocol (runtime/launcher.py): the zygote reaps it, sweeping its group before it reaps (no pid reuse race),
+    and reports the exit status and peak memory."""
+
+    FIRST_PAUSE = PAUSE = 0.02  # a wait on the socket: wakes as soon as the zygote reports
 
     def __init__(self, client: ZygoteClient, job_id: int, pid: int):
         self.client, self.job_id, self.pid, self.returncode = client, job_id, pid, None
@@ -39,16 +43,37 @@ class ForkedChild:
     def ended(self, grace: float = 0.0, wait: float = 0.0) -> dict | None:
         """The zygote's report of this child's exit, waiting up to `grace` seconds (or `wait` on the socket
         once); a dead zygote takes its children with it (PR_SET_PDEATHSIG): that is an end without a status."""
-        deadline = time.monotonic() + grace
-        while True:
-            end = self.client.message(self.job_id, "exit", wait=wait)
+        found: list[dict] = []
+
+        def reported(pause: float) -> bool:
+            end = self.client.message(self.job_id, "exit", wait=pause)
+            if end is None and self.client.dead:
+                end = {"exit": None}
             if end is not None:
-                return end
-            if self.client.dead:
-                return {"exit": None}
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(0.01)
+                found.append(end)
+            return end is not None
+
+        if not reported(wait) and grace > 0:
+            wait_until(reported, timeout=grace, pause=0.01)
+        return found[0] if found else None
+
+    def exited(self, wait: float) -> bool:
+        return self.ended(wait=wait) is not None
+
+    def settle(self, result: Exit, launcher: Launcher) -> None:
+        # A pid read after the child ended may be another process's: only the zygote's kill, which knows its own
+        # children, acts on what is read.
+        if self.ended() is None:
+            self.kill()
+        elif result.over_limit:
+            result.over_limit = False  # it had ended on its own: the memory read may be another process's
+        end = self.ended(grace=10.0)
+        launcher.discard(self.pid)
+        if end is not None:
+            result.code = end.get("exit")
+            if isinstance(end.get("maxrss_kib"), int):
+                result.usage = SimpleNamespace(ru_maxrss=end["maxrss_kib"])
+        self.returncode = result.code
 
     def kill(self) -> None:
         self.client.send({"op": "kill", "id": self.job_id})
@@ -59,7 +84,7 @@ class ZygoteClient:
 
     Any thread may call it; one lock guards the socket and the messages read so far."""
 
-    def __init__(self, children: ChildProcesses, env: dict, cwd: str, log, room: int, model_types=(),
+    def __init__(self, children: Launcher, env: dict, cwd: str, log, room: int, model_types=(),
                  light: bool = False):
         ours, theirs = socket.socketpair()
         self.sock, self.dead, self.next_id = ours, False, 0
@@ -108,15 +133,11 @@ class ZygoteClient:
                 self.dead = True
 
     def ready(self, timeout: float) -> dict | None:
-        """The zygote's report once its imports are done; None if it died or took longer than `timeout`."""
-        deadline = time.monotonic() + timeout
-        while not self.dead and time.monotonic() < deadline:
-            if self.children.stopping.is_set():
-                return None
-            found = self.message(None, "ready", wait=0.2)
-            if found is not None:
-                return found
-        return None
+        """The zygote's report once its imports are done; None if it died, took longer than `timeout` or the run
+        is stopping."""
+        found = wait_until(lambda wait: self.dead or self.message(None, "ready", wait=wait) is not None,
+                           timeout=timeout, stop=self.children.stop)
+        return self.message(None, "ready") if found is True else None
 
     def fork(self, request: dict) -> ForkedChild | str:
         """A child running `request` (see zygote.py), or why none could start."""
@@ -124,20 +145,19 @@ class ZygoteClient:
             self.next_id += 1
             job_id = self.next_id
         self.send(dict(request, op="fork", id=job_id))
-        while True:
-            started = self.message(job_id, "pid", wait=0.05)
-            if started is not None:
-                child = ForkedChild(self, job_id, started["pid"])
-                if not self.children.adopt(child.pid):
-                    child.kill()
-                return child
-            failed = self.message(job_id, "error")
-            if failed is not None:
-                return failed["error"]
-            if self.dead:
-                return "the zygote is gone"
-            if self.children.stopping.is_set():
-                return "interrupted"
+        answered = wait_until(lambda wait: self.message(job_id, "pid", wait=wait) is not None
+                              or self.message(job_id, "error") is not None or self.dead,
+                              stop=self.children.stop, pause=0.05)
+        started = self.message(job_id, "pid")
+        if started is not None:
+            child = ForkedChild(self, job_id, started["pid"])
+            if not self.children.adopt(child.pid):
+                child.kill()
+            return child
+        failed = self.message(job_id, "error")
+        if failed is not None:
+            return failed["error"]
+        return "the zygote is gone" if answered is True else "interrupted"
 
     def close(self, grace: float = 5.0) -> None:
         """End the zygote: end of file on its socket ends it and any child it still has (one still importing
@@ -153,7 +173,7 @@ class ZygoteClient:
 class Zygote:
     """The zygote of one run and its folder; `client` is None when children must be spawned (and `why` says so)."""
 
-    def __init__(self, children: ChildProcesses, env: dict, model_types=(), light: bool = False):
+    def __init__(self, children: Launcher, env: dict, model_types=(), light: bool = False):
         self.work = Path(tempfile.mkdtemp(prefix="itera-zygote-"))
         self.light = light
         self.client, self.why, self.seconds = None, "", None
@@ -178,7 +198,7 @@ class Zygote:
             raise
         if ready is None:
             self.why = "the zygote did not start" + (f": {_log_tail(self.work / 'zygote.log')}" if not
-                                                    children.stopping.is_set() else "")
+                                                    children.stop.is_set() else "")
         elif ready.get("threads") != 1:
             self.why = f"the zygote has {ready.get('threads')} threads after its imports: fork is not safe"
         elif ready.get("cuda_initialised"):
@@ -203,7 +223,7 @@ def can_fork(isolation: str) -> bool:
     return isolation != "spawn" and hasattr(os, "fork") and sys.platform != "darwin"
 
 
-def start_zygote(isolation: str, children: ChildProcesses, env: dict, needed: bool = True,
+def start_zygote(isolation: str, children: Launcher, env: dict, needed: bool = True,
                  model_types=(), started: Zygote | None = None, light: bool = False) -> Zygote | None:
     """The run's zygote (`started`: one started earlier, still importing), ready; None where children are
     spawned (asked for, no fork, nothing to run, or the zygote is not safe to fork from)."""
@@ -215,7 +235,7 @@ def start_zygote(isolation: str, children: ChildProcesses, env: dict, needed: bo
     zygote.wait_ready()
     if zygote.client is None:
         zygote.close()
-        if isolation == "fork" and not children.stopping.is_set():
+        if isolation == "fork" and not children.stop.is_set():
             from ..model import UsageError
 
             raise UsageError(f"--isolation fork: {zygote.why}")

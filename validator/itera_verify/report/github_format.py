@@ -24,20 +24,21 @@ def escape_property(text: str) -> str:
     return escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def repository_path(package: str, path: str) -> str:
-    """The finding's file relative to the workspace, so the annotation lands on the file in the pull request."""
+def repository_path(package: str, path: str, workspace: str | None = None) -> str:
+    """The finding's file relative to the workspace (GITHUB_WORKSPACE, handed over by the command line in the
+    options, else the current folder), so the annotation lands on the file in the pull request."""
     joined = os.path.normpath(os.path.join(package, path))
-    workspace = os.environ.get("GITHUB_WORKSPACE") or os.getcwd()
+    workspace = workspace or os.getcwd()
     if os.path.isabs(joined):
         relative = os.path.relpath(joined, workspace)
         joined = joined if relative.startswith("..") else relative
     return joined.replace(os.sep, posixpath.sep)
 
 
-def annotation(report: Report, finding: Finding) -> str:
+def annotation(report: Report, finding: Finding, workspace: str | None = None) -> str:
     properties = []
     if finding.path:
-        properties.append(f"file={escape_property(clean(repository_path(report.package, finding.path)))}")
+        properties.append(f"file={escape_property(clean(repository_path(report.package, finding.path, workspace)))}")
         if finding.line is not None:
             properties.append(f"line={finding.line}")
             if finding.column is not None:
@@ -52,7 +53,7 @@ def annotation(report: Report, finding: Finding) -> str:
 
 
 def render(report: Report, options: dict) -> str:
-    lines = [annotation(report, finding) for finding in report.findings]
+    lines = [annotation(report, finding, options.get("workspace")) for finding in report.findings]
     for run in report.runs or []:  # each run's saves (SPEC §7): a notice the workflow's summary lists
         line = saves_line(run) if isinstance(run, dict) else None
         if line:

@@ -5,21 +5,19 @@ import os
 from pathlib import Path
 
 from ..model import UsageError
+from .environment import Environment
 
 
-def resolve_hf_cache(given: str | os.PathLike | None) -> Path:
+def resolve_hf_cache(given: str | os.PathLike | None, environment: Environment | None = None) -> Path:
     """The hub cache folder (the one holding `models--org--name/`).
 
     A folder with a `hub/` subfolder is taken as an HF_HOME. Default: HF_HUB_CACHE, else HF_HOME/hub,
-    else ~/.cache/huggingface/hub. An explicit folder that does not exist is a usage error.
+    else ~/.cache/huggingface/hub (`environment`: the run's, else this process's now). An explicit folder that
+    does not exist is a usage error.
     """
     if given is not None:
         path = Path(given).expanduser().absolute()  # reload children run elsewhere: no relative paths
         if not path.is_dir():
             raise UsageError(f"--hf-cache {given}: no such folder")
         return path / "hub" if (path / "hub").is_dir() and not any(path.glob("models--*")) else path
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser().absolute()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser().absolute() / "hub"
-    return Path("~/.cache/huggingface/hub").expanduser()
+    return (environment or Environment.read()).hub_cache

@@ -29,10 +29,8 @@ the workflow hands over (`SEAL/verification.json`, `SEAL/report.html`). Choices 
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
-from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -42,7 +40,7 @@ from ..archive.direct import DirectWriter
 from ..archive.output import WrittenBytes
 from ..archive.publish import (fsync_folder, partial_path, publish, read_back, remove_stale_partials,
                               write_checksum_file)
-from ..runtime.forked import SIGNAL_POLL_SECONDS
+from ..runtime.launcher import Terminated, join_thread, termination_unwinds
 from ..model import UsageError
 from ..package import Package, inside_package
 from ..runtime.progress import NULL_PROGRESS, Progress
@@ -54,10 +52,6 @@ from ..format.names import ARCHIVE_SIG_SUFFIX
 
 # What the workflows and the tests import from here; the plan, the change checks and the members are submodules.
 __all__ = ["SealRefused", "Sealing", "Terminated", "plan_members", "seal_package", "termination_unwinds"]
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP during a seal: unwinds like Ctrl-C, so the partial archive is removed."""
 
 
 # ---- safety around the destination ------------------------------------------------------------------------
@@ -77,25 +71,6 @@ def _open_output(path: Path):
     """The partial archive file, written past the page cache where the file system allows (archive/direct.py);
     tests replace this to inject a full disk."""
     return DirectWriter.create(path)
-
-
-@contextmanager
-def termination_unwinds():
-    """SIGTERM/SIGHUP raise Terminated in the main thread, so `finally` blocks remove partial files (the seal)
-    and private folders (the audit)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise Terminated(f"signal {signum}")
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 # ---- the seal ---------------------------------------------------------------------------------------------
@@ -180,10 +155,7 @@ class Sealing:
         signature_file = self.destination.with_name(self.destination.name + ARCHIVE_SIG_SUFFIX)
         try:
             with termination_unwinds():
-                # Bounded waits: a Ctrl-C or SIGTERM the kernel hands to another thread runs its handler only
-                # when this (main) thread wakes.
-                while self._thread.is_alive():
-                    self._thread.join(SIGNAL_POLL_SECONDS)
+                join_thread(self._thread)  # bounded waits: a Ctrl-C or SIGTERM runs its handler meanwhile
                 if self._failure is not None:
                     raise self._failure
                 digests, expected = self._result

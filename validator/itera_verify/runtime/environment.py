@@ -1,0 +1,94 @@
+"""The process environment, read once per run: at the entry point (the command line, or a `verify`/`audit` call
+through flows/config.py `settle`) and handed down, so that every stage of one run sees the same settings, the
+report can say which applied, and the reload children get the same variables through the launcher.
+
+The settings the tool itself reads are listed here, once; everything else is passed to children untouched.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Mapping
+
+RELOAD_HOST_MEMORY = "ITERA_RELOAD_HOST_MEMORY"  # the host memory limit of every reload child (reload/limits.py)
+RELOAD_GPU_MEMORY = "ITERA_RELOAD_GPU_MEMORY"  # a cap on the GPU memory a placement counts (reload/placement.py)
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"  # which GPUs, in CUDA's order (reload/gpus.py)
+HF_HUB_CACHE, HF_HOME = "HF_HUB_CACHE", "HF_HOME"  # the hub cache (runtime/hfcache.py)
+TEMP_FOLDERS = ("TMPDIR", "TEMP", "TMP")  # a temporary folder the user chose (the audit's scratch, IV2xx paths)
+GITHUB_ACTIONS, GITHUB_WORKSPACE = "GITHUB_ACTIONS", "GITHUB_WORKSPACE"  # the default format; annotation paths
+NO_COLOR = "NO_COLOR"
+AWS_ENDPOINTS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")  # an S3-compatible store (push/store.py)
+
+SETTINGS = (RELOAD_HOST_MEMORY, RELOAD_GPU_MEMORY, CUDA_VISIBLE_DEVICES, HF_HUB_CACHE, HF_HOME, *TEMP_FOLDERS,
+            GITHUB_ACTIONS, GITHUB_WORKSPACE, NO_COLOR, *AWS_ENDPOINTS)
+
+
+@dataclass(frozen=True)
+class Environment:
+    """A frozen copy of the environment variables at the entry point."""
+
+    variables: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str] | None = None) -> "Environment":
+        return cls(MappingProxyType(dict(os.environ if environ is None else environ)))
+
+    def get(self, name: str) -> str | None:
+        return self.variables.get(name)
+
+    def applied(self) -> dict[str, str]:
+        """The settings the tool reads that are set (the report's `configuration.environment`)."""
+        return {name: self.variables[name] for name in SETTINGS if name in self.variables}
+
+    def for_child(self, **overrides: str) -> dict[str, str]:
+        """The variables a child process starts with: these, then `overrides`."""
+        return {**self.variables, **overrides}
+
+    @property
+    def reload_host_memory(self) -> str | None:
+        return self.get(RELOAD_HOST_MEMORY)
+
+    @property
+    def reload_gpu_memory(self) -> str | None:
+        return self.get(RELOAD_GPU_MEMORY)
+
+    @property
+    def cuda_visible_devices(self) -> str | None:
+        return self.get(CUDA_VISIBLE_DEVICES)
+
+    @property
+    def hub_cache(self) -> Path:
+        """HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub (huggingface_hub's own order)."""
+        if self.get(HF_HUB_CACHE):
+            return Path(self.variables[HF_HUB_CACHE]).expanduser().absolute()
+        if self.get(HF_HOME):
+            return Path(self.variables[HF_HOME]).expanduser().absolute() / "hub"
+        return Path("~/.cache/huggingface/hub").expanduser()
+
+    @property
+    def temp_folder_chosen(self) -> bool:
+        """The user chose a temporary folder (TMPDIR, TEMP or TMP, Python's own order)."""
+        return any(self.get(name) for name in TEMP_FOLDERS)
+
+    @property
+    def tmpdir(self) -> str:
+        """TMPDIR without its trailing slash ("" when unset)."""
+        return (self.get("TMPDIR") or "").rstrip("/")
+
+    @property
+    def github_actions(self) -> bool:
+        return self.get(GITHUB_ACTIONS) == "true"
+
+    @property
+    def github_workspace(self) -> str | None:
+        return self.get(GITHUB_WORKSPACE) or None
+
+    @property
+    def no_color(self) -> bool:
+        return bool(self.get(NO_COLOR))
+
+    @property
+    def s3_endpoint_set(self) -> bool:
+        return any(self.get(name) for name in AWS_ENDPOINTS)
