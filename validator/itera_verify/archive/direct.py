@@ -48,6 +48,11 @@ def open_direct(path, flags: int, mode: int = 0o644) -> tuple[int, bool]:
     return os.open(path, flags, mode), False
 
 
+def is_direct(fd: int) -> bool:
+    """Whether `fd` was opened with O_DIRECT (open_direct): its reader must then keep offsets aligned."""
+    return bool(O_DIRECT and fcntl.fcntl(fd, fcntl.F_GETFL) & O_DIRECT)
+
+
 def clear_direct(fd: int) -> bool:
     """Turn O_DIRECT off on `fd` (its reads and writes go through the page cache from now on); returns False."""
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~O_DIRECT)

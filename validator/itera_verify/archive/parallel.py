@@ -12,7 +12,6 @@ frames in flight, and each hands over at most `depth` pieces before its consumer
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import os
 import queue
@@ -20,7 +19,7 @@ import threading
 
 import zstandard
 
-from .direct import ALIGN, O_DIRECT, aligned_buffer, clear_direct, round_down, round_up
+from .direct import ALIGN, aligned_buffer, clear_direct, is_direct, round_down, round_up
 from .errors import Corrupt, TooLarge
 
 PIECE = 2 << 20
@@ -106,7 +105,7 @@ class FrameParallelExpanded:
                  depth: int = 3, hash_archive: bool = True, tap=None):
         self.fd, self.frames, self.limit, self.depth = fd, frames, limit, depth
         self._tap = tap if hash_archive else None  # rides the hashing thread: every byte of the file, in order
-        self._direct = bool(O_DIRECT and fcntl.fcntl(fd, fcntl.F_GETFL) & O_DIRECT)
+        self._direct = is_direct(fd)
         self.total = 0
         self._sha256 = hashlib.sha256() if hash_archive else None
         self._hashed = 0
