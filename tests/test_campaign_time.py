@@ -239,7 +239,7 @@ def test_verify_shows_the_saves_the_proofs_and_the_rentals_end(campaign):
     assert "stopped at step 3 (no-resume)" in page
 
 
-def test_a_deadline_the_seal_cannot_meet_is_warned_before_the_checks(campaign, monkeypatch):
+def test_a_deadline_the_seal_cannot_meet_is_warned_before_the_checks(campaign):
     # A rental that has ended is said at once, before the checks (a deadline a second away raced the CLI's start).
     past = (datetime.now(UTC) - timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     done = cli(campaign["package"], "--deadline", past, "--format", "json")
@@ -254,8 +254,10 @@ def test_a_deadline_the_seal_cannot_meet_is_warned_before_the_checks(campaign, m
     now = datetime.now(UTC)
     package.settings["deadline"] = (now + timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ")
     assert "warning" not in summary.rental_summary(package, now=now)
-    monkeypatch.setattr(summary, "SEAL_BYTES_PER_SECOND", 1024)  # a machine 200 000 times slower
-    assert "may not finish in time" in summary.rental_summary(package, now=now)["warning"]
+    from itera_verify.seal.rate import Measured
+
+    slow = Measured(1024, 1024, 1.0, 3, 1)  # a machine measured 200 000 times slower
+    assert "may not finish in time" in summary.rental_summary(package, now=now, measured=slow)["warning"]
 
 
 def findings_of(package: Path) -> list:

@@ -17,6 +17,8 @@ from ..package.campaign import (accepted_declared, filled_text, first_run_start,
 from ..format.values import spoken_duration
 from ..format.money import cost_per_accepted, fmt_usd, lots, money, other_expenses, rental_usd, total_usd
 from ..package.budget import lots_window_hours
+from ..seal.rate import Measured
+from ..seal.rate import measure as measure_seal
 
 
 # ---------------------------------------------------------------------------------------------- budget
@@ -254,14 +256,16 @@ def _round(value: float | None) -> float | None:
 
 # ---------------------------------------------------------------------------------------------- the rental's end
 
-# The seal's rate when nothing on this machine measured one: the whole verify --no-reload on a 1.93 GiB package
-# of 20,035 files took 7.18 s on 2 cores (benchmarks/results/seal-2026-11-30-session5.txt), about 270 MiB/s;
-# taken lower, since a rented machine's disk and cores vary. The push: 68 MB in 2.82 s to a store on loopback
-# (push-2026-12-02.txt); a real uplink is slower, so the prior is a modest 25 MiB/s.
+# The seal's rate is measured on this machine (seal/rate.py); this prior serves only when nothing could be read:
+# the whole verify --no-reload on a 1.93 GiB package of 20,035 files took 7.18 s on 2 cores
+# (benchmarks/results/seal-2026-11-30-session5.txt), about 270 MiB/s, taken lower. The push cannot be measured
+# before it sends its first parts (push/deadline.py measures those, and warns then): until then a prior, 68 MB
+# in 2.82 s to a store on loopback (push-2026-12-02.txt) taken down to a modest 25 MiB/s for a real uplink.
 SEAL_BYTES_PER_SECOND = 200 * 2**20
 PUSH_BYTES_PER_SECOND = 25 * 2**20
 COMPRESSED_SHARE = 0.7  # archive bytes / package bytes (checkpoints compress little)
 MARGIN = 1.5  # an estimate is an estimate: warn when 1.5x it would not fit
+PUSH_PRIOR_WORDS = "a prior until the push measures its first parts"
 
 
 def rental_end(package) -> tuple[datetime | None, str | None]:
@@ -278,15 +282,29 @@ def rental_end(package) -> tuple[datetime | None, str | None]:
     return (min(ends), "plan.lots[].started_at + days") if ends else (None, None)
 
 
-def rental_summary(package, *, now: datetime | None = None, push: bool = False) -> dict[str, Any] | None:
+def seal_rate(package) -> Measured | None:
+    """The seal's rate measured on this package, here, once (kept in package.settings); None when nothing could
+    be read."""
+    if "seal_rate" not in package.settings:
+        files = [(package.os_path(rel), entry.size) for rel, entry in package.files.items()]
+        package.settings["seal_rate"] = measure_seal(files)
+    return package.settings["seal_rate"]
+
+
+def rental_summary(package, *, now: datetime | None = None, push: bool = False,
+                   measured: Measured | None = None) -> dict[str, Any] | None:
     """The rental's end and whether the seal (and the push) fit before it, from the package's size and the
-    rates above; None when nothing says when the rental ends."""
+    seal's rate measured here (`measured`, default seal_rate(package)); None when nothing says when the rental
+    ends."""
     end, source = rental_end(package)
     if end is None:
         return None
     now = now or datetime.now(UTC)
     size = sum(entry.size for entry in package.files.values()) if getattr(package, "files", None) else 0
-    seal = size / SEAL_BYTES_PER_SECOND
+    measured = measured or seal_rate(package)
+    rate = measured.bytes_per_second if measured is not None else SEAL_BYTES_PER_SECOND
+    rate_words = measured.words() if measured is not None else "a prior: nothing here could be read to measure it"
+    seal = size / rate
     upload = size * COMPRESSED_SHARE / PUSH_BYTES_PER_SECOND if push else 0.0
     left = (end - now).total_seconds()
     needed = seal + upload
@@ -294,8 +312,9 @@ def rental_summary(package, *, now: datetime | None = None, push: bool = False) 
         "ends_at": end.strftime("%Y-%m-%dT%H:%M:%SZ"), "source": source, "seconds_left": round(left, 1),
         "package_bytes": size, "seal_estimate_seconds": round(seal, 1),
         "push_estimate_seconds": round(upload, 1) if push else None,
-        "rates": {"seal_bytes_per_second": SEAL_BYTES_PER_SECOND,
-                  "push_bytes_per_second": PUSH_BYTES_PER_SECOND if push else None},
+        "rates": {"seal_bytes_per_second": round(rate), "seal_rate_source": rate_words,
+                  "push_bytes_per_second": PUSH_BYTES_PER_SECOND if push else None,
+                  "push_rate_source": PUSH_PRIOR_WORDS if push else None},
         "fits": left >= needed * MARGIN,
     }
     if left <= 0:
@@ -305,8 +324,9 @@ def rental_summary(package, *, now: datetime | None = None, push: bool = False) 
         what = "the seal and the push" if push else "the seal"
         summary["warning"] = (f"the rental ends at {summary['ends_at']}, in {_spoken(left)}; {what} of "
                               f"{size / 2**30:.2f} GiB should take about {_spoken(needed)} at "
-                              f"{SEAL_BYTES_PER_SECOND / 2**20:.0f} MiB/s"
-                              + (f" (push {PUSH_BYTES_PER_SECOND / 2**20:.0f} MiB/s)" if push else "")
+                              f"{rate / 2**20:.0f} MiB/s ({rate_words})"
+                              + (f", the push at {PUSH_BYTES_PER_SECOND / 2**20:.0f} MiB/s ({PUSH_PRIOR_WORDS})"
+                                 if push else "")
                               + ": they may not finish in time; seal and push now, reloads after (--no-reload)")
     return summary
 
