@@ -9,7 +9,10 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import time
+import xml.etree.ElementTree as ET
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -19,11 +22,14 @@ from tests.test_record_lightning import Classifier, loader
 
 pl = pytest.importorskip("lightning.pytorch")
 
+ROOT = Path(__file__).resolve().parents[1]
+
 pytestmark = pytest.mark.slow
 
 EVAL_IDS = [f"x-{i}" for i in range(8)]
 RULES = [{"id": "nonfinite-loss", "kind": "nonfinite_loss", "metric": "loss"},
          {"id": "no-resume", "kind": "no_usable_resume"}]
+STARTED = (datetime.now(UTC) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
 HUNG_TIMEOUT = 5.0  # the hung run's proof_timeout; its watcher kills it KILL_GRACE later
 
 
@@ -86,7 +92,7 @@ def campaign(tmp_path_factory) -> dict:
         pl.seed_everything(3, verbose=False)
         campaign = open_campaign("pkg", "lightning-time", "Does an MLP separate x0 > 0?", "toy", "v1", EVAL_IDS)
         campaign.declare_plan(lots=[{"gpu": "RTX 4090", "days": 3, "gpus": 1, "price_usd": 47.14}],
-                              reserved_hours=1)
+                              reserved_hours=1, started_at=STARTED)
         campaign.declare_stop_rules(RULES)
 
         control = campaign.run("control", "control")
@@ -174,3 +180,29 @@ def test_the_hung_proof_is_IV413_naming_the_timeout(campaign):
 
     found = [f for f in run_checks(RunContext(discover(campaign["package"])), Selection(select=("IV413",)), "static")]
     assert [f.run for f in found] == ["hung"] and "did not end within its timeout" in found[0].message
+
+
+def cli(package: Path, fmt: str) -> str:
+    done = subprocess.run([str(ROOT / ".venv/bin/itera-verify"), str(package), "--no-reload", "--no-seal",
+                           "--format", fmt], capture_output=True, text=True, timeout=300, check=False)
+    assert done.stdout, done.stderr
+    return done.stdout
+
+
+def test_the_verify_report_carries_the_saves_in_every_format_and_follows_the_schema(campaign):
+    import jsonschema
+
+    report = json.loads(cli(campaign["package"], "json"))
+    jsonschema.validate(report, json.loads((ROOT / "schemas/report.schema.json").read_text()))
+    saves = {r["id"]: r.get("saves") for r in report["runs"]}
+    assert saves["control"]["count"] == 4 and saves["control"]["proof_ok"] is True
+    assert saves["sabotaged"]["proof_ok"] is False and saves["hung"]["proof_ok"] is False
+    rental = report["plan"]["rental"]
+    assert rental["fits"] is True and rental["rates"]["seal_rate_source"].startswith("measured here")
+    junit = ET.fromstring(cli(campaign["package"], "junit").encode("utf-8"))
+    properties = {p.get("name"): p.get("value") for p in junit.find("testsuite").find("properties")}
+    assert properties["saves.control"].startswith("control: 4 saves, every 2 steps")
+    assert "early resume proof passed" in properties["saves.control"]
+    notices = [line for line in cli(campaign["package"], "github").splitlines() if "saves of" in line]
+    assert [n.split("::")[1] for n in notices] == [f"notice title=itera-verify saves of {run}"
+                                                   for run in ("control", "sabotaged", "hung")]
