@@ -9,10 +9,10 @@ from pathlib import Path
 
 def static_findings(package_dir: Path, **selection):
     """Every static finding of a package, through the library: no subprocess, no reload."""
-    from itera_verify.package import discover
+    from itera_verify.package import RunContext, discover
     from itera_verify.rules import Selection, run_checks
 
-    package = discover(package_dir)
+    package = RunContext(discover(package_dir))
     return run_checks(package, Selection(**selection), "static")
 
 

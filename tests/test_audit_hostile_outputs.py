@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from itera_verify.flows.audit import audit
-from itera_verify.package import discover
+from itera_verify.package import RunContext, discover
 from itera_verify.seal import seal_package
 from tests.helpers import run_cli
 from tests.tar_forms import gnu_extract, payload_pickle
@@ -33,7 +33,7 @@ def sealed_as_is(package: Path, archive: Path, record: bytes | None = None) -> P
     SEAL/verification.json: the archive is canonical, only its content and record are the sender's."""
     recorded = record if record is not None else json.dumps({"tool": "itera-verify", "version": "0.1.0",
                                                              "verdict": "pass", "findings": []}).encode()
-    seal_package(discover(package), CAMPAIGN, {"SEAL/verification.json": recorded}, archive)
+    seal_package(RunContext(discover(package)), CAMPAIGN, {"SEAL/verification.json": recorded}, archive)
     return archive
 
 

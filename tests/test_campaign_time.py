@@ -247,10 +247,10 @@ def test_a_deadline_the_seal_cannot_meet_is_warned_before_the_checks(campaign):
     assert json.loads(done.stdout)["plan"]["rental"]["source"] == "--deadline"
     assert cli(campaign["package"], "--deadline", "tomorrow").returncode == 2
     # One that ends before the seal would finish, at the rate the estimate uses, is said too.
-    from itera_verify.package import discover
+    from itera_verify.package import RunContext, discover
     from itera_verify.report import summary
 
-    package = discover(campaign["package"])
+    package = RunContext(discover(campaign["package"]))
     now = datetime.now(UTC)
     package.settings["deadline"] = (now + timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ")
     assert "warning" not in summary.rental_summary(package, now=now)
@@ -261,10 +261,10 @@ def test_a_deadline_the_seal_cannot_meet_is_warned_before_the_checks(campaign):
 
 
 def findings_of(package: Path) -> list:
-    from itera_verify.package import discover
+    from itera_verify.package import RunContext, discover
     from itera_verify.rules import Selection, run_checks
 
-    return run_checks(discover(package), Selection(), "static")
+    return run_checks(RunContext(discover(package)), Selection(), "static")
 
 
 def edit_manifest(package: Path, change) -> None:

@@ -244,9 +244,9 @@ def test_the_writer_cannot_write_a_header_the_audit_would_refuse():
 
 
 def test_the_seal_refuses_a_campaign_id_no_audit_would_accept(package_dir, tmp_path):
-    from itera_verify.package import discover
+    from itera_verify.package import RunContext, discover
     from itera_verify.seal import Sealing
 
     for campaign in (".local", "a/b", "", "x" * 129):
         with pytest.raises(UsageError, match="top folder"):
-            Sealing(discover(package_dir), campaign, tmp_path / "a.tar.zst")
+            Sealing(RunContext(discover(package_dir)), campaign, tmp_path / "a.tar.zst")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from itera_verify.format import layouts
-from itera_verify.package import discover
+from itera_verify.package import RunContext, discover
 from itera_verify.reload import run_reloads
 from itera_verify.rules import reload as reload_rules
 from itera_verify.runtime.progress import NULL_PROGRESS
@@ -67,7 +67,7 @@ CASES = [
 
 
 def static_and_reload(package_dir: Path, hf_cache: str, artifact: str):
-    package = discover(package_dir)
+    package = RunContext(discover(package_dir))
     static = [f for f in reload_rules.check(package, phase="static") if f.artifact == artifact]
     package.hf_cache = Path(hf_cache)
     package.reloads = run_reloads(package, device="cpu", timeout=300, jobs=1, progress=NULL_PROGRESS,

@@ -504,7 +504,7 @@ def test_a_seal_written_directly_extracts_and_its_checksums_pass(tmp_path, small
     if shutil.which("sha256sum") is None:
         pytest.skip("no sha256sum")
     from itera_verify import seal as seal_module
-    from itera_verify.package import discover
+    from itera_verify.package import RunContext, discover
     from itera_verify.seal import seal_package
 
     opened = []
@@ -526,7 +526,8 @@ def test_a_seal_written_directly_extracts_and_its_checksums_pass(tmp_path, small
     out.mkdir()
     destination = out / "x.tar.zst"
     campaign = "direct-io-campaign"
-    result = seal_package(discover(package_dir), campaign, {"SEAL/verification.json": b'{"verdict": "pass"}\n'},
+    result = seal_package(RunContext(discover(package_dir)), campaign,
+                          {"SEAL/verification.json": b'{"verdict": "pass"}\n'},
                           destination, threads=2)
     assert result["frames"] > 10  # several frames: the read-back took the parallel, aligned path
     assert len(opened) == 1 and isinstance(opened[0], DirectWriter)

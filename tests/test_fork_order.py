@@ -29,13 +29,13 @@ def test_a_fork_while_the_tools_threads_run_is_refused(name):
 
 
 def test_the_checks_run_in_this_process_when_a_fork_is_refused(package_dir):
-    from itera_verify.package import discover
+    from itera_verify.package import RunContext, discover
     from itera_verify.rules import Selection, StartedChecks
 
-    expected = StartedChecks(discover(package_dir), Selection(), "static", detached=True).result()
+    expected = StartedChecks(RunContext(discover(package_dir)), Selection(), "static", detached=True).result()
     release, thread = hold_a_thread("seal")
     try:
-        checks = StartedChecks(discover(package_dir), Selection(), "static", detached=True)
+        checks = StartedChecks(RunContext(discover(package_dir)), Selection(), "static", detached=True)
         assert checks._forked == []  # nothing forked: the share runs here
         found = checks.result()
     finally:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fixtures.edit import edit_json
-from itera_verify.package import discover
+from itera_verify.package import RunContext, discover
 from itera_verify.runtime.progress import NULL_PROGRESS
 from itera_verify.reload import resolve_device, run_reloads
 from itera_verify.rules import reload as reload_rules
@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.gpu,
 
 
 def reload_on_cuda(package_dir, hf_cache, *only):
-    package = discover(package_dir)
+    package = RunContext(discover(package_dir))
     package.hf_cache = Path(hf_cache)
     package.reloads = run_reloads(package, device="cuda", timeout=300, jobs=4, progress=NULL_PROGRESS,
                                   only=set(only) or None)

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from itera_verify.package import discover
+from itera_verify.package import RunContext, discover
 from itera_verify.reload import run_reloads
 from itera_verify.rules import reload as reload_rules
 from itera_verify.runtime.progress import NULL_PROGRESS
@@ -39,7 +39,7 @@ def plant(package_dir: Path, artifact: str, entry: str) -> None:
 def test_a_missing_required_file_is_seen_without_reload_and_said_once(multigpu_dir, built_multigpu, artifact, entry,
                                                                         requirement):
     plant(multigpu_dir, artifact, entry)
-    package = discover(multigpu_dir)
+    package = RunContext(discover(multigpu_dir))
     static = [f for f in reload_rules.check(package, phase="static") if f.artifact == artifact]
     assert len(static) == 1 and static[0].code in ("IV507", "IV508"), [(f.code, f.message) for f in static]
     package.hf_cache = Path(built_multigpu["hf_cache"])

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from fixtures.artifacts import write_safetensors
 from fixtures.classifier import BERT_MODEL, build_bert_hub_cache
 from fixtures.edit import edit_json
-from itera_verify.package import discover
+from itera_verify.package import RunContext, discover
 from itera_verify.runtime.progress import NULL_PROGRESS
 from itera_verify.reload import run_reloads
 from itera_verify.reload.loaders.peft import model_key
@@ -28,7 +28,7 @@ CHECKPOINT = "checkpoints/lora-r8/checkpoint-200"
 
 def reload(package_dir, hf_cache, *only):
     """Reload some artifacts like the workflow does: (results by artifact, their findings but IV509)."""
-    package = discover(package_dir)
+    package = RunContext(discover(package_dir))
     package.hf_cache = Path(hf_cache)
     package.reloads = run_reloads(package, device="cpu", timeout=300, jobs=2, progress=NULL_PROGRESS,
                                   only=set(only) or None)

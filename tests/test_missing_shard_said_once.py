@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from itera_verify.package import discover
+from itera_verify.package import RunContext, discover
 from itera_verify.reload import run_reloads
 from itera_verify.rules import reload as reload_rules
 from itera_verify.runtime.progress import NULL_PROGRESS
@@ -29,7 +29,7 @@ def lose_a_shard(folder: Path) -> None:
 
 
 def findings_for(package_dir: Path, hf_cache, artifact: str):
-    package = discover(package_dir)
+    package = RunContext(discover(package_dir))
     static = [f for f in reload_rules.check(package, phase="static") if f.artifact == artifact]
     package.hf_cache = Path(hf_cache)
     package.reloads = run_reloads(package, device="cpu", timeout=300, jobs=1, progress=NULL_PROGRESS,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from itera_verify.package import discover
+from itera_verify.package import RunContext, discover
 from itera_verify.runtime.progress import NULL_PROGRESS
 from itera_verify.reload import run_reloads
 from itera_verify.rules import reload as reload_rules
@@ -27,7 +27,7 @@ ACCELERATE, LIGHTNING = ARTIFACTS["accelerate-state"][1], ARTIFACTS["lightning-c
 
 def reload(package_dir: Path, hf_cache, *only: str):
     """Reload the named artifacts as the workflow does; (results by artifact, their reload findings)."""
-    package = discover(package_dir)
+    package = RunContext(discover(package_dir))
     package.hf_cache = Path(hf_cache)
     package.reloads = run_reloads(package, device="cpu", timeout=300, jobs=2, progress=NULL_PROGRESS,
                                   only=set(only))
@@ -38,7 +38,8 @@ def reload_codes(package_dir: Path, hf_cache, artifact: str) -> list[str]:
     """The codes a user sees for `artifact`: the static phase's resume facts (what --no-reload sees from names)
     and the reload's findings, which never repeat a requirement the static phase reported."""
     _, findings = reload(package_dir, hf_cache, artifact)
-    static = [f for f in reload_rules.check(discover(package_dir), phase="static") if f.artifact == artifact]
+    static = [f for f in reload_rules.check(RunContext(discover(package_dir)), phase="static")
+              if f.artifact == artifact]
     return sorted(f.code for f in static + findings)
 
 

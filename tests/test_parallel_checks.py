@@ -14,7 +14,7 @@ import pytest
 from itera_verify import rules
 from itera_verify.runtime.forked import ChildLost, Forked
 from itera_verify.model import UsageError
-from itera_verify.package import discover
+from itera_verify.package import RunContext, discover
 from itera_verify.rules import Selection, families, run_checks
 from itera_verify.flows.verify import PARALLEL_MIN_FILES, check_processes
 
@@ -105,27 +105,27 @@ def test_the_parts_of_a_split_family_in_order_are_the_whole_family(defective, co
     def rows(findings):  # straight from the family: no severity set yet
         return [(f.code, f.path, f.pointer, f.line, f.column, f.message) for f in findings]
 
-    package = discover(defective)
+    package = RunContext(discover(defective))
     whole = rows(structure.check(package))
     assert {"IV102", "IV104"} <= {row[0] for row in whole}
-    parts = [rows(structure.check(discover(defective), part=(index, count))) for index in range(count)]
+    parts = [rows(structure.check(RunContext(discover(defective)), part=(index, count))) for index in range(count)]
     assert [row for part in parts for row in part] == whole
     files = [structure._part_of_files(package, index, count) for index in range(count)]
-    assert [rel for part in files for rel in part] == sorted(package.files)
+    assert [rel for part in files for rel in part] == sorted(package.inventory.files)
     assert sum(1 for part in files if part) >= 2  # the files really are shared
 
 
 @pytest.mark.parametrize("processes", [2, 3])
 def test_parallel_checks_find_exactly_what_one_process_finds_in_the_same_order(defective, processes):
-    serial = run_checks(discover(defective), Selection(), "static")
-    parallel = run_checks(discover(defective), Selection(), "static", processes=processes)
+    serial = run_checks(RunContext(discover(defective)), Selection(), "static")
+    parallel = run_checks(RunContext(discover(defective)), Selection(), "static", processes=processes)
     assert {"IV201", "IV102", "IV304"} <= {f.code for f in serial}
     assert as_rows(parallel) == as_rows(serial)
 
 
 def test_selection_and_levels_apply_in_the_children(defective):
     selection = Selection(ignore=("IV102",), levels={"IV201": rules.Severity.WARNING})
-    parallel = run_checks(discover(defective), selection, "static", processes=3)
+    parallel = run_checks(RunContext(discover(defective)), selection, "static", processes=3)
     assert "IV102" not in {f.code for f in parallel}
     assert {f.severity for f in parallel if f.code == "IV201"} == {rules.Severity.WARNING}
 
@@ -134,9 +134,9 @@ def test_digests_a_child_computed_reach_the_parent(defective, monkeypatch):
     from itera_verify.rules import identity
 
     monkeypatch.setattr(identity, "COST", 10_000, raising=False)  # the heaviest: it runs in a child
-    package = discover(defective)
+    package = RunContext(discover(defective))
     run_checks(package, Selection(), "static", processes=2)
-    assert "params/control.json" in package.digests and "corpus/eval_ids.txt" in package.digests
+    assert "params/control.json" in package.documents.digests and "corpus/eval_ids.txt" in package.documents.digests
 
 
 def test_a_child_that_dies_has_its_share_run_in_the_parent(defective, monkeypatch):
@@ -152,8 +152,8 @@ def test_a_child_that_dies_has_its_share_run_in_the_parent(defective, monkeypatc
 
     monkeypatch.setattr(paths, "COST", 10_000, raising=False)
     monkeypatch.setattr(paths, "check", dies_in_a_child)
-    serial = run_checks(discover(defective), Selection(), "static")
-    parallel = run_checks(discover(defective), Selection(), "static", processes=2)
+    serial = run_checks(RunContext(discover(defective)), Selection(), "static")
+    parallel = run_checks(RunContext(discover(defective)), Selection(), "static", processes=2)
     assert "IV201" in {f.code for f in parallel} and as_rows(parallel) == as_rows(serial)
 
 
@@ -167,17 +167,17 @@ def test_an_error_in_a_child_is_raised_in_the_parent(defective, monkeypatch):
     monkeypatch.setattr(paths, "COST", 10_000, raising=False)
     monkeypatch.setattr(paths, "check", unreadable)
     with pytest.raises(UsageError, match="notes.json: cannot read"):
-        run_checks(discover(defective), Selection(), "static", processes=2)
+        run_checks(RunContext(discover(defective)), Selection(), "static", processes=2)
 
 
 def test_only_a_big_package_is_checked_in_several_processes(package_dir):
-    assert check_processes(discover(package_dir)) == 1
+    assert check_processes(RunContext(discover(package_dir))) == 1
     many = package_dir / "analysis" / "samples"
     many.mkdir()
     for index in range(PARALLEL_MIN_FILES):
         (many / f"{index:05d}.json").write_text('{"id": %d}' % index)
     cores = len(os.sched_getaffinity(0))
-    assert check_processes(discover(package_dir)) == min(cores, 3)
+    assert check_processes(RunContext(discover(package_dir))) == min(cores, 3)
 
 
 def test_audit_of_a_big_package_rechecks_in_several_processes_and_still_finds_a_planted_path(package_dir, tmp_path,
@@ -198,7 +198,8 @@ def test_audit_of_a_big_package_rechecks_in_several_processes_and_still_finds_a_
     assert audit_flow.audit(tmp_path / "clean.tar.zst").verdict == "pass" and asked and asked[0] >= 1
     # The same package with a temporary path planted in one of the many files, sealed as it is.
     (many / "00777.json").write_text(json.dumps({"cache": "/tmp/hf-home/x"}))
-    seal_package(discover(package_dir), CAMPAIGN, {"SEAL/verification.json": b"{}"}, tmp_path / "dirty.tar.zst")
+    seal_package(RunContext(discover(package_dir)), CAMPAIGN, {"SEAL/verification.json": b"{}"},
+                 tmp_path / "dirty.tar.zst")
     found = audit_flow.audit(tmp_path / "dirty.tar.zst")
     assert [(f.code, f.path) for f in found.findings if f.code == "IV201"] == [
         ("IV201", "analysis/samples/00777.json")]
@@ -254,9 +255,9 @@ def test_a_fork_refused_by_the_system_runs_that_share_here(defective, monkeypatc
     def refused():
         raise BlockingIOError(11, "Resource temporarily unavailable")  # what fork(2) says at a process limit
 
-    serial = run_checks(discover(defective), Selection(), "static")
+    serial = run_checks(RunContext(discover(defective)), Selection(), "static")
     monkeypatch.setattr(os, "fork", refused)
-    parallel = run_checks(discover(defective), Selection(), "static", processes=3)
+    parallel = run_checks(RunContext(discover(defective)), Selection(), "static", processes=3)
     assert as_rows(parallel) == as_rows(serial)
 
 
@@ -275,11 +276,11 @@ def test_detached_checks_run_every_family_in_a_child_and_find_what_one_process_f
             return _original(package, **options)
 
         monkeypatch.setattr(module, "check", recording)
-    serial_package = discover(defective)
+    serial_package = RunContext(discover(defective))
     serial = run_checks(serial_package, Selection(), "static")
     assert ran_here  # the recording works: one process runs every family here
     ran_here.clear()
-    package = discover(defective)
+    package = RunContext(discover(defective))
     started = StartedChecks(package, Selection(), "static", detached=True)
     try:
         detached = started.result()
@@ -287,7 +288,7 @@ def test_detached_checks_run_every_family_in_a_child_and_find_what_one_process_f
         started.cancel()
     assert ran_here == [] and len(started._forked) == 1
     assert as_rows(detached) == as_rows(serial)
-    assert package.digests == serial_package.digests  # config_sha256 and the like, for the seal's IV704 check
+    assert package.documents.digests == serial_package.documents.digests  # config_sha256 and the like (IV704)
 
 
 def test_verify_beside_a_seal_forks_the_checks_before_the_seal_starts_its_threads(package_dir, tmp_path,
@@ -354,10 +355,10 @@ def test_select_runs_only_the_families_that_have_an_enabled_code(defective, monk
             return _original(package, **kwargs)
 
         monkeypatch.setattr(module, "check", recording)
-    findings = run_checks(discover(defective), Selection(select=("IV201",)), "static")
+    findings = run_checks(RunContext(discover(defective)), Selection(select=("IV201",)), "static")
     assert set(ran) == {"paths"}
     assert {f.code for f in findings} == {"IV201"}
-    started = StartedChecks(discover(defective), Selection(select=("IV1", "IV506")), "static")
+    started = StartedChecks(RunContext(discover(defective)), Selection(select=("IV1", "IV506")), "static")
     started.cancel()
     assert [m.__name__.rsplit(".", 1)[-1] for m in started.modules] == ["pickles", "structure", "template_files"]
 
@@ -368,20 +369,21 @@ def test_a_detached_child_hands_back_its_pickle_scan_and_parsed_run_files(defect
     from itera_verify.package import pickles
     from itera_verify.rules import StartedChecks
 
-    package = discover(defective)
+    package = RunContext(discover(defective))
     started = StartedChecks(package, Selection(), "static", detached=True)
     try:
         started.result()
     finally:
         started.cancel()
-    scanned = package.cache(pickles.SCAN_SETTING)
+    scanned = package.documents.cache(pickles.SCAN_SETTING)
     assert any(rel.endswith(".pt") or rel.endswith(".bin") for rel in scanned), sorted(scanned)[:5]
-    assert package.cache("reader_scans"), "the parsed run files stayed in the child"
+    assert package.documents.cache("reader_scans"), "the parsed run files stayed in the child"
 
     def no_second_scan(path):
         raise AssertionError(f"{path} scanned again in the parent")
 
     monkeypatch.setattr(pickles, "scan_file", no_second_scan)
     assert pickles.scan_package(package) == scanned  # everything already known: nothing is opened again
-    metrics_rel = package.manifest["runs"][0]["metrics"]
-    assert any(key[1] == metrics_rel for key in package.cache("reader_scans")), sorted(package.cache("reader_scans"))[:5]
+    metrics_rel = package.documents.manifest["runs"][0]["metrics"]
+    scans = package.documents.cache("reader_scans")
+    assert any(key[1] == metrics_rel for key in scans), sorted(scans)[:5]

@@ -204,7 +204,7 @@ def test_clean_package_and_renamed_image_have_no_IV506(package_dir):
 def test_a_pickle_named_json_is_found_from_the_bytes_the_path_rules_kept(package_dir):
     """The path rules read a .json document's bytes without parsing it (no "/" in it); the pickle sniff then
     takes its first bytes from memory instead of opening the file again, and still sees the pickle."""
-    from itera_verify.package import discover
+    from itera_verify.package import RunContext, discover
     from itera_verify.rules import Selection, paths, run_checks
 
     class Payload:  # os.system("true"): no "/" anywhere in the pickle, which is never loaded here anyway
@@ -214,9 +214,9 @@ def test_a_pickle_named_json_is_found_from_the_bytes_the_path_rules_kept(package
     raw = pickle.dumps(Payload(), protocol=2)
     assert b"/" not in raw and b"\\" not in raw
     (package_dir / "analysis/table.json").write_bytes(raw)
-    package = discover(package_dir)
+    package = RunContext(discover(package_dir))
     list(paths.check(package))
-    assert package.parsed("analysis/table.json") is None
-    assert package.cached_head("analysis/table.json", 64) == raw[:64]  # kept by the path rules
+    assert package.documents.parsed("analysis/table.json") is None
+    assert package.documents.cached_head("analysis/table.json", 64) == raw[:64]  # kept by the path rules
     findings = [f for f in run_checks(package, Selection(), "static") if f.code == "IV506"]
     assert [f.path for f in findings] == ["analysis/table.json"] and "system" in findings[0].message

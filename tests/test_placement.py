@@ -144,12 +144,12 @@ needs_cuda = pytest.mark.skipif(not __import__("torch").cuda.is_available(), rea
 
 
 def cuda_reload(package_dir, hf_cache, *only):
-    from itera_verify.package import discover
+    from itera_verify.package import RunContext, discover
     from itera_verify.reload import run_reloads
     from itera_verify.rules import reload as reload_rules
     from itera_verify.runtime.progress import NULL_PROGRESS
 
-    package = discover(package_dir)
+    package = RunContext(discover(package_dir))
     package.hf_cache = Path(hf_cache)
     package.reloads = run_reloads(package, device="cuda", timeout=300, jobs=1, progress=NULL_PROGRESS,
                                   only=set(only) or None)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from itera_verify.package import KEEP_VALUES, discover
+from itera_verify.package import KEEP_VALUES, RunContext, discover
 from itera_verify.package.jsonread import MAX_VALUES, count_values
 from tests.helpers import static_findings
 
@@ -99,8 +99,8 @@ def test_a_large_invalid_unread_document_is_IV104_without_position(package_dir):
 def test_the_package_keeps_no_large_documents_at_once(tmp_path):
     for i in range(3):
         (tmp_path / f"d{i}.json").write_bytes(nested_empties(3 * KEEP_VALUES // 2))
-    package = discover(tmp_path)
+    package = RunContext(discover(tmp_path))
     for i in range(3):
-        assert package.document(f"d{i}.json").ok
-    kept = [rel for rel in package.files if package.parsed(rel) is not None]
+        assert package.documents.document(f"d{i}.json").ok
+    kept = [rel for rel in package.inventory.files if package.documents.parsed(rel) is not None]
     assert sum(count_values((tmp_path / rel).read_bytes()) for rel in kept) <= KEEP_VALUES, kept

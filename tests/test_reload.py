@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from fixtures.artifacts import malicious_pickle, truncate, write_safetensors, write_sharded_safetensors
 from fixtures.edit import edit_json, edit_manifest
-from itera_verify.package import discover
+from itera_verify.package import RunContext, discover
 from itera_verify.package.pickles import scan_package
 from itera_verify.runtime.progress import NULL_PROGRESS
 from itera_verify.reload import run_reloads
@@ -35,7 +35,7 @@ def reload(package_dir, hf_cache, *only, timeout=300, jobs=2, judge_runs=False, 
     """Reload some artifacts like the workflow does; (results by artifact, their findings).
 
     With a subset of artifacts, accepted runs (IV509) are judged only when the test asks for it."""
-    package = discover(package_dir)
+    package = RunContext(discover(package_dir))
     package.hf_cache = Path(hf_cache)
     package.reloads = run_reloads(package, device="cpu", timeout=timeout, jobs=jobs, progress=NULL_PROGRESS,
                                   only=set(only) or None, prefetch=prefetch)
@@ -313,7 +313,7 @@ def test_malicious_pickles_are_IV506_through_the_cli_and_never_run(package_dir, 
 
 def test_child_rescans_a_pickle_swapped_after_the_static_scan(package_dir, hf_cache, tmp_path):
     marker = tmp_path / "pwned"
-    package = discover(package_dir)
+    package = RunContext(discover(package_dir))
     package.hf_cache = Path(hf_cache)
     scan_package(package)  # the static phase saw a clean optimizer.pt
     malicious_pickle(package_dir / CHECKPOINT / "optimizer.pt", marker, via="open", fmt="torch")
@@ -326,7 +326,7 @@ def test_child_rescans_a_pickle_swapped_after_the_static_scan(package_dir, hf_ca
 
 def test_no_reload_means_no_reload_findings(package_dir):
     shutil.rmtree(package_dir / ADAPTER)
-    package = discover(package_dir)
+    package = RunContext(discover(package_dir))
     assert list(reload_rules.check(package)) == []  # reloads is None: nothing was proved or disproved
 
 

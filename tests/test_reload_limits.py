@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.edit import edit_json
-from itera_verify.package import discover
+from itera_verify.package import RunContext, discover
 from itera_verify.reload import run_reloads
 from itera_verify.reload.limits import LIMIT_VARIABLE, resident_bytes
 from itera_verify.runtime.launcher import Launcher as ChildProcesses
@@ -35,7 +35,7 @@ REFUSED_PEAK = 1 * GIB
 
 
 def reload(package_dir, hf_cache, *only, **options) -> tuple[dict, list]:
-    package = discover(package_dir)
+    package = RunContext(discover(package_dir))
     package.hf_cache = Path(hf_cache)
     package.reloads = run_reloads(package, device="cpu", timeout=300, jobs=1, progress=NULL_PROGRESS,
                                   only=set(only) or None, **options)

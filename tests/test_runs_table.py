@@ -58,7 +58,7 @@ def test_trainer_metrics_logged_first_do_not_push_the_named_ones_out(package_dir
 
 
 def test_named_metrics_follow_the_question_then_the_stop_rules(package_dir):
-    from itera_verify.package import discover
+    from itera_verify.package import RunContext, discover
     from itera_verify.report.summary import named_metrics
 
     manifest = json.loads((package_dir / "manifest.json").read_text())
@@ -66,5 +66,5 @@ def test_named_metrics_follow_the_question_then_the_stop_rules(package_dir):
     (package_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     # "train loss" names train_loss (and the Trainer's per-step `loss`, where the control logs it); then the
     # metric of the stop rules not named yet: the floor's.
-    names = named_metrics(discover(package_dir))
+    names = named_metrics(RunContext(discover(package_dir)))
     assert names[0] == "train_loss" and names[-1] == "eval_macro_f1" and set(names[1:-1]) <= {"loss"}, names

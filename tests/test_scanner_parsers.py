@@ -252,10 +252,10 @@ def test_numpy_files_without_objects_are_not_pickles(real_torch_files, name):
 
 
 def test_every_pickle_of_the_real_package_is_accepted(built):
-    from itera_verify.package import discover
+    from itera_verify.package import RunContext, discover
     from itera_verify.package.pickles import scan_package
 
-    results = scan_package(discover(built["package"]))
+    results = scan_package(RunContext(discover(built["package"])))
     assert results and all(r.error is None and r.unsafe == [] for r in results.values()), results
     assert {rel for rel, r in results.items() if r.is_pickle} >= {
         "checkpoints/control/checkpoint-4/optimizer.pt", "checkpoints/control/checkpoint-4/training_args.bin"}

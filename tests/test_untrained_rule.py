@@ -13,10 +13,10 @@ BASE = "models--itera-fixtures--tiny-gpt2"
 
 
 def iv512(package_dir: Path, hf_cache) -> list:
-    from itera_verify.package import discover
+    from itera_verify.package import RunContext, discover
     from itera_verify.rules import Selection, run_checks
 
-    package = discover(package_dir)
+    package = RunContext(discover(package_dir))
     package.hf_cache = Path(hf_cache)
     return [f for f in run_checks(package, Selection(select=("IV512",)), "static") if f.code == "IV512"]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from itera_verify.model import UsageError
-from itera_verify.package import discover
+from itera_verify.package import RunContext, discover
 from itera_verify.runtime.progress import NULL_PROGRESS
 from itera_verify.reload import run_reloads
 from itera_verify.runtime.launcher import Launcher as ChildProcesses
@@ -31,7 +31,7 @@ TIMING = {"startup_seconds", "gate_wait_seconds", "load_seconds", "peak_rss_byte
 
 
 def reload(package_dir, hf_cache, *only, **options):
-    package = discover(package_dir)
+    package = RunContext(discover(package_dir))
     package.hf_cache = Path(hf_cache)
     package.reloads = run_reloads(package, device="cpu", timeout=options.pop("timeout", 300), jobs=1,
                                   progress=NULL_PROGRESS, only=set(only) or None, **options)
@@ -211,7 +211,7 @@ def test_a_zygote_started_before_the_checks_is_the_one_the_reloads_fork_from(pac
         real_init(self, *args, **kwargs)
 
     monkeypatch.setattr(zygote_client.Zygote, "__init__", counted)
-    package = discover(package_dir)
+    package = RunContext(discover(package_dir))
     package.hf_cache = Path(hf_cache)
     early = prestart(package, device="cpu", jobs=1)
     assert early is not None and len(started) == 1
@@ -225,7 +225,7 @@ def test_a_zygote_started_before_the_checks_is_the_one_the_reloads_fork_from(pac
 def test_a_zygote_never_used_is_killed_at_once_while_it_still_imports(package_dir):
     from itera_verify.reload import prestart
 
-    early = prestart(discover(package_dir), device="cpu", jobs=1)
+    early = prestart(RunContext(discover(package_dir)), device="cpu", jobs=1)
     proc = early.zygote._starting.proc
     closed = time.monotonic()
     early.close()  # Ctrl-C during the static checks
@@ -256,13 +256,13 @@ def test_a_package_of_safetensors_and_torch_resume_files_alone_gets_a_light_zygo
     from itera_verify.reload.runner import light
 
     assert light(["torch-resume", "safetensors"]) and not light(["torch-resume", "peft"]) and not light([None])
-    full = prestart(discover(package_dir), device="cpu", jobs=1)
+    full = prestart(RunContext(discover(package_dir)), device="cpu", jobs=1)
     assert full is not None and not full.zygote.light  # the example package: transformers, peft, a Trainer
     full.close()
     manifest = json.loads((package_dir / "manifest.json").read_text())
     manifest["artifacts"] = [a for a in manifest["artifacts"] if a["id"] == "lora-r16-resume"]
     (package_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    package = discover(package_dir)
+    package = RunContext(discover(package_dir))
     package.hf_cache = Path(hf_cache)
     early = prestart(package, device="cpu", jobs=1)
     assert early is not None and early.zygote.light

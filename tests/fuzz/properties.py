@@ -54,13 +54,13 @@ def plan_reloads(ws: Workspace) -> None:
     """The reload runner's planning (which artifact, which loader, which path) over the same documents: it runs
     in the tool's own process before any child starts, so it must survive them too."""
     from itera_verify.model import ReloadResult
-    from itera_verify.package import discover
+    from itera_verify.package import RunContext, discover
     from itera_verify.reload.jobs import plan
 
-    package = discover(ws.root)
+    package = RunContext(discover(ws.root))
     package.hf_cache = ws.hf_cache
     with time_limit():
-        for artifact in package.artifacts():
+        for artifact in package.documents.artifacts():
             job = plan(package, artifact, "cpu", 0)
             assert isinstance(job, (dict, ReloadResult)), job
             if isinstance(job, dict):

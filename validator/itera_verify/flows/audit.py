@@ -31,7 +31,7 @@ from ..archive.zstdframes import declared_content_size
 from ..runtime.environment import Environment
 from ..runtime.hfcache import resolve_hf_cache
 from ..model import Severity, UsageError
-from ..package import discover
+from ..package import RunContext, discover
 from ..package.pickles import SCAN_BUDGET_SETTING
 from ..package.jsonread import read_json
 from ..runtime.progress import NULL_PROGRESS, Progress
@@ -286,7 +286,7 @@ def _recheck(path: Path, size: int, workdir: str, extraction: Extraction, select
     try:
         if extraction.error is None and extraction.top is not None and not package_root.is_symlink() \
                 and package_root.is_dir():
-            package = discover(package_root)
+            package = RunContext(discover(package_root))
     except (OSError, UsageError) as exc:  # e.g. names nested past PATH_MAX: hostile, not checkable
         unwalkable = str(exc)[:300]
     if package is None:

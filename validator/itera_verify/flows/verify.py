@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..runtime.hfcache import resolve_hf_cache
 from ..model import Finding, Severity, UsageError
-from ..package import Package, discover
+from ..package import RunContext, discover
 from ..runtime.progress import NULL_PROGRESS, Progress
 from ..report import Report, renderer
 from .config import Config, settle
@@ -15,30 +15,30 @@ from ..rules import Selection, StartedChecks, all_rules, run_checks
 from ..report import summary
 
 
-def default_archive_path(package: Package, campaign_id: str, output: str | os.PathLike | None) -> Path:
+def default_archive_path(package: RunContext, campaign_id: str, output: str | os.PathLike | None) -> Path:
     """-o FILE.tar.zst, -o FOLDER/ (created), or `<campaign_id>.tar.zst` beside the package (seal/destination.py)."""
     from ..seal.destination import archive_destination
 
-    return archive_destination(package.root, campaign_id, output, create=True)
+    return archive_destination(package.inventory.root, campaign_id, output, create=True)
 
 
 PARALLEL_MIN_FILES = 1000
 PARALLEL_MIN_BYTES = 64 << 20
 
 
-def check_processes(package: Package) -> int:
+def check_processes(package: RunContext) -> int:
     """Processes for the static checks: one per core, up to the number of families worth a share (three), on a
     package big enough that a fork (milliseconds) is noise beside the checks (seconds on 20,000 files). The
     callers use it where nothing else keeps the cores busy (not beside a seal)."""
     from ..archive import worker_count
 
     cores = worker_count(0)  # every core this process may use
-    scanned = sum(entry.size for rel, entry in package.files.items() if not rel.endswith(".safetensors"))
-    big = len(package.files) >= PARALLEL_MIN_FILES or scanned >= PARALLEL_MIN_BYTES
+    scanned = sum(entry.size for rel, entry in package.inventory.files.items() if not rel.endswith(".safetensors"))
+    big = len(package.inventory.files) >= PARALLEL_MIN_FILES or scanned >= PARALLEL_MIN_BYTES
     return min(cores, 3) if big else 1
 
 
-def check_package(package: Package, selection: Selection, *, reload: bool, device: str, timeout: float,
+def check_package(package: RunContext, selection: Selection, *, reload: bool, device: str, timeout: float,
                   jobs: int, progress: Progress, processes: int = 1,
                   started: StartedChecks | None = None, isolation: str = "auto",
                   prestarted=None, environment=None) -> tuple[list[Finding], list]:
@@ -57,11 +57,11 @@ def check_package(package: Package, selection: Selection, *, reload: bool, devic
     return findings, reloads
 
 
-def build_report(package: Package, findings: list[Finding], reloads: list, selection: Selection, *,
+def build_report(package: RunContext, findings: list[Finding], reloads: list, selection: Selection, *,
                  mode: str, reloaded: bool, device: str | None) -> Report:
-    report = Report(package=str(package.root), mode=mode, findings=findings, reloads=reloads, reloaded=reloaded,
-                    strict=selection.strict, device=device)
-    campaign_id = package.manifest.get("campaign_id")
+    report = Report(package=str(package.inventory.root), mode=mode, findings=findings, reloads=reloads,
+                    reloaded=reloaded, strict=selection.strict, device=device)
+    campaign_id = package.documents.manifest.get("campaign_id")
     report.campaign_id = campaign_id if isinstance(campaign_id, str) else None
     report.rules = {code: {"severity": selection.severity(code).value, "title": rule.title, "family": rule.family}
                     for code, rule in all_rules().items() if selection.enabled(code)}
@@ -99,7 +99,7 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
         from ..reload import resolve_device
 
         resolved_device = resolve_device(device)  # --device cuda without a GPU fails before any work
-    package = discover(path)
+    package = RunContext(discover(path))
     if deadline is not None:
         package.settings["deadline"] = deadline
     package.settings["push"] = pushing
@@ -117,7 +117,7 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
     if seal:  # an -o that cannot work is exit 2 before any check (seal/destination.py)
         from ..seal.destination import read_output
 
-        read_output(package.root, output)
+        read_output(package.inventory.root, output)
     seal_options = dict(output=output, overwrite=overwrite, level=level, threads=threads, progress=progress)
     with termination_unwinds():  # SIGTERM unwinds like Ctrl-C: a seal begun beside the checks is removed
         static_checks, sealing, prestarted, signer = None, None, None, None
@@ -165,7 +165,7 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
     return report
 
 
-def start_sealing(package: Package, *, output, overwrite: bool, level: int, threads: int, progress: Progress,
+def start_sealing(package: RunContext, *, output, overwrite: bool, level: int, threads: int, progress: Progress,
                   follower=None):
     """Begin the seal before the checks, on its own threads: reading, hashing and compressing the package
     overlaps the checks (which mostly run on one core), and the result is thrown away unless they pass. None
@@ -173,7 +173,7 @@ def start_sealing(package: Package, *, output, overwrite: bool, level: int, thre
     seal_report then seals after the checks, and reports such a problem the way it always has."""
     from ..seal import SealRefused, Sealing
 
-    campaign_id = package.manifest.get("campaign_id")
+    campaign_id = package.documents.manifest.get("campaign_id")
     if not isinstance(campaign_id, str):
         return None
     try:
@@ -184,14 +184,14 @@ def start_sealing(package: Package, *, output, overwrite: bool, level: int, thre
         return None
 
 
-def seal_report(package: Package, report: Report, selection: Selection, *, output, overwrite: bool, level: int,
+def seal_report(package: RunContext, report: Report, selection: Selection, *, output, overwrite: bool, level: int,
                 threads: int, progress: Progress, sealing=None, signer=None) -> None:
     """Seal the package with the report inside; a file changed since the check turns into IV704 findings.
     `sealing`: a seal started beside the checks, finished here with the report; None seals now."""
     from ..rules.archive import seal_findings
     from ..seal import SealRefused, seal_package
 
-    campaign_id = report.campaign_id or package.root.resolve().name
+    campaign_id = report.campaign_id or package.inventory.root.resolve().name
     destination = default_archive_path(package, campaign_id, output)
     if sealing is not None and (sealing.campaign_id, sealing.destination) != (campaign_id, destination):
         sealing.cancel()

@@ -12,14 +12,15 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterator
+from types import MappingProxyType
+from typing import Any, BinaryIO, Iterator, Mapping
 
 from ..format.names import MANIFEST, RELOAD, STOPS  # noqa: F401  (the rules read them here)
 from ..model import UsageError
-from .files import READ_FLAGS, open_binary
+from .files import READ_FLAGS, open_binary, read_safetensors_header
 
 HASH_CHUNK = 1 << 20
-# The package's caches (Package.cache): file digests, the pickle scan's results (the reload refuses what it
+# The package's caches (Documents.cache): file digests, the pickle scan's results (the reload refuses what it
 # refused), the parsed run files (the report's runs table and curves). Each is filled once, in whichever process
 # ran the check, and merged into the parent.
 DIGESTS, PICKLE_SCAN, READER_SCANS = "digests", "pickle_scan", "reader_scans"
@@ -91,52 +92,28 @@ KEEP_VALUES = 3_000_000
 KEEP_BYTES = 64 << 20
 
 
-@dataclass
-class Package:
+@dataclass(frozen=True)
+class Inventory:
+    """What discovery found (one walk), and nothing else: no entry can be added or changed after it (the
+    mappings are read-only views, the folders a frozenset), so every check, the reload and the seal see the same
+    package. The path questions answered from it read no file."""
+
     root: Path
-    files: dict[str, FileEntry] = field(default_factory=dict)
-    links: dict[str, LinkEntry] = field(default_factory=dict)
-    dirs: set[str] = field(default_factory=set)
-    specials: dict[str, str] = field(default_factory=dict)  # path -> "fifo" | "socket" | "device"
-    # What the checks compute that later steps reuse, by name (CACHES): one export/merge hands all of them from
-    # a forked check process back to the parent, so a new cache needs no new hand-written transfer.
-    caches: dict[str, dict] = field(default_factory=dict, repr=False)
-    reloads: list | None = None  # ReloadResult list once the reload phase ran; None when skipped
-    hf_cache: Path | None = None
-    tmp_patterns: tuple[str, ...] = ()
-    settings: dict[str, Any] = field(default_factory=dict)  # tariffs and other configuration the rules read
-    _documents: dict[str, Document] = field(default_factory=dict, repr=False)
-    _unparsed: dict[str, bytes] = field(default_factory=dict, repr=False)  # document_bytes() read, not parsed yet
-    _unparsed_bytes: int = field(default=0, repr=False)
-    _kept: list[int] = field(default_factory=lambda: [0, 0], repr=False)  # values, bytes of _documents
-    _root_prefix: str | None = field(default=None, repr=False)
+    files: Mapping[str, FileEntry] = field(default_factory=lambda: MappingProxyType({}))
+    links: Mapping[str, LinkEntry] = field(default_factory=lambda: MappingProxyType({}))
+    dirs: frozenset[str] = frozenset()
+    specials: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # "fifo" | "socket" | "device"
+    _root_prefix: str = field(default="", init=False, repr=False, compare=False)
 
-    # ---- caches --------------------------------------------------------------------------------------
+    def __post_init__(self) -> None:
+        for name in ("files", "links", "specials"):
+            value = getattr(self, name)
+            if not isinstance(value, MappingProxyType):
+                object.__setattr__(self, name, MappingProxyType(dict(value)))
+        if not isinstance(self.dirs, frozenset):
+            object.__setattr__(self, "dirs", frozenset(self.dirs))
+        object.__setattr__(self, "_root_prefix", os.fspath(self.root).rstrip("/") + "/")
 
-    def cache(self, name: str) -> dict:
-        """One of the declared CACHES (a typo is a KeyError, never a second, silent cache)."""
-        if name not in CACHES:
-            raise KeyError(f"{name!r} is not a declared package cache ({', '.join(CACHES)})")
-        return self.caches.setdefault(name, {})
-
-    def export_caches(self) -> dict[str, dict]:
-        """Every cache's entries: what a forked check process sends back to its parent."""
-        return {name: dict(entries) for name, entries in self.caches.items() if entries}
-
-    def merge_caches(self, exported: dict[str, dict]) -> None:
-        """A child's caches merged into this process's: an entry already known here is kept (one file, one
-        reading)."""
-        for name, entries in exported.items():
-            mine = self.cache(name)
-            for key, value in entries.items():
-                mine.setdefault(key, value)
-
-    @property
-    def digests(self) -> dict[str, str]:
-        """Digests computed by checks; the seal compares them with what it hashes (IV704)."""
-        return self.cache(DIGESTS)
-
-    # ---- paths ---------------------------------------------------------------------------------------
     def abspath(self, rel: str) -> Path:
         return self.root.joinpath(*rel.split("/"))
 
@@ -145,8 +122,6 @@ class Package:
         on POSIX even os.path.join does (it converts the root on every call): 40,000 calls a check of 20,000 files."""
         if os.sep != "/":
             return os.path.join(self.root, *rel.split("/"))
-        if self._root_prefix is None:
-            self._root_prefix = os.fspath(self.root).rstrip("/") + "/"
         return self._root_prefix + rel
 
     def is_file(self, rel: str) -> bool:
@@ -180,14 +155,67 @@ class Package:
                 parts.append(part)
         return "/".join(parts)
 
-    # ---- documents -----------------------------------------------------------------------------------
+
+class Documents:
+    """The one reader of the package's bytes for the checks: documents parsed once, digests, streamed lines, a
+    file opened for a reader of its own format. What the checks compute that later steps reuse is kept in the
+    declared CACHES: one export/merge hands all of them from a forked check process back to the parent, so a new
+    cache needs no new hand-written transfer."""
+
+    def __init__(self, inventory: Inventory):
+        self.inventory = inventory
+        self.caches: dict[str, dict] = {}
+        self._documents: dict[str, Document] = {}
+        self._unparsed: dict[str, bytes] = {}  # document_bytes() read, not parsed yet
+        self._unparsed_bytes = 0
+        self._kept = [0, 0]  # values, bytes of _documents
+
+    # ---- caches --------------------------------------------------------------------------------------
+
+    def cache(self, name: str) -> dict:
+        """One of the declared CACHES (a typo is a KeyError, never a second, silent cache)."""
+        if name not in CACHES:
+            raise KeyError(f"{name!r} is not a declared package cache ({', '.join(CACHES)})")
+        return self.caches.setdefault(name, {})
+
+    def export_caches(self) -> dict[str, dict]:
+        """Every cache's entries: what a forked check process sends back to its parent."""
+        return {name: dict(entries) for name, entries in self.caches.items() if entries}
+
+    def merge_caches(self, exported: dict[str, dict]) -> None:
+        """A child's caches merged into this process's: an entry already known here is kept (one file, one
+        reading)."""
+        for name, entries in exported.items():
+            mine = self.cache(name)
+            for key, value in entries.items():
+                mine.setdefault(key, value)
+
+    @property
+    def digests(self) -> dict[str, str]:
+        """Digests computed by checks; the seal compares them with what it hashes (IV704)."""
+        return self.cache(DIGESTS)
+
+    # ---- files ---------------------------------------------------------------------------------------
+    def path(self, rel: str) -> str:
+        """Where a package file lies, for a reader that opens it by name itself (simdjson's validation, the
+        tensor readers): the rules name a package file on disk only through here."""
+        return self.inventory.os_path(rel)
+
+    def open(self, rel: str) -> BinaryIO:
+        """The file, opened for reading in binary (never blocking on a fifo); OSError as open() raises it."""
+        return open_binary(self.inventory.abspath(rel))
+
+    def safetensors_header(self, rel: str, *, unreadable_is_none: bool = True):
+        """The one safetensors header reader (package/files.py) over a package file."""
+        return read_safetensors_header(self.inventory.abspath(rel), unreadable_is_none=unreadable_is_none)
+
     def read_bytes(self, rel: str) -> bytes:
         """The whole file, with plain os calls sized by what discovery recorded: open, read, read (the end),
         close. Python's open() adds two stats, an isatty ioctl and two seeks: for 20,000 small files that is
         most of a second of system time."""
-        entry = self.files.get(rel)
+        entry = self.inventory.files.get(rel)
         try:
-            fd = os.open(self.os_path(rel), READ_FLAGS)
+            fd = os.open(self.inventory.os_path(rel), READ_FLAGS)
             try:
                 expected = entry.size if entry is not None else os.fstat(fd).st_size
                 parts = [os.read(fd, expected + 1)]  # one more byte: a file grown since discovery reads whole
@@ -218,7 +246,7 @@ class Package:
         than jsonread.MAX_VALUES values is never parsed: its error says it is too large to check."""
         if rel in self._documents:
             return self._documents[rel]
-        if not self.is_file(rel):
+        if not self.inventory.is_file(rel):
             return None
         from .jsonread import MAX_VALUES, count_values, too_many_values  # jsonread imports this module
 
@@ -301,7 +329,7 @@ class Package:
             return self.digests[rel]
         digest = hashlib.sha256()
         try:
-            with open_binary(self.abspath(rel)) as fh:
+            with self.open(rel) as fh:
                 while chunk := fh.read(HASH_CHUNK):
                     digest.update(chunk)
         except OSError as exc:
@@ -312,15 +340,36 @@ class Package:
     def iter_lines(self, rel: str) -> Iterator[tuple[int, bytes]]:
         """(line number, raw line without newline), streamed; for files too big to load."""
         try:
-            with open_binary(self.abspath(rel)) as fh:
+            with self.open(rel) as fh:
                 for number, line in enumerate(fh, 1):
                     yield number, line.rstrip(b"\r\n")
         except OSError as exc:
             raise UsageError(f"{rel}: cannot read ({exc.strerror})") from exc
 
 
-def discover(root: str | os.PathLike) -> Package:
-    """Walk the package once. Raises UsageError when it is not a readable folder."""
+
+
+@dataclass
+class RunContext:
+    """What a rule receives (`check(ctx)`): the inventory, the one documents reader over it, the settings the
+    rules read (tariffs, the scan budget, the rental's deadline), where the Hugging Face cache is, the temporary
+    folder patterns, and the reload results once the reload phase ran (None when it was skipped)."""
+
+    inventory: Inventory
+    documents: Documents = field(default=None, repr=False)  # type: ignore[assignment]  # built over inventory
+    settings: dict[str, Any] = field(default_factory=dict)
+    hf_cache: Path | None = None
+    tmp_patterns: tuple[str, ...] = ()
+    reloads: list | None = None
+
+    def __post_init__(self) -> None:
+        if self.documents is None:
+            self.documents = Documents(self.inventory)
+
+
+def discover(root: str | os.PathLike) -> Inventory:
+    """Walk the package once: its inventory, which nothing changes afterwards. Raises UsageError when it is not a
+    readable folder."""
     root = Path(root)
     try:
         if not root.exists():
@@ -328,11 +377,21 @@ def discover(root: str | os.PathLike) -> Package:
         if not root.is_dir():
             raise UsageError(f"{root}: not a folder (give the campaign's output folder)")
         real_root = os.path.realpath(root)
-        package = Package(root=root)
-        _walk(package, root, "", real_root)
+        found = _Found({}, {}, set(), {})
+        _walk(found, root, "", real_root)
     except OSError as exc:  # what _walk does not name itself: the root, or a path the system cannot name
         raise _unreadable(exc, exc.filename or root) from exc
-    return package
+    return Inventory(root, found.files, found.links, frozenset(found.dirs), found.specials)
+
+
+@dataclass
+class _Found:
+    """The walk's entries while it walks; frozen into the Inventory when it ends."""
+
+    files: dict[str, FileEntry]
+    links: dict[str, LinkEntry]
+    dirs: set[str]
+    specials: dict[str, str]
 
 
 def inside_package(root: str | os.PathLike, path: str | os.PathLike) -> bool:
@@ -362,7 +421,7 @@ def _inside(resolved: str, real_root: str) -> bool:
     return resolved == real_root or resolved.startswith(real_root.rstrip(os.sep) + os.sep)
 
 
-def _walk(package: Package, folder: Path, prefix: str, real_root: str) -> None:
+def _walk(package: _Found, folder: Path, prefix: str, real_root: str) -> None:
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except PermissionError as exc:

@@ -20,10 +20,10 @@ def shipped_tariffs() -> dict:
     return {gpu: prices for gpu, prices in json.loads(text).items() if not gpu.startswith("_")}
 
 
-def tariffs(package) -> dict[str, dict[str, float]]:
+def tariffs(ctx) -> dict[str, dict[str, float]]:
     """The shipped catalog with the configuration's `tariffs` table merged over it, per GPU and lot length."""
     merged = {gpu: dict(prices) for gpu, prices in shipped_tariffs().items()}
-    override = package.settings.get("tariffs")
+    override = ctx.settings.get("tariffs")
     for gpu, prices in (override.items() if isinstance(override, dict) else ()):
         if isinstance(gpu, str) and isinstance(prices, dict):
             merged.setdefault(gpu, {}).update({str(days): price for days, price in prices.items()})

@@ -98,50 +98,50 @@ def section(manifest: dict, key: str) -> dict:
 
 
 
-def indexed_runs(package) -> Iterator[tuple[int, dict, str | None]]:
+def indexed_runs(ctx) -> Iterator[tuple[int, dict, str | None]]:
     """(index in manifest.runs, run, its id or None) for every run entry that is an object."""
-    for index, run in enumerate(listed(package.manifest, "runs")):
+    for index, run in enumerate(listed(ctx.documents.manifest, "runs")):
         if isinstance(run, dict):
             yield index, run, run.get("id") if isinstance(run.get("id"), str) else None
 
 
-def runs_by_id(package) -> dict[str, dict]:
+def runs_by_id(ctx) -> dict[str, dict]:
     """The first run of each id (IV301 reports the others)."""
     runs: dict[str, dict] = {}
-    for _, run, run_id in indexed_runs(package):
+    for _, run, run_id in indexed_runs(ctx):
         if run_id is not None:
             runs.setdefault(run_id, run)
     return runs
 
 
-def accepted_entries(package) -> list[tuple[int, str]]:
+def accepted_entries(ctx) -> list[tuple[int, str]]:
     """(index in decision.accepted, run id) for every string entry, duplicates included."""
-    accepted = listed(section(package.manifest, "decision"), "accepted")
+    accepted = listed(section(ctx.documents.manifest, "decision"), "accepted")
     return [(index, name) for index, name in enumerate(accepted) if isinstance(name, str)]
 
 
-def accepted_declared(package) -> list[str]:
+def accepted_declared(ctx) -> list[str]:
     """The distinct runs `decision.accepted` names, in order."""
-    return list(dict.fromkeys(name for _, name in accepted_entries(package)))
+    return list(dict.fromkeys(name for _, name in accepted_entries(ctx)))
 
 
-def stop_records(package) -> list[tuple[int, dict]]:
-    return [(index, record) for index, record in enumerate(listed(package.stops, "stops"))
+def stop_records(ctx) -> list[tuple[int, dict]]:
+    return [(index, record) for index, record in enumerate(listed(ctx.documents.stops, "stops"))
             if isinstance(record, dict)]
 
 
-def stopped_by_record(package) -> dict[str, tuple[int, dict]]:
+def stopped_by_record(ctx) -> dict[str, tuple[int, dict]]:
     """run id -> its first stop record."""
     records: dict[str, tuple[int, dict]] = {}
-    for index, record in stop_records(package):
+    for index, record in stop_records(ctx):
         if isinstance(record.get("run"), str):
             records.setdefault(record["run"], (index, record))
     return records
 
 
-def first_run_start(package) -> tuple[datetime, str | None, int] | None:
+def first_run_start(ctx) -> tuple[datetime, str | None, int] | None:
     """(earliest readable started_at, its run id, its index), or None when no run has a readable start."""
-    starts = [(moment, run_id, index) for index, run, run_id in indexed_runs(package)
+    starts = [(moment, run_id, index) for index, run, run_id in indexed_runs(ctx)
               if (moment := parse_time(run.get("started_at"))) is not None]
     return min(starts, key=lambda s: s[0]) if starts else None
 
@@ -163,32 +163,32 @@ def fmt_ids(ids, count: int) -> str:
     return text + (", …" if count > len(ids) else "")
 
 
-def metrics_of(package, run: dict) -> "readers.MetricsScan | None":
+def metrics_of(ctx, run: dict) -> "readers.MetricsScan | None":
     """A run's parsed metrics file (read once per package), or None when it names none."""
     ref = run.get("metrics")
-    rel = package.normalise_ref(ref) if isinstance(ref, str) else None
-    return readers.scan_metrics(package, rel) if rel else None
+    rel = ctx.inventory.normalise_ref(ref) if isinstance(ref, str) else None
+    return readers.scan_metrics(ctx, rel) if rel else None
 
 
-def run_params(package, run_id: str | None) -> dict | None:
+def run_params(ctx, run_id: str | None) -> dict | None:
     """The parsed params file of the run with this id, when it is a JSON object."""
-    for run in package.runs():
+    for run in ctx.documents.runs():
         if run.get("id") == run_id and isinstance(run.get("params"), str):
-            rel = package.normalise_ref(run["params"])
-            params = package.json_value(rel) if rel else None
+            rel = ctx.inventory.normalise_ref(run["params"])
+            params = ctx.documents.json_value(rel) if rel else None
             return params if isinstance(params, dict) else None
     return None
 
 
-def fp16_run(package, run_id: str | None) -> bool:
+def fp16_run(ctx, run_id: str | None) -> bool:
     """Mixed precision per the run's params file: `"fp16": true` or `"mixed_precision": "fp16"` (SPEC §6); the
     static resume checks and the reload read it alike."""
-    params = run_params(package, run_id)
+    params = run_params(ctx, run_id)
     return bool(params) and (params.get("fp16") is True or params.get("mixed_precision") == "fp16")
 
 
-def recorded_world_size(package, run_id: str | None) -> int | None:
+def recorded_world_size(ctx, run_id: str | None) -> int | None:
     """The number of processes a run's params record (`world_size`), when they record one (SPEC, multi-GPU)."""
-    params = run_params(package, run_id)
+    params = run_params(ctx, run_id)
     size = params.get("world_size") if params else None
     return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import MANIFEST, RELOAD, STOPS, Package, pointer_of
+from . import MANIFEST, RELOAD, STOPS, RunContext, pointer_of
 
 FIXED_DOCUMENTS = {MANIFEST: "manifest", STOPS: "stops", RELOAD: "reload"}
 
@@ -25,9 +25,9 @@ class Reference:
         return MANIFEST
 
 
-def references(package: Package) -> list[Reference]:
+def references(ctx: RunContext) -> list[Reference]:
     """Every path the manifest references, with the JSON pointer that names it. Malformed entries are skipped."""
-    manifest = package.manifest
+    manifest = ctx.documents.manifest
     refs: list[Reference] = []
     corpus = manifest.get("corpus")
     if isinstance(corpus, dict) and isinstance(corpus.get("eval_ids"), str):
@@ -54,11 +54,11 @@ def references(package: Package) -> list[Reference]:
     return refs
 
 
-def document_kinds(package: Package) -> dict[str, str]:
+def document_kinds(ctx: RunContext) -> dict[str, str]:
     """Package-relative path -> document kind, for every document of the format that exists in the package."""
-    kinds = {rel: kind for rel, kind in FIXED_DOCUMENTS.items() if package.is_file(rel)}
-    for ref in references(package):
-        rel = package.normalise_ref(ref.value)
-        if rel is not None and package.is_file(rel) and ref.kind != "artifact":
+    kinds = {rel: kind for rel, kind in FIXED_DOCUMENTS.items() if ctx.inventory.is_file(rel)}
+    for ref in references(ctx):
+        rel = ctx.inventory.normalise_ref(ref.value)
+        if rel is not None and ctx.inventory.is_file(rel) and ref.kind != "artifact":
             kinds.setdefault(rel, ref.kind)
     return kinds

@@ -41,9 +41,9 @@ class LineErrors:
 BOM = b"\xef\xbb\xbf"
 
 
-def non_blank_lines(package, rel: str) -> Iterator[tuple[int, bytes]]:
+def non_blank_lines(ctx, rel: str) -> Iterator[tuple[int, bytes]]:
     """Non-blank lines; the first one without a UTF-8 byte-order mark (editors on Windows add one)."""
-    return _non_blank(package.iter_lines(rel))
+    return _non_blank(ctx.documents.iter_lines(rel))
 
 
 def _non_blank(numbered: Iterator[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
@@ -76,9 +76,9 @@ BATCH_LINES = 4096
 BATCH_BYTES = 128 << 10  # memory stays bounded by the batch, whatever the file or line size
 
 
-def parsed_lines(package, rel: str) -> Iterator[tuple[int, Any, tuple[int | None, str] | None]]:
+def parsed_lines(ctx, rel: str) -> Iterator[tuple[int, Any, tuple[int | None, str] | None]]:
     """(line number, value, None) or (line number, None, (column, message)) for every non-blank JSONL line."""
-    return _parse_numbered(non_blank_lines(package, rel))
+    return _parse_numbered(non_blank_lines(ctx, rel))
 
 
 def _parse_numbered(lines: Iterator[tuple[int, bytes]]) -> Iterator[tuple[int, Any, tuple[int | None, str] | None]]:
@@ -113,8 +113,8 @@ def _parse_batch(batch: list[tuple[int, bytes]]) -> Iterator[tuple[int, Any, tup
 
 # ---------------------------------------------------------------------------------------------- CSV
 
-def csv_rows(package, rel: str, scan: LineErrors) -> Iterator[tuple[int, list[str]]]:
-    for number, raw in non_blank_lines(package, rel):
+def csv_rows(ctx, rel: str, scan: LineErrors) -> Iterator[tuple[int, list[str]]]:
+    for number, raw in non_blank_lines(ctx, rel):
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -144,7 +144,7 @@ def _validator():
     return simdjson.Parser()
 
 
-def validated_lines(package, rel: str) -> Iterator[tuple[int, int, tuple[int | None, str] | None]]:
+def validated_lines(ctx, rel: str) -> Iterator[tuple[int, int, tuple[int | None, str] | None]]:
     """(first line, records, None) for a run of valid lines, (line, 0, (column, message)) for an invalid one:
     parsed_lines without the values, for files whose values nobody needs (any other JSONL).
 
@@ -154,14 +154,14 @@ def validated_lines(package, rel: str) -> Iterator[tuple[int, int, tuple[int | N
     outcome is exactly that of the line-by-line path, only faster on the common, clean case."""
     parser = _validator()
     if parser is None:
-        yield from _counted(parsed_lines(package, rel))
+        yield from _counted(parsed_lines(ctx, rel))
         return
     consumed = 0  # lines before the current block
     try:
-        with open_binary(package.abspath(rel)) as fh:
+        with open_binary(ctx.inventory.abspath(rel)) as fh:
             for complete, whole in line_blocks(fh, VALIDATE_BLOCK, LONG_LINE):
                 if not whole:  # a line of LONG_LINE bytes or more: the line-by-line path takes the rest
-                    rest = _non_blank(itertools.islice(package.iter_lines(rel), consumed, None))
+                    rest = _non_blank(itertools.islice(ctx.documents.iter_lines(rel), consumed, None))
                     yield from _counted(_parse_numbered(rest))
                     return
                 count = complete.count(b"\n") + (not complete.endswith(b"\n"))

@@ -96,16 +96,16 @@ class PredictionsScan(LineErrors):
 
 # ---------------------------------------------------------------------------------------------- memo
 
-def _memo(package) -> dict:
+def _memo(ctx) -> dict:
     """A per-package cache: checks of several families read the same files, each is read once."""
-    return package.cache(READER_SCANS)
+    return ctx.documents.cache(READER_SCANS)
 
 
-def _once(package, key: tuple, read):
+def _once(ctx, key: tuple, read):
     """Read the file `key[1]` once per package, whichever check asks first; None when it is not a file."""
-    cache = _memo(package)
+    cache = _memo(ctx)
     if key not in cache:
-        cache[key] = read() if package.is_file(key[1]) else None
+        cache[key] = read() if ctx.inventory.is_file(key[1]) else None
     return cache[key]
 
 
@@ -130,17 +130,17 @@ def _is_number(value: Any) -> bool:
 
 # ---------------------------------------------------------------------------------------------- metrics
 
-def scan_metrics(package, rel: str) -> MetricsScan | None:
+def scan_metrics(ctx, rel: str) -> MetricsScan | None:
     """Read a metrics file (`.jsonl`, or `.csv` with the header step,name,value); None when it is not a file."""
-    return _once(package, ("metrics", rel), lambda: _scan_metrics(package, rel))
+    return _once(ctx, ("metrics", rel), lambda: _scan_metrics(ctx, rel))
 
 
-def _scan_metrics(package, rel: str) -> MetricsScan:
+def _scan_metrics(ctx, rel: str) -> MetricsScan:
     scan = MetricsScan(path=rel, format="csv" if _suffix(rel) == "csv" else "jsonl")
     if scan.format == "csv":
-        _metrics_csv(package, rel, scan)
+        _metrics_csv(ctx, rel, scan)
     else:
-        _metrics_jsonl(package, rel, scan)
+        _metrics_jsonl(ctx, rel, scan)
     return scan
 
 
@@ -149,9 +149,9 @@ def _add_point(scan: MetricsScan, step: int, name: str, value: float, line: int)
     scan.series.setdefault(name, []).append((step, float(value), line))
 
 
-def _metrics_jsonl(package, rel: str, scan: MetricsScan) -> None:
+def _metrics_jsonl(ctx, rel: str, scan: MetricsScan) -> None:
     seen_line = False
-    for number, record, error in parsed_lines(package, rel):
+    for number, record, error in parsed_lines(ctx, rel):
         seen_line = True
         if error:
             scan.add_error(number, *error)
@@ -189,8 +189,8 @@ def _shown(value: Any) -> str:
 CSV_HEADER = ("step", "name", "value")
 
 
-def _metrics_csv(package, rel: str, scan: MetricsScan) -> None:
-    rows = csv_rows(package, rel, scan)
+def _metrics_csv(ctx, rel: str, scan: MetricsScan) -> None:
+    rows = csv_rows(ctx, rel, scan)
     first = next(rows, None)
     if first is None:
         scan.blank_only = scan.error_count == 0
@@ -228,16 +228,16 @@ def _metrics_csv(package, rel: str, scan: MetricsScan) -> None:
 
 # ---------------------------------------------------------------------------------------------- other files
 
-def scan_generic(package, rel: str) -> GenericScan | None:
+def scan_generic(ctx, rel: str) -> GenericScan | None:
     """Any other JSONL (one JSON value per line) or CSV (rows as wide as the header) file."""
-    return _once(package, ("generic", rel), lambda: _scan_generic(package, rel))
+    return _once(ctx, ("generic", rel), lambda: _scan_generic(ctx, rel))
 
 
-def _scan_generic(package, rel: str) -> GenericScan:
+def _scan_generic(ctx, rel: str) -> GenericScan:
     scan = GenericScan(path=rel)
     if _suffix(rel) == "csv":
         width = None
-        for number, row in csv_rows(package, rel, scan):
+        for number, row in csv_rows(ctx, rel, scan):
             if width is None:
                 width = len(row)
             elif len(row) != width:
@@ -248,7 +248,7 @@ def _scan_generic(package, rel: str) -> GenericScan:
         scan.header_only = width is not None and scan.records == 0 and scan.error_count == 0
         return scan
     seen_line = False
-    for number, records, error in validated_lines(package, rel):
+    for number, records, error in validated_lines(ctx, rel):
         seen_line = True
         if error:
             scan.add_error(number, *error)
@@ -259,15 +259,15 @@ def _scan_generic(package, rel: str) -> GenericScan:
 
 # ---------------------------------------------------------------------------------------------- eval ids
 
-def read_eval_ids(package, rel: str) -> EvalIds | None:
+def read_eval_ids(ctx, rel: str) -> EvalIds | None:
     """The frozen eval ids, one per line, surrounding spaces ignored; None when `rel` is not a file."""
-    return _once(package, ("eval_ids", rel), lambda: _read_eval_ids(package, rel))
+    return _once(ctx, ("eval_ids", rel), lambda: _read_eval_ids(ctx, rel))
 
 
-def _read_eval_ids(package, rel: str) -> EvalIds:
+def _read_eval_ids(ctx, rel: str) -> EvalIds:
     result = EvalIds(path=rel)
     seen: set[str] = set()
-    for number, raw in non_blank_lines(package, rel):
+    for number, raw in non_blank_lines(ctx, rel):
         try:
             eval_id = raw.decode("utf-8").strip()
         except UnicodeDecodeError as exc:
@@ -284,11 +284,11 @@ def _read_eval_ids(package, rel: str) -> EvalIds:
 
 # ---------------------------------------------------------------------------------------------- predictions
 
-def scan_predictions(package, rel: str, eval_ids: EvalIds | None) -> PredictionsScan | None:
+def scan_predictions(ctx, rel: str, eval_ids: EvalIds | None) -> PredictionsScan | None:
     """One streaming pass over a predictions file, against the frozen eval ids (coverage is not judged when
     `eval_ids` is None). None when `rel` is not a file."""
     key = ("predictions", rel, eval_ids.path if eval_ids is not None else None)
-    return _once(package, key, lambda: _scan_predictions(package, rel, eval_ids))
+    return _once(ctx, key, lambda: _scan_predictions(ctx, rel, eval_ids))
 
 
 def _sample(samples: list, item, count: int) -> None:
@@ -296,14 +296,14 @@ def _sample(samples: list, item, count: int) -> None:
         samples.append(item)
 
 
-def _scan_predictions(package, rel: str, eval_ids: EvalIds | None) -> PredictionsScan:
+def _scan_predictions(ctx, rel: str, eval_ids: EvalIds | None) -> PredictionsScan:
     scan = PredictionsScan(path=rel, eval_ids_path=eval_ids.path if eval_ids else None)
     # id -> already predicted? One entry per eval id: the only state that grows.
     predicted: dict[str, bool] = dict.fromkeys(eval_ids.ids, False) if eval_ids is not None else {}
     scan.eval_id_count = len(predicted)
     judge = eval_ids is not None
     seen_line = False
-    for number, record, error in parsed_lines(package, rel):
+    for number, record, error in parsed_lines(ctx, rel):
         seen_line = True
         if error:
             scan.add_error(number, *error)

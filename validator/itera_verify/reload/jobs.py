@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from ..model import ReloadResult
-from ..package import Package
+from ..package import RunContext
 from ..package.campaign import fp16_run, recorded_world_size
 from ..package.pickles import scan_package
 from ..format import loaders as loader_table
@@ -20,65 +20,65 @@ def _text(value) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _config_folder(package: Package, entry: dict) -> str | None:
+def _config_folder(ctx: RunContext, entry: dict) -> str | None:
     """reload.json `config`: a model folder inside the package whose config.json builds the model (or None)."""
-    rel = package.normalise_ref(entry["config"]) if isinstance(entry.get("config"), str) else None
+    rel = ctx.inventory.normalise_ref(entry["config"]) if isinstance(entry.get("config"), str) else None
     if rel is None:
         return None
-    root, real = os.path.realpath(package.root), os.path.realpath(package.abspath(rel))
+    root, real = os.path.realpath(ctx.inventory.root), os.path.realpath(ctx.inventory.abspath(rel))
     return real if real.startswith(root + os.sep) and os.path.isdir(real) else None
 
 
-def _refused_by_scan(package: Package, rel: str) -> str | None:
+def _refused_by_scan(ctx: RunContext, rel: str) -> str | None:
     """The first unsafe pickle inside the artifact: nothing is loaded from a folder that carries a payload."""
-    for path, result in sorted(scan_package(package).items()):
+    for path, result in sorted(scan_package(ctx).items()):
         if (path == rel or path.startswith(rel.rstrip("/") + "/")) and result.unsafe:
             return f"refused: {path} names {', '.join(result.unsafe[:3])} (IV506); nothing of this artifact was loaded"
     return None
 
 
-def _leaving_link(package: Package, rel: str) -> str | None:
+def _leaving_link(ctx: RunContext, rel: str) -> str | None:
     """A link inside the artifact that leaves the package: its data is not part of what is delivered."""
-    for path, link in sorted(package.links.items()):
+    for path, link in sorted(ctx.inventory.links.items()):
         if (path == rel or path.startswith(rel.rstrip("/") + "/")) and not link.inside:
             return (f"refused: {path} links outside the package ({link.target}); the artifact must reload from the "
                     "package alone")
     return None
 
 
-def reload_entry(package: Package, artifact: dict) -> tuple[dict | None, str | None]:
+def reload_entry(ctx: RunContext, artifact: dict) -> tuple[dict | None, str | None]:
     """The artifact's reload.json entry and the loader it names (None where either is missing)."""
-    entries = package.reload_spec.get("artifacts") if isinstance(package.reload_spec, dict) else None
+    entries = ctx.documents.reload_spec.get("artifacts") if isinstance(ctx.documents.reload_spec, dict) else None
     entry = entries.get(_text(artifact.get("id")) or "?") if isinstance(entries, dict) else None
     return (entry, _text(entry.get("loader"))) if isinstance(entry, dict) else (None, None)
 
 
-def plan(package: Package, artifact: dict, device: str, threads: int,
+def plan(ctx: RunContext, artifact: dict, device: str, threads: int,
          configured_limit: int | None = None) -> dict | ReloadResult:
     """The child's job for one artifact, or the result already known when there is nothing to run.
     `configured_limit`: the host memory limit of every child (ITERA_RELOAD_HOST_MEMORY), else one from its size."""
     artifact_id = _text(artifact.get("id")) or "?"
-    entry, loader = reload_entry(package, artifact)
+    entry, loader = reload_entry(ctx, artifact)
     result = ReloadResult(artifact_id, loader or "", kind=_text(artifact.get("kind")) or "",
                           path=_text(artifact.get("path")) or "", device=device)
     if loader not in LOADERS:
         result.failure = "no-loader"  # IV510 reports it; nothing to run
         result.error = f"no usable reload.json loader ({loader!r})"
         return result
-    rel = package.normalise_ref(result.path) if result.path else None
-    root = os.path.realpath(package.root)
-    real = os.path.realpath(package.abspath(rel)) if rel is not None else ""
+    rel = ctx.inventory.normalise_ref(result.path) if result.path else None
+    root = os.path.realpath(ctx.inventory.root)
+    real = os.path.realpath(ctx.inventory.abspath(rel)) if rel is not None else ""
     if rel is None or not (real == root or real.startswith(root + os.sep)):
         result.failure, result.error = "skipped", f"path {result.path!r} leaves the package; nothing loaded from it"
         return result
     if not os.path.exists(real):
         result.failure, result.error = "load", f"{rel} does not exist"
         return result
-    refusal = _refused_by_scan(package, rel) or _leaving_link(package, rel)
+    refusal = _refused_by_scan(ctx, rel) or _leaving_link(ctx, rel)
     if refusal:
         result.failure, result.error = "load", refusal
         return result
-    hf_cache = os.path.abspath(package.hf_cache) if package.hf_cache else None
+    hf_cache = os.path.abspath(ctx.hf_cache) if ctx.hf_cache else None
     pinned_base = artifact.get("base") if isinstance(artifact.get("base"), dict) else None
     loads_base = loader in loader_table.LOADERS and loader_table.LOADERS[loader].loads_pinned_base
     limit, limit_source = memory_limit(Path(real), device, hf_cache, configured_limit,
@@ -89,9 +89,9 @@ def plan(package: Package, artifact: dict, device: str, threads: int,
         "hf_cache": hf_cache,  # absolute: the child runs elsewhere
         "base": pinned_base,
         "num_labels": entry.get("num_labels"),  # the loader checks it: a task head's size (peft, SPEC reload.json)
-        "fp16": fp16_run(package, _text(artifact.get("run"))), "threads": threads,
-        "config": _config_folder(package, entry), "config_ref": _text(entry.get("config")),
-        "world_size": recorded_world_size(package, _text(artifact.get("run"))),
+        "fp16": fp16_run(ctx, _text(artifact.get("run"))), "threads": threads,
+        "config": _config_folder(ctx, entry), "config_ref": _text(entry.get("config")),
+        "world_size": recorded_world_size(ctx, _text(artifact.get("run"))),
         "weight_bytes": weight_bytes(Path(real)),  # largest first; one GPU or all of them
         "memory_limit": limit, "memory_limit_source": limit_source,  # limits.py: the child's host memory bound
     }

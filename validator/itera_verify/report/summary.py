@@ -23,20 +23,20 @@ from ..seal.rate import measure as measure_seal
 
 # ---------------------------------------------------------------------------------------------- budget
 
-def budget_summary(package, blocking_findings: list[Finding]) -> dict[str, Any]:
+def budget_summary(ctx, blocking_findings: list[Finding]) -> dict[str, Any]:
     """SPEC §4 `budget`: the committed plan, the included expenses apart from the rental, and the cost per
     accepted run that passed every check — undefined (never zero) when none did."""
-    plan = section(package.manifest, "plan")
-    runs = runs_by_id(package)
+    plan = section(ctx.documents.manifest, "plan")
+    runs = runs_by_id(ctx)
     total = total_usd(plan)
     blocked: dict[str, list[str]] = {}
     for finding in blocking_findings:
         if finding.run is not None:
             blocked.setdefault(finding.run, []).append(f"{finding.code}: {finding.message}")
-    stop_records = stopped_by_record(package)
+    stop_records = stopped_by_record(ctx)
     stopped = [run_id for run_id, run in runs.items() if run.get("status") == "stopped" or run_id in stop_records]
 
-    declared = accepted_declared(package)
+    declared = accepted_declared(ctx)
     accepted, rejected = [], []
     for name in declared:
         causes = []
@@ -101,9 +101,9 @@ def _undefined_reason(declared: list[str], rejected: list[dict], total: Decimal 
 
 # ---------------------------------------------------------------------------------------------- plan
 
-def plan_summary(package) -> dict[str, Any]:
+def plan_summary(ctx) -> dict[str, Any]:
     """The plan as declared, next to what happened; the plan itself is never rewritten."""
-    manifest = package.manifest
+    manifest = ctx.documents.manifest
     plan, timeline = section(manifest, "plan"), section(manifest, "timeline")
     number = lambda container, key: container.get(key) if is_number(container.get(key)) else None  # noqa: E731
     window, reserved, observed = number(plan, "window_hours"), number(plan, "reserved_hours"), \
@@ -114,7 +114,7 @@ def plan_summary(package) -> dict[str, Any]:
     explained = sum(d["hours"] for d in deviations if d["hours"] is not None and filled_text(d["explanation"]))
     decisions = [{key: scalar(d.get(key)) for key in ("at", "after", "decision", "note") if key in d}
                  for d in listed(timeline, "decisions") if isinstance(d, dict)]
-    first = first_run_start(package)
+    first = first_run_start(ctx)
     declared_at = plan.get("declared_at") if isinstance(plan.get("declared_at"), str) else None
     declared = parse_time(declared_at)
     lots_window = lots_window_hours(plan)
@@ -135,7 +135,7 @@ def plan_summary(package) -> dict[str, Any]:
         "decisions": decisions,
         "decisions_after_pilot": [d for d in decisions if isinstance(d.get("after"), str)
                                   and d["after"].strip().lower() == "pilot"],
-        "rental": rental_summary(package, push=bool(package.settings.get("push"))) if hasattr(package, "settings")
+        "rental": rental_summary(ctx, push=bool(ctx.settings.get("push"))) if hasattr(ctx, "settings")
         else None,
     }
 
@@ -146,16 +146,16 @@ def _hours(value: float) -> float:
 
 # ---------------------------------------------------------------------------------------------- runs
 
-def runs_summary(package, findings: list[Finding]) -> list[dict[str, Any]]:
+def runs_summary(ctx, findings: list[Finding]) -> list[dict[str, Any]]:
     """One line per run for people: what it was, how it ended, whether it is delivered, its last values."""
-    declared = set(accepted_declared(package))
-    records = stopped_by_record(package)
+    declared = set(accepted_declared(ctx))
+    records = stopped_by_record(ctx)
     per_run: dict[str, list[Finding]] = {}
     for finding in findings:
         if finding.run is not None:
             per_run.setdefault(finding.run, []).append(finding)
     out = []
-    for _index, run, run_id in indexed_runs(package):
+    for _index, run, run_id in indexed_runs(ctx):
         own = per_run.get(run_id, []) if run_id is not None else []
         errors = [f for f in own if (f.severity or Severity.ERROR) == Severity.ERROR]
         stopped = run.get("status") == "stopped" or run_id in records
@@ -167,12 +167,12 @@ def runs_summary(package, findings: list[Finding]) -> list[dict[str, Any]]:
             "accepted_declared": run_id in declared,
             "accepted": run_id in declared and not stopped and not errors,
             "findings": len(own),
-            "last_values": _last_values(package, run),
+            "last_values": _last_values(ctx, run),
         }
         if run_id in records:
             record = records[run_id][1]
             entry["stop"] = {key: scalar(record.get(key)) for key in ("rule", "reason", "step", "at")}
-        saves = saves_summary(package, run)
+        saves = saves_summary(ctx, run)
         if saves is not None:
             entry["saves"] = saves
         out.append(entry)
@@ -189,7 +189,7 @@ def _step(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def saves_summary(package, run: dict) -> dict[str, Any] | None:
+def saves_summary(ctx, run: dict) -> dict[str, Any] | None:
     """What the guide asks the user to weigh (SPEC §7): the run's saves (`runs[].checkpoints`), the interval
     between two in steps and minutes, write and restore seconds (the early proof's and the final reload's), the
     work at risk (the longest stretch a crash would lose: from the start to the first save, or between two) and
@@ -197,7 +197,7 @@ def saves_summary(package, run: dict) -> dict[str, Any] | None:
     entries = [c for c in listed(run, "checkpoints") if isinstance(c, dict)]
     if not entries:
         return None
-    final = {r.artifact: r for r in (getattr(package, "reloads", None) or [])}
+    final = {r.artifact: r for r in (getattr(ctx, "reloads", None) or [])}
     saves = []
     for entry in sorted(entries, key=lambda c: (_step(c.get("step")) or -1)):
         proof = entry.get("proof") if isinstance(entry.get("proof"), dict) else None
@@ -268,40 +268,39 @@ MARGIN = 1.5  # an estimate is an estimate: warn when 1.5x it would not fit
 PUSH_PRIOR_WORDS = "a prior until the push measures its first parts"
 
 
-def rental_end(package) -> tuple[datetime | None, str | None]:
-    """When the rental ends and what says so: `--deadline` (package.settings["deadline"]), else the earliest
+def rental_end(ctx) -> tuple[datetime | None, str | None]:
+    """When the rental ends and what says so: `--deadline` (ctx.settings["deadline"]), else the earliest
     lot's started_at + days."""
-    deadline = parse_time(package.settings.get("deadline")) if hasattr(package, "settings") else None
+    deadline = parse_time(ctx.settings.get("deadline")) if hasattr(ctx, "settings") else None
     if deadline is not None:
         return deadline, "--deadline"
     ends = []
-    for lot in listed(section(package.manifest, "plan"), "lots"):
+    for lot in listed(section(ctx.documents.manifest, "plan"), "lots"):
         start = parse_time(lot.get("started_at")) if isinstance(lot, dict) else None
         if start is not None and is_number(lot.get("days")) and lot["days"] > 0:
             ends.append(start + timedelta(days=lot["days"]))
     return (min(ends), "plan.lots[].started_at + days") if ends else (None, None)
 
 
-def seal_rate(package) -> Measured | None:
-    """The seal's rate measured on this package, here, once (kept in package.settings); None when nothing could
-    be read."""
-    if "seal_rate" not in package.settings:
-        files = [(package.os_path(rel), entry.size) for rel, entry in package.files.items()]
-        package.settings["seal_rate"] = measure_seal(files)
-    return package.settings["seal_rate"]
+def seal_rate(ctx) -> Measured | None:
+    """The seal's rate measured on this package, here, once (kept in ctx.settings); None when nothing could be
+    read."""
+    if "seal_rate" not in ctx.settings:
+        files = [(ctx.inventory.os_path(rel), entry.size) for rel, entry in ctx.inventory.files.items()]
+        ctx.settings["seal_rate"] = measure_seal(files)
+    return ctx.settings["seal_rate"]
 
 
-def rental_summary(package, *, now: datetime | None = None, push: bool = False,
+def rental_summary(ctx, *, now: datetime | None = None, push: bool = False,
                    measured: Measured | None = None) -> dict[str, Any] | None:
     """The rental's end and whether the seal (and the push) fit before it, from the package's size and the
-    seal's rate measured here (`measured`, default seal_rate(package)); None when nothing says when the rental
-    ends."""
-    end, source = rental_end(package)
+    seal's rate measured here (`measured`, default seal_rate(ctx)); None when nothing says when the rental ends."""
+    end, source = rental_end(ctx)
     if end is None:
         return None
     now = now or datetime.now(UTC)
-    size = sum(entry.size for entry in package.files.values()) if getattr(package, "files", None) else 0
-    measured = measured or seal_rate(package)
+    size = sum(entry.size for entry in ctx.inventory.files.values())
+    measured = measured or seal_rate(ctx)
     rate = measured.bytes_per_second if measured is not None else SEAL_BYTES_PER_SECOND
     rate_words = measured.words() if measured is not None else "a prior: nothing here could be read to measure it"
     seal = size / rate
@@ -342,15 +341,15 @@ def _tokens(text: str) -> list[str]:
     return re.findall(r"[a-z0-9]+", text.lower())
 
 
-def named_metrics(package) -> list[str]:
+def named_metrics(ctx) -> list[str]:
     """The metrics a reader looks for first: those the question names ("macro-F1" names eval_macro_f1, "train
     loss" train_loss), then those the stop rules name, each once, among the metrics the runs log. A name matches
     one to three consecutive words of the question, with or without its eval_/train_/... prefix."""
     logged: list[str] = []
-    for _index, run, _run_id in indexed_runs(package):
-        scan = metrics_of(package, run)
+    for _index, run, _run_id in indexed_runs(ctx):
+        scan = metrics_of(ctx, run)
         logged += [name for name in (scan.series if scan is not None else ()) if name not in logged]
-    question = package.manifest.get("question")
+    question = ctx.documents.manifest.get("question")
     words = _tokens(question) if isinstance(question, str) else []
     phrases = {"".join(words[i:i + n]) for n in (1, 2, 3) for i in range(len(words) - n + 1)}
     named = []
@@ -358,15 +357,15 @@ def named_metrics(package) -> list[str]:
         bare = next((name[len(p):] for p in METRIC_PREFIXES if name.startswith(p)), name)
         if {"".join(_tokens(name)), "".join(_tokens(bare))} & phrases:
             named.append(name)
-    for rule in listed(section(package.manifest, "stop_rules"), "rules"):
+    for rule in listed(section(ctx.documents.manifest, "stop_rules"), "rules"):
         metric = rule.get("metric") if isinstance(rule, dict) else None
         if isinstance(metric, str) and metric in logged and metric not in named:
             named.append(metric)
     return named
 
 
-def _last_values(package, run: dict) -> dict[str, dict[str, Any]]:
-    scan = metrics_of(package, run)
+def _last_values(ctx, run: dict) -> dict[str, dict[str, Any]]:
+    scan = metrics_of(ctx, run)
     if scan is None:
         return {}
     values = {}
@@ -385,13 +384,13 @@ def _token(value: float) -> str:
 
 # ---------------------------------------------------------------------------------------------- curves
 
-def metric_curves(package, max_points: int = 400) -> dict[str, dict[str, dict[str, Any]]]:
+def metric_curves(ctx, max_points: int = 400) -> dict[str, dict[str, dict[str, Any]]]:
     """run -> metric -> points to draw, [[step, value or null when non-finite], ...] by step. Long series are
     thinned evenly, keeping the first, the last and every non-finite point; `total_points` is always the
     full count, so a thinned curve never passes for the whole series."""
     curves: dict[str, dict[str, dict[str, Any]]] = {}
-    for _, run, run_id in indexed_runs(package):
-        scan = metrics_of(package, run) if run_id is not None else None
+    for _, run, run_id in indexed_runs(ctx):
+        scan = metrics_of(ctx, run) if run_id is not None else None
         if scan is None or not scan.series or run_id in curves:
             continue
         curves[run_id] = {name: _curve(points, max_points) for name, points in scan.series.items()}

@@ -1,8 +1,10 @@
-"""The rule registry: every module in this package declares `RULES` and a `check(package)` generator.
+"""The rule registry: every module in this package declares `RULES` and a `check(ctx)` generator.
 
+A rule receives the run context (package.RunContext): `ctx.inventory` (what discovery found, immutable),
+`ctx.documents` (the one reader of the package's bytes), the settings and, in the reload phase, `ctx.reloads`.
 Adding a family is adding a module; nothing else lists codes. A module with `PHASE = "reload"` runs after the
-reloads, over the facts they reported (`package.reloads`). A family whose codes are proved partly without loading
-and partly by the reloads declares both, `PHASE = ("static", "reload")`, and is called `check(package, phase=...)`
+reloads, over the facts they reported (`ctx.reloads`). A family whose codes are proved partly without loading
+and partly by the reloads declares both, `PHASE = ("static", "reload")`, and is called `check(ctx, phase=...)`
 in each phase (rules/reload.py: a missing optimizer.pt is seen statically, a misfitting one only by the reload).
 """
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Iterable
 
 from ..runtime.forked import ChildLost, Forked, can_fork
 from ..model import Finding, Rule, Severity
-from ..package import Package
+from ..package import RunContext
 
 
 @lru_cache(maxsize=1)
@@ -85,14 +87,14 @@ def unknown_codes(patterns: Iterable[str]) -> list[str]:
     return [p for p in patterns if not any(c.startswith(p) for c in codes)]
 
 
-def run_checks(package: Package, selection: Selection, phase: str = "static", *, processes: int = 1) -> list[Finding]:
+def run_checks(ctx: RunContext, selection: Selection, phase: str = "static", *, processes: int = 1) -> list[Finding]:
     """Every enabled finding of every family of this phase, with its severity set; all of them, not the first.
 
-    processes > 1 runs the families in that many processes (forked: rules are pure functions over the package,
+    processes > 1 runs the families in that many processes (forked: rules are pure functions over the context,
     so a child needs nothing but its share), balanced by each family's COST; the findings and their order are
-    the same as in one process. Digests a child computed come back to `package.digests` (the seal compares
+    the same as in one process. Digests a child computed come back to `ctx.documents.digests` (the seal compares
     them); a share that cannot be forked, or whose child dies without a result, runs here."""
-    checks = StartedChecks(package, selection, phase, processes=processes)
+    checks = StartedChecks(ctx, selection, phase, processes=processes)
     try:
         return checks.result()
     finally:
@@ -105,9 +107,9 @@ class StartedChecks:
     have this process, and its interpreter lock, to themselves while the checks run. Fork the children before
     starting such threads: a child must not inherit a lock another thread held."""
 
-    def __init__(self, package: Package, selection: Selection, phase: str = "static", *, processes: int = 1,
+    def __init__(self, ctx: RunContext, selection: Selection, phase: str = "static", *, processes: int = 1,
                  detached: bool = False):
-        self.package, self.selection = package, selection
+        self.ctx, self.selection = ctx, selection
         # A family with no enabled code is not run at all (--select IV201 runs the path rules alone).
         self.modules = [m for m in families() if phase in phases_of(m)
                         and any(selection.enabled(rule.code) for rule in m.RULES)]
@@ -121,7 +123,7 @@ class StartedChecks:
         try:
             for share in self.children:
                 try:
-                    self._forked.append((Forked(partial(_run_share, package, selection, share, phase)), share))
+                    self._forked.append((Forked(partial(_run_share, ctx, selection, share, phase)), share))
                 except OSError:  # no fork now (a process or memory limit): this share runs here
                     self.here += share
         except BaseException:
@@ -130,14 +132,14 @@ class StartedChecks:
 
     def result(self) -> list[Finding]:
         by_unit: dict[tuple[str, int], list[Finding]] = {}
-        by_unit.update(_run_share(self.package, self.selection, self.here, self.phase)[0])
+        by_unit.update(_run_share(self.ctx, self.selection, self.here, self.phase)[0])
         for child, share in self._forked:
             try:
                 findings, learned = child.result()
             except ChildLost:
-                findings, learned = _run_share(self.package, self.selection, share, self.phase)
+                findings, learned = _run_share(self.ctx, self.selection, share, self.phase)
             by_unit.update(findings)
-            _adopt(self.package, learned)
+            _adopt(self.ctx, learned)
         return [finding for module in self.modules for index in range(self.parts.get(module.__name__, 1))
                 for finding in by_unit.get((module.__name__, index), [])]
 
@@ -147,34 +149,34 @@ class StartedChecks:
 
 
 # A family, or one part of a family that declares SPLIT: (module, (index, count)), its findings then being
-# check(package, part=(index, count)); the parts' findings, concatenated in order, are check(package)'s.
+# check(ctx, part=(index, count)); the parts' findings, concatenated in order, are check(ctx)'s.
 Unit = tuple[ModuleType, "tuple[int, int] | None"]
 
 
-def _run_share(package: Package, selection: Selection, units: list[Unit], phase: str = "static") -> tuple[dict, dict]:
+def _run_share(ctx: RunContext, selection: Selection, units: list[Unit], phase: str = "static") -> tuple[dict, dict]:
     by_unit: dict[tuple[str, int], list[Finding]] = {}
     for module, part in units:
         findings = by_unit[module.__name__, part[0] if part else 0] = []
         # A family of several phases is told which one this is.
         options = ({"part": part} if part is not None else {}) | (
             {"phase": phase} if len(phases_of(module)) > 1 else {})
-        for finding in module.check(package, **options):
+        for finding in module.check(ctx, **options):
             if not selection.enabled(finding.code):
                 continue
             finding.severity = selection.severity(finding.code)
             findings.append(finding)
-    return by_unit, _learned(package)
+    return by_unit, _learned(ctx)
 
 
-def _learned(package: Package) -> dict:
+def _learned(ctx: RunContext) -> dict:
     """What a share's checks computed that the parent uses after them: the digests (the seal compares them),
     the pickle scan (the reloads refuse what it refused) and the parsed run files (the report's runs table and
     curves), so the parent never reads or scans a file a second time."""
-    return package.export_caches()
+    return ctx.documents.export_caches()
 
 
-def _adopt(package: Package, learned: dict) -> None:
-    package.merge_caches(learned)
+def _adopt(ctx: RunContext, learned: dict) -> None:
+    ctx.documents.merge_caches(learned)
 
 
 def _balanced(modules: list[ModuleType], processes: int) -> list[list[Unit]]:

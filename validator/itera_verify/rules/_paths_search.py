@@ -11,8 +11,7 @@ import re
 from typing import Iterator
 
 from ..model import UsageError
-from ..package import Package
-from ..package.files import open_binary
+from ..package import RunContext
 from ..package.lineblocks import line_blocks
 
 STANDARD_TMP = ("/tmp", "/var/tmp", "/dev/shm", "/run/user", "/private/var/folders", "/var/folders")
@@ -22,17 +21,17 @@ _WINDOWS_TMP = r"\\\\?AppData\\\\?Local\\\\?Temp(?=\\|$|[\s\"'])"
 _WINDOWS_TMP_LONGEST = len(rb"\\AppData\\Local\\Temp")  # the longest text _WINDOWS_TMP matches
 
 
-def tmp_prefixes(package: Package) -> list[str]:
+def tmp_prefixes(ctx: RunContext) -> list[str]:
     prefixes = list(STANDARD_TMP)
     tmpdir = os.environ.get("TMPDIR", "").rstrip("/")
     if tmpdir.startswith("/") and tmpdir.count("/") >= 1 and len(tmpdir) > 1:
         prefixes.append(tmpdir)
-    prefixes += [p.rstrip("/") for p in package.tmp_patterns if p.rstrip("/")]
+    prefixes += [p.rstrip("/") for p in ctx.tmp_patterns if p.rstrip("/")]
     return sorted(set(prefixes), key=len, reverse=True)
 
 
-def tmp_regex(package: Package) -> re.Pattern[str]:
-    alternatives = "|".join(re.escape(p) for p in tmp_prefixes(package))
+def tmp_regex(ctx: RunContext) -> re.Pattern[str]:
+    alternatives = "|".join(re.escape(p) for p in tmp_prefixes(ctx))
     return re.compile(rf"{_BOUNDARY_BEFORE}(?:{alternatives}){_BOUNDARY_AFTER}|(?i:{_WINDOWS_TMP})")
 
 
@@ -40,10 +39,10 @@ class TmpMatcher:
     """The temporary-directory regex, behind a literal prefilter: `in` on bytes runs at memory speed, the
     regex with its look-behind does not, and almost no block of a clean package holds any anchor at all."""
 
-    def __init__(self, package: Package):
-        self.text = tmp_regex(package)
+    def __init__(self, ctx: RunContext):
+        self.text = tmp_regex(ctx)
         self.bytes = re.compile(self.text.pattern.encode("utf-8"))
-        prefixes = tmp_prefixes(package)
+        prefixes = tmp_prefixes(ctx)
         anchors = {p.rsplit("/", 1)[-1].lower() for p in prefixes} | {"temp"}
         self.anchors = tuple(a for a in anchors if a)
         self.byte_anchors = tuple(a.encode("utf-8") for a in self.anchors)
@@ -77,7 +76,7 @@ LONG_LINE = 8 << 20  # past this without a newline, a line is searched in overla
 SNIPPET_BEFORE, SNIPPET_AFTER = 20, 60  # bytes of the line a text finding shows around its match
 
 
-def search_lines(package: Package, rel: str, matcher: TmpMatcher) -> Iterator[tuple[int, int, bytes]]:
+def search_lines(ctx: RunContext, rel: str, matcher: TmpMatcher) -> Iterator[tuple[int, int, bytes]]:
     """(line number, 1-based column, the line's bytes around the match) of each line holding a match, searching
     whole blocks at a time: a per-line loop in Python costs more than the regex itself on a large metrics or
     predictions file. Lines are counted only up to a block that holds a match (almost never): counting every
@@ -86,7 +85,7 @@ def search_lines(package: Package, rel: str, matcher: TmpMatcher) -> Iterator[tu
     offset = 0  # of the current piece in the file
     long_line: _LongLine | None = None
     try:
-        with open_binary(package.abspath(rel)) as fh:
+        with ctx.documents.open(rel) as fh:
             for data, whole in line_blocks(fh, BLOCK, LONG_LINE):
                 if long_line is None and not whole:
                     long_line = _LongLine(offset, matcher)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import pickletools
 import zipfile
+from typing import BinaryIO
 
-from ..package.files import open_binary
 from ..package.pickles.zips import AmbiguousZip, open_checked
 
 MAX_DATA_PKL = 64 << 20  # the object graph of a resume file, tensors excluded: megabytes at most
@@ -28,10 +28,10 @@ class _Global(str):
     """An imported name, `module name`: only compared with DICT_CLASSES, never imported."""
 
 
-def _data_pkl(path: str) -> bytes | None:
+def _data_pkl(fh: BinaryIO) -> bytes | None:
     try:
-        size = os.stat(path).st_size
-        with open_binary(path) as fh, open_checked(fh, size) as archive:
+        size = os.fstat(fh.fileno()).st_size
+        with open_checked(fh, size) as archive:
             members = [info for info in archive.infolist() if info.filename.endswith("/data.pkl")
                        and info.filename.count("/") == 1]
             if len(members) != 1 or members[0].file_size > MAX_DATA_PKL:
@@ -48,9 +48,9 @@ def _pop_to_mark(stack: list, marks: list[int]) -> list:
     return items
 
 
-def top_level_keys(path: str) -> set[str] | None:
-    """The string keys of the dict `path` (a zip-format torch.save file) holds; None when unknown."""
-    data = _data_pkl(path)
+def top_level_keys(fh: BinaryIO) -> set[str] | None:
+    """The string keys of the dict the open file `fh` (a zip-format torch.save file) holds; None when unknown."""
+    data = _data_pkl(fh)
     if data is None:
         return None
     stack: list = []

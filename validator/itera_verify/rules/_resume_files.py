@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
-from ..package import Package
+from ..package import RunContext
 from ..format import layouts
 from ..format.layouts import GLOBAL_STEP
 from ..package.campaign import fp16_run, recorded_world_size
@@ -43,67 +43,68 @@ def _text(value) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _children(package: Package, folder: str) -> tuple[set[str], set[str]]:
+def _children(ctx: RunContext, folder: str) -> tuple[set[str], set[str]]:
     """(file names, folder names) directly inside `folder` (links to files inside the package count as files)."""
     prefix = folder + "/"
-    files = {rel[len(prefix):] for rel in package.files if rel.startswith(prefix) and "/" not in rel[len(prefix):]}
-    files |= {rel[len(prefix):] for rel in package.links if rel.startswith(prefix)
-              and "/" not in rel[len(prefix):] and package.is_file(rel)}
-    dirs = {rel[len(prefix):] for rel in package.dirs if rel.startswith(prefix) and "/" not in rel[len(prefix):]}
+    files = {rel[len(prefix):] for rel in ctx.inventory.files
+             if rel.startswith(prefix) and "/" not in rel[len(prefix):]}
+    files |= {rel[len(prefix):] for rel in ctx.inventory.links if rel.startswith(prefix)
+              and "/" not in rel[len(prefix):] and ctx.inventory.is_file(rel)}
+    dirs = {rel[len(prefix):] for rel in ctx.inventory.dirs if rel.startswith(prefix) and "/" not in rel[len(prefix):]}
     return files, dirs
 
 
-def trainer_checkpoint_facts(package: Package, folder: str, artifact: str, run: str | None) -> Iterator[ResumeFact]:
-    files, dirs = _children(package, folder)
+def trainer_checkpoint_facts(ctx: RunContext, folder: str, artifact: str, run: str | None) -> Iterator[ResumeFact]:
+    files, dirs = _children(ctx, folder)
     fact = dict(artifact=artifact, run=run)
-    for need in layouts.trainer_requirements(folder, files, dirs, fp16=fp16_run(package, run),
-                                             world_size=recorded_world_size(package, run)):
+    for need in layouts.trainer_requirements(folder, files, dirs, fp16=fp16_run(ctx, run),
+                                             world_size=recorded_world_size(ctx, run)):
         yield ResumeFact(need.code, f"{folder}/{need.file}" if need.file else folder, need.message, **fact,
                          requirement=need.id)
     layout = layouts.detect(files, dirs)
     if layout == layouts.SINGLE:
-        yield from _index_shards(package, folder, files, fact)
+        yield from _index_shards(ctx, folder, files, fact)
     elif layout == layouts.DEEPSPEED:
-        yield from deepspeed_facts(package, folder, artifact, run, trainer=True)
+        yield from deepspeed_facts(ctx, folder, artifact, run, trainer=True)
     if layouts.TRAINER_STATE in files:
-        yield from _progress(package, folder, fact)
+        yield from _progress(ctx, folder, fact)
 
 
-def deepspeed_facts(package: Package, folder: str, artifact: str, run: str | None, *,
+def deepspeed_facts(ctx: RunContext, folder: str, artifact: str, run: str | None, *,
                     trainer: bool) -> Iterator[ResumeFact]:
     """What DeepSpeed's own resume needs before loading (format/layouts.py): `latest`, the folder it names, the
     model states there, and under the Trainer a global_step* entry."""
-    files, dirs = _children(package, folder)
+    files, dirs = _children(ctx, folder)
     latest = None
     if layouts.LATEST in files:
         try:
-            with open(package.os_path(f"{folder}/{layouts.LATEST}"), "rb") as stream:
+            with ctx.documents.open(f"{folder}/{layouts.LATEST}") as stream:
                 latest = stream.read(layouts.LATEST_READ)
         except OSError:
             return  # unreadable: the reload reports what it cannot read
     tag = layouts.deepspeed_tag(latest) if latest is not None else ""
-    step_files = _children(package, f"{folder}/{tag}")[0] if tag and tag in dirs else set()
+    step_files = _children(ctx, f"{folder}/{tag}")[0] if tag and tag in dirs else set()
     for need in layouts.deepspeed_requirements(folder, files, dirs, latest, step_files, trainer=trainer):
         yield ResumeFact(need.code, f"{folder}/{need.file}" if need.file else folder, need.message,
                          artifact=artifact, run=run, requirement=need.id)
 
 
-def _index_shards(package: Package, folder: str, files: set[str], fact: dict) -> Iterator[ResumeFact]:
+def _index_shards(ctx: RunContext, folder: str, files: set[str], fact: dict) -> Iterator[ResumeFact]:
     for index in layouts.WEIGHT_INDEXES:
         if index not in files:
             continue
-        value = package.json_value(f"{folder}/{index}")
+        value = ctx.documents.json_value(f"{folder}/{index}")
         weight_map = value.get("weight_map") if isinstance(value, dict) else None
-        need = layouts.index_shard_requirement(folder, index, weight_map, lambda shard: package.is_file(
+        need = layouts.index_shard_requirement(folder, index, weight_map, lambda shard: ctx.inventory.is_file(
             f"{folder}/{shard}")) if isinstance(weight_map, dict) else None
         if need is not None:
             yield ResumeFact(need.code, f"{folder}/{index}", need.message, **fact, requirement=need.id)
 
 
-def _progress(package: Package, folder: str, fact: dict) -> Iterator[ResumeFact]:
+def _progress(ctx: RunContext, folder: str, fact: dict) -> Iterator[ResumeFact]:
     """trainer_state.json's global_step, which the Trainer also wrote into the folder's name."""
     state_rel = f"{folder}/{layouts.TRAINER_STATE}"
-    document = package.document(state_rel)
+    document = ctx.documents.document(state_rel)
     if document is None or not document.ok:
         return  # a document that does not parse is IV104, and the reload's IV504
     state = document.value
@@ -119,32 +120,36 @@ def _progress(package: Package, folder: str, fact: dict) -> Iterator[ResumeFact]
                                              "checkpoints were mixed", **fact)
 
 
-def torch_resume_facts(package: Package, rel: str, artifact: str, run: str | None) -> Iterator[ResumeFact]:
+def torch_resume_facts(ctx: RunContext, rel: str, artifact: str, run: str | None) -> Iterator[ResumeFact]:
     """The components a torch-resume file lacks, from the keys of its dict (read, never unpickled)."""
-    keys = top_level_keys(package.os_path(rel))
+    try:
+        with ctx.documents.open(rel) as stream:
+            keys = top_level_keys(stream)
+    except OSError:
+        keys = None  # unreadable: the reload reports what it cannot read
     if keys is None:
         return  # not a zip-format dict the opcodes show: the reload loads it and decides
-    for need in layouts.resume_key_requirements(rel, keys, fp16=fp16_run(package, run)):
+    for need in layouts.resume_key_requirements(rel, keys, fp16=fp16_run(ctx, run)):
         yield ResumeFact(need.code, rel, need.message, artifact=artifact, run=run, requirement=need.id)
 
 
-def resume_facts(package: Package) -> list[ResumeFact]:
+def resume_facts(ctx: RunContext) -> list[ResumeFact]:
     """Every static resume fact of the package, in manifest order."""
-    entries = package.reload_spec.get("artifacts")
+    entries = ctx.documents.reload_spec.get("artifacts")
     facts: list[ResumeFact] = []
-    for artifact in package.artifacts():
+    for artifact in ctx.documents.artifacts():
         artifact_id, path = _text(artifact.get("id")), _text(artifact.get("path"))
         entry = entries.get(artifact_id) if isinstance(entries, dict) and artifact_id else None
         if not isinstance(entry, dict) or artifact.get("kind") != "resume-checkpoint" or path is None:
             continue
-        rel = package.normalise_ref(path)
+        rel = ctx.inventory.normalise_ref(path)
         if rel is None:
             continue  # IV205
         run = _text(artifact.get("run"))
-        if entry.get("loader") == TRAINER_LOADER and rel in package.dirs:
-            facts.extend(trainer_checkpoint_facts(package, rel, artifact_id, run))
-        elif entry.get("loader") == TORCH_RESUME_LOADER and package.is_file(rel):
-            facts.extend(torch_resume_facts(package, rel, artifact_id, run))
-        elif entry.get("loader") == DEEPSPEED_LOADER and rel in package.dirs:
-            facts.extend(deepspeed_facts(package, rel, artifact_id, run, trainer=False))
+        if entry.get("loader") == TRAINER_LOADER and rel in ctx.inventory.dirs:
+            facts.extend(trainer_checkpoint_facts(ctx, rel, artifact_id, run))
+        elif entry.get("loader") == TORCH_RESUME_LOADER and ctx.inventory.is_file(rel):
+            facts.extend(torch_resume_facts(ctx, rel, artifact_id, run))
+        elif entry.get("loader") == DEEPSPEED_LOADER and rel in ctx.inventory.dirs:
+            facts.extend(deepspeed_facts(ctx, rel, artifact_id, run, trainer=False))
     return facts

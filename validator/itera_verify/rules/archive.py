@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from ..format.names import RECORD, SEAL_DIR, SIGNATURE_MEMBERS, SUMS
 from ..model import Finding, Rule, Severity
-from ..package import Package
+from ..package import RunContext
 
 if TYPE_CHECKING:
     from ..archive.extract import Extraction
@@ -78,8 +78,8 @@ def _reserved_seal_folder() -> Finding:
     return Finding("IV706", SEAL_FOLDER, message="the package holds SEAL/, a name the sealed archive reserves")
 
 
-def check(package: Package) -> Iterator[Finding]:
-    names = (*package.dirs, *package.files, *package.links, *package.specials)
+def check(ctx: RunContext) -> Iterator[Finding]:
+    names = (*ctx.inventory.dirs, *ctx.inventory.files, *ctx.inventory.links, *ctx.inventory.specials)
     if SEAL_FOLDER in names:
         yield _reserved_seal_folder()
 

@@ -7,7 +7,7 @@ from typing import Iterator
 from ..format import loaders as loader_table
 from ..format.names import HUB_ID, PICKLE_SUFFIXES
 from ..model import Finding, Rule, Severity
-from ..package import MANIFEST, RELOAD, Package, pointer_of
+from ..package import MANIFEST, RELOAD, RunContext, pointer_of
 from ..package.template import is_placeholder
 
 RULES = [
@@ -76,23 +76,23 @@ def _not_a_hub_id(name: str) -> str:
     return f"base {name!r} is a local path, not a hub id"
 
 
-def _artifact_path(package: Package, artifact: dict) -> str | None:
+def _artifact_path(ctx: RunContext, artifact: dict) -> str | None:
     path = _text(artifact.get("path"))
-    return package.normalise_ref(path) if path else None
+    return ctx.inventory.normalise_ref(path) if path else None
 
 
-def _adapter_config(package: Package, path: str | None) -> tuple[str, dict] | None:
+def _adapter_config(ctx: RunContext, path: str | None) -> tuple[str, dict] | None:
     if not path:
         return None
     rel = f"{path}/adapter_config.json"
-    value = package.json_value(rel)
+    value = ctx.documents.json_value(rel)
     return (rel, value) if isinstance(value, dict) else None
 
 
-def _base_findings(package: Package, index: int, artifact: dict) -> Iterator[Finding]:
+def _base_findings(ctx: RunContext, index: int, artifact: dict) -> Iterator[Finding]:
     """IV501–IV503 for one artifact: its manifest `base` and its adapter_config.json, when it has them."""
     where = {"run": _text(artifact.get("run")), "artifact": _text(artifact.get("id"))}
-    adapter = _adapter_config(package, _artifact_path(package, artifact))
+    adapter = _adapter_config(ctx, _artifact_path(ctx, artifact))
     base = artifact.get("base")
     is_adapter = artifact.get("kind") == "peft-adapter"
     if not is_adapter and adapter is None and base is None:
@@ -130,7 +130,7 @@ def _base_findings(package: Package, index: int, artifact: dict) -> Iterator[Fin
                       message=f"adapter_config.json names base {adapter_name!r}, the manifest {name!r}", **where)
 
 
-def _reload_findings(package: Package, artifact: dict, entries: dict) -> Iterator[Finding]:
+def _reload_findings(ctx: RunContext, artifact: dict, entries: dict) -> Iterator[Finding]:
     """IV510 for one artifact: an entry exists and its loader fits the artifact's kind and shape."""
     artifact_id, kind = _text(artifact.get("id")), _text(artifact.get("kind"))
     if artifact_id is None:
@@ -152,14 +152,14 @@ def _reload_findings(package: Package, artifact: dict, entries: dict) -> Iterato
                       message=f"loader {loader!r} does not fit a {kind} artifact (use {' or '.join(sorted(fitting))})",
                       **where)
     elif fitting is not None:
-        yield from _shape_finding(package, artifact, loader, pointer, where)
+        yield from _shape_finding(ctx, artifact, loader, pointer, where)
 
 
-def _shape_finding(package: Package, artifact: dict, loader: str, pointer: str, where: dict) -> Iterator[Finding]:
-    path = _artifact_path(package, artifact)
-    if not path or not package.exists(path):
+def _shape_finding(ctx: RunContext, artifact: dict, loader: str, pointer: str, where: dict) -> Iterator[Finding]:
+    path = _artifact_path(ctx, artifact)
+    if not path or not ctx.inventory.exists(path):
         return  # IV106 / IV205 report it
-    is_folder = path in package.dirs
+    is_folder = path in ctx.inventory.dirs
     row = loader_table.LOADERS.get(loader)
     if row is not None and row.shape == loader_table.FOLDER and not is_folder:
         yield Finding("IV510", RELOAD, pointer=pointer + "/loader",
@@ -169,16 +169,16 @@ def _shape_finding(package: Package, artifact: dict, loader: str, pointer: str, 
                       message=f"loader {loader!r} needs {row.file_form}, {path} is a folder", **where)
 
 
-def _pickled_weights(package: Package, artifact: dict) -> list[str]:
+def _pickled_weights(ctx: RunContext, artifact: dict) -> list[str]:
     """Model-weight files stored as pickles inside one artifact (SPEC §6: never optimizer/RNG/resume files)."""
-    path = _artifact_path(package, artifact)
+    path = _artifact_path(ctx, artifact)
     if not path or artifact.get("kind") not in ("safetensors", "transformers-model", "peft-adapter",
                                                  "resume-checkpoint", "diffusers-pipeline", "diffusers-lora",
                                                  "timm-model", "sentence-transformers-model"):
         return []
     whole_artifact_is_weights = artifact.get("kind") != "resume-checkpoint"
     found = []
-    for rel in package.files_under(path):
+    for rel in ctx.inventory.files_under(path):
         name = rel.rsplit("/", 1)[-1]
         if PICKLE_WEIGHTS.fullmatch(name) and not (artifact.get("kind") == "resume-checkpoint"
                                                    and FSDP_RESUME_WEIGHTS.fullmatch(name)):
@@ -188,15 +188,15 @@ def _pickled_weights(package: Package, artifact: dict) -> list[str]:
     return found
 
 
-def check(package: Package) -> Iterator[Finding]:
-    spec_entries = package.reload_spec.get("artifacts")
-    listed = package.manifest.get("artifacts")
+def check(ctx: RunContext) -> Iterator[Finding]:
+    spec_entries = ctx.documents.reload_spec.get("artifacts")
+    listed = ctx.documents.manifest.get("artifacts")
     for index, artifact in enumerate(listed if isinstance(listed, list) else []):
         if not isinstance(artifact, dict):
             continue
-        yield from _base_findings(package, index, artifact)
+        yield from _base_findings(ctx, index, artifact)
         if isinstance(spec_entries, dict):  # a missing or malformed reload.json is IV101/IV104/IV105
-            yield from _reload_findings(package, artifact, spec_entries)
-        for rel in _pickled_weights(package, artifact):
+            yield from _reload_findings(ctx, artifact, spec_entries)
+        for rel in _pickled_weights(ctx, artifact):
             yield Finding("IV511", rel, run=_text(artifact.get("run")), artifact=_text(artifact.get("id")),
                           message="model weights stored as a pickle; save them as safetensors")

@@ -8,7 +8,7 @@ from decimal import Decimal
 from typing import Iterator
 
 from ..model import Finding, Rule, Severity
-from ..package import MANIFEST, Package, pointer_of
+from ..package import MANIFEST, RunContext, pointer_of
 from ..format.money import cost_per_accepted, fmt_usd, lots, rental_usd, to_cent, total_usd, usd
 from ..package.budget import catalog_price, longer_lot, lot_name, lots_window_hours, tariffs
 from ..package.campaign import (accepted_entries, accepted_declared, filled_text, first_run_start, fmt_hours,
@@ -95,22 +95,22 @@ DEVIATION_TOLERANCE_HOURS = 0.1
 
 # ---------------------------------------------------------------------------------------------- checks
 
-def check(package: Package) -> Iterator[Finding]:
-    manifest = package.manifest
+def check(ctx: RunContext) -> Iterator[Finding]:
+    manifest = ctx.documents.manifest
     if not manifest:
         return  # missing or unparsable manifest: IV101/IV104 say so
     plan = section(manifest, "plan")
     yield from _rental_total(plan)
-    yield from _catalog_prices(plan, tariffs(package))
-    yield from _observed_within_window(plan, section(manifest, "timeline"), tariffs(package))
-    yield from _cost_per_accepted(package, plan)
+    yield from _catalog_prices(plan, tariffs(ctx))
+    yield from _observed_within_window(plan, section(manifest, "timeline"), tariffs(ctx))
+    yield from _cost_per_accepted(ctx, plan)
     yield from _deviations_explained(plan, section(manifest, "timeline"))
     yield from _reserved_within_window(plan)
-    yield from _decision_recorded(package)
-    yield from _error_analysis(package)
-    yield from _accepted_once(package)
-    yield from _plan_declared_first(package, plan)
-    yield from _pilot_decision(package)
+    yield from _decision_recorded(ctx)
+    yield from _error_analysis(ctx)
+    yield from _accepted_once(ctx)
+    yield from _plan_declared_first(ctx, plan)
+    yield from _pilot_decision(ctx)
 
 
 def _rental_total(plan: dict) -> Iterator[Finding]:
@@ -176,13 +176,13 @@ def _price(amount: Decimal) -> str:
     return f"{amount:.0f} USD" if amount == amount.to_integral_value() else fmt_usd(amount)
 
 
-def _cost_per_accepted(package: Package, plan: dict) -> Iterator[Finding]:
-    decision = section(package.manifest, "decision")
+def _cost_per_accepted(ctx: RunContext, plan: dict) -> Iterator[Finding]:
+    decision = section(ctx.documents.manifest, "decision")
     stated = decision.get("cost_per_accepted_usd")
     if stated is None or not is_number(stated):
         return  # optional; a wrong type is a schema finding
     pointer = "/decision/cost_per_accepted_usd"
-    accepted = accepted_declared(package)
+    accepted = accepted_declared(ctx)
     total = total_usd(plan)
     if not accepted:
         incurred = f" (cost incurred: {fmt_usd(total)})" if total is not None else ""
@@ -244,8 +244,8 @@ def _reserved_within_window(plan: dict) -> Iterator[Finding]:
                               f"or plan within it")
 
 
-def _decision_recorded(package: Package) -> Iterator[Finding]:
-    decision = package.manifest.get("decision")
+def _decision_recorded(ctx: RunContext) -> Iterator[Finding]:
+    decision = ctx.documents.manifest.get("decision")
     if decision is None:
         yield Finding("IV607", MANIFEST, pointer="",
                       message="no decision: add decision.outcome (positive, negative or inconclusive) and "
@@ -259,8 +259,8 @@ def _decision_recorded(package: Package) -> Iterator[Finding]:
                           message=f"the decision has no {key}: give {what}")
 
 
-def _error_analysis(package: Package) -> Iterator[Finding]:
-    decision = package.manifest.get("decision")
+def _error_analysis(ctx: RunContext) -> Iterator[Finding]:
+    decision = ctx.documents.manifest.get("decision")
     if not isinstance(decision, dict):
         return  # IV607 already says there is no decision
     ref = decision.get("error_analysis")
@@ -269,22 +269,22 @@ def _error_analysis(package: Package) -> Iterator[Finding]:
                       else "/decision", message="no error analysis for the decision: write one (e.g. "
                                                 "analysis/errors.md) and name it in decision.error_analysis")
         return
-    rel = package.normalise_ref(ref)
+    rel = ctx.inventory.normalise_ref(ref)
     if rel is None:
         return  # IV205 reports an escaping path
-    if not package.exists(rel):
+    if not ctx.inventory.exists(rel):
         yield Finding("IV608", MANIFEST, pointer="/decision/error_analysis",
                       message=f"the error analysis {ref} is not in the package: deliver it")
-    elif rel in package.dirs and not package.files_under(rel):
+    elif rel in ctx.inventory.dirs and not ctx.inventory.files_under(rel):
         yield Finding("IV608", MANIFEST, pointer="/decision/error_analysis",
                       message=f"the error analysis folder {ref} holds no file")
 
 
-def _accepted_once(package: Package) -> Iterator[Finding]:
-    runs = runs_by_id(package)
+def _accepted_once(ctx: RunContext) -> Iterator[Finding]:
+    runs = runs_by_id(ctx)
     first_by_name: dict[str, int] = {}
     first_by_config: dict[str, str] = {}
-    for index, name in accepted_entries(package):
+    for index, name in accepted_entries(ctx):
         pointer = pointer_of(["decision", "accepted", index])
         if name in first_by_name:
             yield Finding("IV609", MANIFEST, pointer=pointer,
@@ -305,8 +305,8 @@ def _accepted_once(package: Package) -> Iterator[Finding]:
             first_by_config[config] = name
 
 
-def _plan_declared_first(package: Package, plan: dict) -> Iterator[Finding]:
-    declared, first = parse_time(plan.get("declared_at")), first_run_start(package)
+def _plan_declared_first(ctx: RunContext, plan: dict) -> Iterator[Finding]:
+    declared, first = parse_time(plan.get("declared_at")), first_run_start(ctx)
     if declared is None or first is None or declared <= first[0]:
         return
     late = (declared - first[0]).total_seconds() / 3600
@@ -316,8 +316,8 @@ def _plan_declared_first(package: Package, plan: dict) -> Iterator[Finding]:
                           f"plan before the first run next time, and never rewrite it")
 
 
-def _pilot_decision(package: Package) -> Iterator[Finding]:
-    timeline = package.manifest.get("timeline")
+def _pilot_decision(ctx: RunContext) -> Iterator[Finding]:
+    timeline = ctx.documents.manifest.get("timeline")
     if timeline is not None and not isinstance(timeline, dict):
         return  # a wrong type is a schema finding
     decisions = listed(timeline or {}, "decisions")

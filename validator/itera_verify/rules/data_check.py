@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from ..model import Finding, Rule, Severity
-from ..package import Package, readers
+from ..package import RunContext, readers
 from ..package.campaign import fmt_ids, section
 
 RULES = [
@@ -25,17 +25,17 @@ RULES = [
 SHOWN = 5
 
 
-def _ids(package: Package, ref) -> readers.EvalIds | None:
-    rel = package.normalise_ref(ref) if isinstance(ref, str) else None
-    return readers.read_eval_ids(package, rel) if rel else None
+def _ids(ctx: RunContext, ref) -> readers.EvalIds | None:
+    rel = ctx.inventory.normalise_ref(ref) if isinstance(ref, str) else None
+    return readers.read_eval_ids(ctx, rel) if rel else None
 
 
-def check(package: Package) -> Iterator[Finding]:
-    corpus = section(package.manifest or {}, "corpus")
+def check(ctx: RunContext) -> Iterator[Finding]:
+    corpus = section(ctx.documents.manifest or {}, "corpus")
     if "train_ids" not in corpus:
         return
-    trained = _ids(package, corpus.get("train_ids"))
-    evaluated = _ids(package, corpus.get("eval_ids"))
+    trained = _ids(ctx, corpus.get("train_ids"))
+    evaluated = _ids(ctx, corpus.get("eval_ids"))
     if trained is None or evaluated is None:
         return  # a missing file is IV101/IV106's
     training = set(trained.ids)

@@ -8,7 +8,7 @@ from typing import Iterator
 
 from ..package import readers
 from ..model import Finding, Rule, Severity
-from ..package import MANIFEST, STOPS, Package, pointer_of
+from ..package import MANIFEST, STOPS, RunContext, pointer_of
 from ..package.campaign import (accepted_entries, filled_text, fmt_ids, indexed_runs, listed, runs_by_id, section,
                                 shown, stop_records)
 
@@ -74,22 +74,22 @@ SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 RUN_FILES = {"params": (".json",), "metrics": (".jsonl", ".csv"), "predictions": (".jsonl",)}
 
 
-def check(package: Package) -> Iterator[Finding]:
-    if not package.manifest:
+def check(ctx: RunContext) -> Iterator[Finding]:
+    if not ctx.documents.manifest:
         return  # missing or unparsable manifest: IV101/IV104 say so
-    yield from _duplicate_ids(package)
-    yield from _one_control(package)
-    yield from _predictions_cover_eval_ids(package)
-    yield from _params_match_hash(package)
-    yield from _unknown_run_ids(package)
-    yield from _corpus_frozen(package)
-    yield from _control_indispensable(package)
-    yield from _identical_predictions(package)
+    yield from _duplicate_ids(ctx)
+    yield from _one_control(ctx)
+    yield from _predictions_cover_eval_ids(ctx)
+    yield from _params_match_hash(ctx)
+    yield from _unknown_run_ids(ctx)
+    yield from _corpus_frozen(ctx)
+    yield from _control_indispensable(ctx)
+    yield from _identical_predictions(ctx)
 
 
-def _duplicate_ids(package: Package) -> Iterator[Finding]:
+def _duplicate_ids(ctx: RunContext) -> Iterator[Finding]:
     first_index: dict[str, int] = {}
-    for index, _, run_id in indexed_runs(package):
+    for index, _, run_id in indexed_runs(ctx):
         if run_id is None:
             continue
         if run_id in first_index:
@@ -100,10 +100,10 @@ def _duplicate_ids(package: Package) -> Iterator[Finding]:
             first_index[run_id] = index
 
 
-def _one_control(package: Package) -> Iterator[Finding]:
-    if not isinstance(package.manifest.get("runs"), list):
+def _one_control(ctx: RunContext) -> Iterator[Finding]:
+    if not isinstance(ctx.documents.manifest.get("runs"), list):
         return
-    controls = [(index, run_id) for index, run, run_id in indexed_runs(package) if run.get("role") == "control"]
+    controls = [(index, run_id) for index, run, run_id in indexed_runs(ctx) if run.get("role") == "control"]
     if not controls:
         yield Finding("IV302", MANIFEST, pointer="/runs",
                       message='no control run: mark the run the variants are compared with "role": "control"')
@@ -114,20 +114,20 @@ def _one_control(package: Package) -> Iterator[Finding]:
                               f'"role": "variant"')
 
 
-def eval_ids_of(package: Package) -> readers.EvalIds | None:
-    ref = section(package.manifest, "corpus").get("eval_ids")
-    rel = package.normalise_ref(ref) if isinstance(ref, str) else None
-    return readers.read_eval_ids(package, rel) if rel else None
+def eval_ids_of(ctx: RunContext) -> readers.EvalIds | None:
+    ref = section(ctx.documents.manifest, "corpus").get("eval_ids")
+    rel = ctx.inventory.normalise_ref(ref) if isinstance(ref, str) else None
+    return readers.read_eval_ids(ctx, rel) if rel else None
 
 
-def _predictions_cover_eval_ids(package: Package) -> Iterator[Finding]:
-    eval_ids = eval_ids_of(package)
+def _predictions_cover_eval_ids(ctx: RunContext) -> Iterator[Finding]:
+    eval_ids = eval_ids_of(ctx)
     if eval_ids is None or not eval_ids.ids:
         return  # no frozen ids to compare with: IV101/IV103 say why
-    for index, run, run_id in indexed_runs(package):
+    for index, run, run_id in indexed_runs(ctx):
         ref = run.get("predictions")
-        rel = package.normalise_ref(ref) if isinstance(ref, str) else None
-        scan = readers.scan_predictions(package, rel, eval_ids) if rel else None
+        rel = ctx.inventory.normalise_ref(ref) if isinstance(ref, str) else None
+        scan = readers.scan_predictions(ctx, rel, eval_ids) if rel else None
         if scan is None or scan.records == 0 or scan.covers_exactly:
             continue  # missing, empty or unparsable files are IV101/IV103/IV104
         problems = []
@@ -148,11 +148,11 @@ def _predictions_cover_eval_ids(package: Package) -> Iterator[Finding]:
                               + "; ".join(problems) + ". Write one prediction per eval id, each once")
 
 
-def _params_match_hash(package: Package) -> Iterator[Finding]:
-    for index, run, run_id in indexed_runs(package):
+def _params_match_hash(ctx: RunContext) -> Iterator[Finding]:
+    for index, run, run_id in indexed_runs(ctx):
         ref = run.get("params")
-        rel = package.normalise_ref(ref) if isinstance(ref, str) else None
-        if rel is None or not package.is_file(rel):
+        rel = ctx.inventory.normalise_ref(ref) if isinstance(ref, str) else None
+        if rel is None or not ctx.inventory.is_file(rel):
             continue  # IV101/IV205 say why
         pointer = pointer_of(["runs", index, "config_sha256"])
         recorded = run.get("config_sha256")
@@ -162,7 +162,7 @@ def _params_match_hash(package: Package) -> Iterator[Finding]:
                           message=f"run {name}: no SHA-256 of {rel} recorded in config_sha256: record "
                                   f"`sha256sum {rel}` when the run starts")
             continue
-        actual = package.sha256(rel)
+        actual = ctx.documents.sha256(rel)
         if recorded.strip().lower() != actual:
             yield Finding("IV304", MANIFEST, pointer=pointer, run=run_id,
                           message=f"run {name}: {rel} hashes to {actual[:12]}… but config_sha256 records "
@@ -170,37 +170,37 @@ def _params_match_hash(package: Package) -> Iterator[Finding]:
                                   f"configuration needs a new run id")
 
 
-def _unknown_run_ids(package: Package) -> Iterator[Finding]:
-    known = runs_by_id(package)
+def _unknown_run_ids(ctx: RunContext) -> Iterator[Finding]:
+    known = runs_by_id(ctx)
     if not known:
         return  # no run ids to compare with: the schema reports the runs
     hint = "known runs: " + ", ".join(sorted(known))
-    for index, artifact in enumerate(listed(package.manifest, "artifacts")):
+    for index, artifact in enumerate(listed(ctx.documents.manifest, "artifacts")):
         if isinstance(artifact, dict) and isinstance(artifact.get("run"), str) and artifact["run"] not in known:
             yield Finding("IV305", MANIFEST, pointer=pointer_of(["artifacts", index, "run"]),
                           artifact=artifact.get("id") if isinstance(artifact.get("id"), str) else None,
                           message=f"artifact {shown(artifact.get('id'), str(index))} belongs to run "
                                   f"{artifact['run']!r}, "
                                   f"which the manifest does not list ({hint})")
-    for index, record in stop_records(package):
+    for index, record in stop_records(ctx):
         if isinstance(record.get("run"), str) and record["run"] not in known:
             yield Finding("IV305", STOPS, pointer=pointer_of(["stops", index, "run"]),
                           message=f"stop record {index} names run {record['run']!r}, which the manifest does "
                                   f"not list ({hint})")
-    for index, name in accepted_entries(package):
+    for index, name in accepted_entries(ctx):
         if name not in known:
             yield Finding("IV305", MANIFEST, pointer=pointer_of(["decision", "accepted", index]), run=name,
                           message=f"decision.accepted names run {name!r}, which the manifest does not list "
                                   f"({hint})")
-    yield from _orphan_run_files(package, known, hint)
+    yield from _orphan_run_files(ctx, known, hint)
 
 
-def _orphan_run_files(package: Package, known: dict, hint: str) -> Iterator[Finding]:
+def _orphan_run_files(ctx: RunContext, known: dict, hint: str) -> Iterator[Finding]:
     # A file a run references is that run's, whatever its name (and even when the run has no usable id).
-    referenced = {package.normalise_ref(run.get(key)) for _, run, _ in indexed_runs(package) for key in RUN_FILES
+    referenced = {ctx.inventory.normalise_ref(run.get(key)) for _, run, _ in indexed_runs(ctx) for key in RUN_FILES
                   if isinstance(run.get(key), str)}
     for folder, suffixes in RUN_FILES.items():
-        for rel in package.files_under(folder):
+        for rel in ctx.inventory.files_under(folder):
             name = rel[len(folder) + 1:]
             if "/" in name or rel in referenced or not name.endswith(suffixes):
                 continue
@@ -211,8 +211,8 @@ def _orphan_run_files(package: Package, known: dict, hint: str) -> Iterator[Find
                                       f"({hint}): add the run or remove the file")
 
 
-def _corpus_frozen(package: Package) -> Iterator[Finding]:
-    corpus = package.manifest.get("corpus")
+def _corpus_frozen(ctx: RunContext) -> Iterator[Finding]:
+    corpus = ctx.documents.manifest.get("corpus")
     if not isinstance(corpus, dict):
         return  # the schema reports a missing corpus section
     if filled_text(corpus.get("revision")) is None:
@@ -222,29 +222,29 @@ def _corpus_frozen(package: Package) -> Iterator[Finding]:
     recorded = corpus.get("eval_ids_sha256")
     pointer = "/corpus/eval_ids_sha256" if "eval_ids_sha256" in corpus else "/corpus"
     ref = corpus.get("eval_ids")
-    rel = package.normalise_ref(ref) if isinstance(ref, str) else None
+    rel = ctx.inventory.normalise_ref(ref) if isinstance(ref, str) else None
     if not isinstance(recorded, str) or not SHA256.match(recorded.strip()):
         target = rel or "the eval ids file"
         yield Finding("IV306", MANIFEST, pointer=pointer,
                       message=f"no SHA-256 of the eval ids recorded in corpus.eval_ids_sha256: record "
                               f"`sha256sum {target}` when the corpus is frozen")
         return
-    if rel is None or not package.is_file(rel):
+    if rel is None or not ctx.inventory.is_file(rel):
         return  # IV101 reports the missing eval ids file
-    actual = package.sha256(rel)
+    actual = ctx.documents.sha256(rel)
     if recorded.strip().lower() != actual:
         yield Finding("IV306", MANIFEST, pointer=pointer,
                       message=f"{rel} hashes to {actual[:12]}… but corpus.eval_ids_sha256 records "
                               f"{recorded.strip()[:12]}…: the eval ids changed after the corpus was frozen")
-    eval_ids = readers.read_eval_ids(package, rel)
+    eval_ids = readers.read_eval_ids(ctx, rel)
     if eval_ids is not None and eval_ids.duplicate_count:
         # A frozen corpus names each example once: a repeated id weighs that example twice in every score.
         yield Finding("IV306", rel, message=f"{eval_ids.duplicate_count} eval ids listed more than once "
                                             f"(first: {', '.join(eval_ids.duplicates[:5])}): each example once")
 
 
-def _control_indispensable(package: Package) -> Iterator[Finding]:
-    for index, run, run_id in indexed_runs(package):
+def _control_indispensable(ctx: RunContext) -> Iterator[Finding]:
+    for index, run, run_id in indexed_runs(ctx):
         if run.get("role") == "control" and isinstance(run.get("category"), str) \
                 and run["category"] != "indispensable":
             yield Finding("IV307", MANIFEST, pointer=pointer_of(["runs", index, "category"]),
@@ -252,21 +252,21 @@ def _control_indispensable(package: Package) -> Iterator[Finding]:
                                   f"control is what the conclusion cannot do without; make it indispensable")
 
 
-def _identical_predictions(package: Package) -> Iterator[Finding]:
+def _identical_predictions(ctx: RunContext) -> Iterator[Finding]:
     """Byte-identical predictions of two runs: files of equal size only are hashed (most packages hash none)."""
     files: list[tuple[int, str, str]] = []  # (run index, run name, predictions path)
-    for index, run, run_id in indexed_runs(package):
+    for index, run, run_id in indexed_runs(ctx):
         ref = run.get("predictions")
-        rel = package.normalise_ref(ref) if isinstance(ref, str) else None
-        if rel is not None and package.is_file(rel):
+        rel = ctx.inventory.normalise_ref(ref) if isinstance(ref, str) else None
+        if rel is not None and ctx.inventory.is_file(rel):
             files.append((index, run_id or f"#{index}", rel))
-    sizes = Counter(_size(package, rel) for _, _, rel in files)
+    sizes = Counter(_size(ctx, rel) for _, _, rel in files)
     first_by_digest: dict[str, tuple[str, str]] = {}
     for _index, name, rel in files:
-        size = _size(package, rel)
+        size = _size(ctx, rel)
         if size == 0 or sizes[size] < 2:
             continue  # an empty file is IV102
-        digest = package.sha256(rel)
+        digest = ctx.documents.sha256(rel)
         if digest not in first_by_digest:
             first_by_digest[digest] = (name, rel)
             continue
@@ -278,11 +278,11 @@ def _identical_predictions(package: Package) -> Iterator[Finding]:
                               f"run {name}'s own model made")
 
 
-def _size(package: Package, rel: str) -> int:
-    entry = package.files.get(rel)
+def _size(ctx: RunContext, rel: str) -> int:
+    entry = ctx.inventory.files.get(rel)
     if entry is not None:
         return entry.size
     try:
-        return os.stat(package.abspath(rel)).st_size  # a link inside the package
+        return os.stat(ctx.documents.path(rel)).st_size  # a link inside the package
     except OSError:
         return 0

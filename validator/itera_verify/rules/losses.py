@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from ..model import Finding, Rule, Severity
-from ..package import Package, pointer_of
+from ..package import RunContext, pointer_of
 from ..package.campaign import accepted_entries, indexed_runs, runs_by_id, shown, stop_records, stopped_by_record
 from ..package.campaign import metrics_of
 from .stops import nonfinite_token, watched_metrics
@@ -59,18 +59,18 @@ RULES = [
 EVERY_RANK_REPEATS = 2
 
 
-def check(package: Package) -> Iterator[Finding]:
-    if not package.manifest:
+def check(ctx: RunContext) -> Iterator[Finding]:
+    if not ctx.documents.manifest:
         return  # missing or unparsable manifest: IV101/IV104 say so
-    yield from _nonfinite_loss_like_in_unstopped_runs(package)
-    yield from _accepted_runs_log_the_watched_metric(package)
-    yield from _every_rank_wrote_metrics(package)
-    yield from _every_rank_wrote_a_stop(package)
+    yield from _nonfinite_loss_like_in_unstopped_runs(ctx)
+    yield from _accepted_runs_log_the_watched_metric(ctx)
+    yield from _every_rank_wrote_metrics(ctx)
+    yield from _every_rank_wrote_a_stop(ctx)
 
 
-def _every_rank_wrote_metrics(package: Package) -> Iterator[Finding]:
-    for index, run, run_id in indexed_runs(package):
-        scan = metrics_of(package, run)
+def _every_rank_wrote_metrics(ctx: RunContext) -> Iterator[Finding]:
+    for index, run, run_id in indexed_runs(ctx):
+        scan = metrics_of(ctx, run)
         found = []  # (line of the first repeat, metric, repeats, steps): the earliest is reported
         for metric in sorted(scan.series) if scan is not None else ():
             points = scan.series[metric]
@@ -92,9 +92,9 @@ def _same(one: float, other: float) -> bool:
     return one == other or (math.isnan(one) and math.isnan(other))
 
 
-def _every_rank_wrote_a_stop(package: Package) -> Iterator[Finding]:
+def _every_rank_wrote_a_stop(ctx: RunContext) -> Iterator[Finding]:
     first: dict[str, int] = {}
-    for index, record in stop_records(package):
+    for index, record in stop_records(ctx):
         run = record.get("run")
         if not isinstance(run, str):
             continue
@@ -110,15 +110,15 @@ def _every_rank_wrote_a_stop(package: Package) -> Iterator[Finding]:
         first[run] = -1
 
 
-def _nonfinite_loss_like_in_unstopped_runs(package: Package) -> Iterator[Finding]:
-    watched = {metric for _, metric in watched_metrics(package)}  # IV404 reports those, in the metrics file
-    records = stopped_by_record(package)
-    for index, run, run_id in indexed_runs(package):
+def _nonfinite_loss_like_in_unstopped_runs(ctx: RunContext) -> Iterator[Finding]:
+    watched = {metric for _, metric in watched_metrics(ctx)}  # IV404 reports those, in the metrics file
+    records = stopped_by_record(ctx)
+    for index, run, run_id in indexed_runs(ctx):
         if run.get("status") == "stopped" or run_id in records:
             continue
         name = run_id or f"#{index}"
-        fp16 = fp16_amp(package, run)
-        scan = metrics_of(package, run)
+        fp16 = fp16_amp(ctx, run)
+        scan = metrics_of(ctx, run)
         reported = {metric for metric in watched if scan is not None and scan.nonfinite(metric)}  # IV404's
         for metric in sorted(scan.series) if scan is not None else ():
             bad = scan.nonfinite(metric) if is_loss_like(metric) and metric not in watched else []
@@ -129,7 +129,7 @@ def _nonfinite_loss_like_in_unstopped_runs(package: Package) -> Iterator[Finding
             yield Finding("IV409", scan.path, line=line, run=run_id,
                           message=_nonfinite_message(name, metric, value, step, len(bad)))
         # The Trainer's own log keeps what a metrics file written from it may have left out (grad_norm).
-        for logged in trainer_log_nonfinite(package, run_id) if run_id is not None else ():
+        for logged in trainer_log_nonfinite(ctx, run_id) if run_id is not None else ():
             if logged.metric in reported or (fp16 and is_grad_norm(logged.metric) and logged.last_finite):
                 continue
             reported.add(logged.metric)
@@ -149,14 +149,14 @@ def _nonfinite_message(run: str, metric: str, value: float, step, count: int, so
     return f"{head}: the weights may be garbage; mark the run stopped with a stop record, or rerun it"
 
 
-def _accepted_runs_log_the_watched_metric(package: Package) -> Iterator[Finding]:
-    watched = sorted(watched_metrics(package))
+def _accepted_runs_log_the_watched_metric(ctx: RunContext) -> Iterator[Finding]:
+    watched = sorted(watched_metrics(ctx))
     if not watched:
         return
-    runs = runs_by_id(package)
-    for name in dict.fromkeys(name for _, name in accepted_entries(package)):
+    runs = runs_by_id(ctx)
+    for name in dict.fromkeys(name for _, name in accepted_entries(ctx)):
         run = runs.get(name)
-        scan = metrics_of(package, run) if run is not None else None
+        scan = metrics_of(ctx, run) if run is not None else None
         if scan is None or not scan.records:
             continue  # no readable metrics: IV101 / IV103 / IV104 say why
         for rule_id, metric in watched:
@@ -186,11 +186,11 @@ def is_grad_norm(name: str) -> bool:
     return base == "grad_norm" or base.endswith("_grad_norm")
 
 
-def fp16_amp(package: Package, run: dict) -> bool:
+def fp16_amp(ctx: RunContext, run: dict) -> bool:
     """The run's params say fp16 mixed precision (SPEC §6: `"fp16": true` or `"mixed_precision": "fp16"`)."""
     ref = run.get("params")
-    rel = package.normalise_ref(ref) if isinstance(ref, str) else None
-    params = package.json_value(rel) if rel and package.is_file(rel) else None
+    rel = ctx.inventory.normalise_ref(ref) if isinstance(ref, str) else None
+    params = ctx.documents.json_value(rel) if rel and ctx.inventory.is_file(rel) else None
     return isinstance(params, dict) and (params.get("fp16") is True or params.get("mixed_precision") == "fp16")
 
 
@@ -207,12 +207,12 @@ class LoggedNonFinite:
     last_finite: bool  # the metric's last logged value is finite (an fp16 scaler skip recovered)
 
 
-def trainer_log_nonfinite(package: Package, run_id: str) -> list[LoggedNonFinite]:
+def trainer_log_nonfinite(ctx: RunContext, run_id: str) -> list[LoggedNonFinite]:
     """Non-finite loss-like values in the log_history of every trainer_state.json under the run's artifacts,
     one per metric (the first file in path order: each checkpoint repeats the history before it)."""
     found: dict[str, LoggedNonFinite] = {}
-    for rel in _trainer_states(package, run_id):
-        history = package.json_value(rel)
+    for rel in _trainer_states(ctx, run_id):
+        history = ctx.documents.json_value(rel)
         history = history.get("log_history") if isinstance(history, dict) else None
         if not isinstance(history, list):
             continue  # a malformed file is the structure rules' or the reload's to report
@@ -221,16 +221,16 @@ def trainer_log_nonfinite(package: Package, run_id: str) -> list[LoggedNonFinite
     return [found[metric] for metric in sorted(found)]
 
 
-def _trainer_states(package: Package, run_id: str) -> list[str]:
+def _trainer_states(ctx: RunContext, run_id: str) -> list[str]:
     paths: set[str] = set()
-    for artifact in package.artifacts():
+    for artifact in ctx.documents.artifacts():
         ref = artifact.get("path")
-        rel = package.normalise_ref(ref) if artifact.get("run") == run_id and isinstance(ref, str) else None
+        rel = ctx.inventory.normalise_ref(ref) if artifact.get("run") == run_id and isinstance(ref, str) else None
         if not rel:
             continue
-        if rel.rsplit("/", 1)[-1] == TRAINER_STATE and package.is_file(rel):
+        if rel.rsplit("/", 1)[-1] == TRAINER_STATE and ctx.inventory.is_file(rel):
             paths.add(rel)
-        paths.update(p for p in package.files_under(rel) if p.rsplit("/", 1)[-1] == TRAINER_STATE)
+        paths.update(p for p in ctx.inventory.files_under(rel) if p.rsplit("/", 1)[-1] == TRAINER_STATE)
     return sorted(paths)
 
 

@@ -9,11 +9,10 @@ from typing import Any, Iterator
 import yaml
 
 from ..package.jsonpos import line_of, pointer_lines
-from ..package.files import read_safetensors_header
 from ..package.layout import references
 from ..format import names
 from ..model import Finding, Rule, Severity, UsageError
-from ..package import MANIFEST, RELOAD, Package, pointer_of
+from ..package import MANIFEST, RELOAD, RunContext, pointer_of
 from ..package.pickles.strings import pickled_strings
 from ._paths_search import TmpMatcher, search_lines
 
@@ -56,26 +55,26 @@ _ABSOLUTE_POSIX = re.compile(r"^/[^/\s]+(/[^/\s]*)+$")
 _ABSOLUTE_WINDOWS = re.compile(r"^[A-Za-z]:[\\/]")
 
 
-def check(package: Package) -> Iterator[Finding]:
-    matcher = TmpMatcher(package)
+def check(ctx: RunContext) -> Iterator[Finding]:
+    matcher = TmpMatcher(ctx)
     text_pattern = matcher.text
-    root = os.path.realpath(package.root)
-    for rel in sorted(package.files):
-        entry = package.files[rel]
+    root = os.path.realpath(ctx.inventory.root)
+    for rel in sorted(ctx.inventory.files):
+        entry = ctx.inventory.files[rel]
         if entry.size == 0:
             continue
         name = rel.rsplit("/", 1)[-1]
         suffix = name.rsplit(".", 1)[-1].lower() if "." in name else ""
         if suffix in ("json", "yaml", "yml") and entry.size <= MAX_DOCUMENT:
-            yield from _document_values(package, rel, suffix, matcher, root)
+            yield from _document_values(ctx, rel, suffix, matcher, root)
         elif suffix == "safetensors":
-            yield from _safetensors_metadata(package, rel, text_pattern)
+            yield from _safetensors_metadata(ctx, rel, text_pattern)
         elif suffix in PICKLE_SUFFIXES and entry.size <= MAX_BINARY_SCAN:
-            yield from _binary(package, rel, matcher)
+            yield from _binary(ctx, rel, matcher)
         elif suffix in TEXT_SUFFIXES:
-            yield from _text_lines(package, rel, matcher)
-    yield from _links(package, text_pattern)
-    yield from _escaping_references(package)
+            yield from _text_lines(ctx, rel, matcher)
+    yield from _links(ctx, text_pattern)
+    yield from _escaping_references(ctx)
 
 
 def _limited(findings: Iterator[Finding], rel: str, what: str) -> Iterator[Finding]:
@@ -99,14 +98,14 @@ def _strings(value: Any, path: list) -> Iterator[tuple[list, str]]:
             yield from _strings(item, [*path, index])
 
 
-def _document_values(package: Package, rel: str, suffix: str, matcher: TmpMatcher, root: str) -> Iterator[Finding]:
+def _document_values(ctx: RunContext, rel: str, suffix: str, matcher: TmpMatcher, root: str) -> Iterator[Finding]:
     pattern = matcher.text
     if suffix == "json":
-        if package.parsed(rel) is None and package.is_file(rel):
-            raw = package.document_bytes(rel)  # kept for the family that parses it (structure), if any
+        if ctx.documents.parsed(rel) is None and ctx.inventory.is_file(rel):
+            raw = ctx.documents.document_bytes(rel)  # kept for the family that parses it (structure), if any
             if not _holds_any(raw, matcher.path_byte_leads):
                 return  # no character a path needs: not even parsed (most of many small documents)
-        doc = package.document(rel)
+        doc = ctx.documents.document(rel)
         if doc is None or not doc.ok:
             return
         text = doc.text
@@ -115,7 +114,7 @@ def _document_values(package: Package, rel: str, suffix: str, matcher: TmpMatche
         value = doc.value
     else:
         try:
-            text = package.read_bytes(rel).decode("utf-8")
+            text = ctx.documents.read_bytes(rel).decode("utf-8")
             value = yaml.safe_load(text)
         except (UnicodeDecodeError, yaml.YAMLError):
             return  # IV104 reports it
@@ -143,7 +142,7 @@ def _document_values(package: Package, rel: str, suffix: str, matcher: TmpMatche
     for path, string in outside_hits[:PER_FILE]:
         pointer, line = located(path)
         yield Finding("IV202", rel, pointer=pointer, line=line,
-                      message=_hub_snapshot_words(package, path, string)
+                      message=_hub_snapshot_words(ctx, path, string)
                       or f"absolute path outside the package: {_short(string)}")
 
 
@@ -151,7 +150,7 @@ def _document_values(package: Package, rel: str, suffix: str, matcher: TmpMatche
 _HUB_SNAPSHOT = re.compile(r".*/models--(?P<repo>[^/]+)/snapshots/(?P<revision>[^/]+)(?:/(?P<sub>[^/].*?))?/?")
 
 
-def _hub_snapshot_words(package: Package, path: list, value: str) -> str | None:
+def _hub_snapshot_words(ctx: RunContext, path: list, value: str) -> str | None:
     """IV202's message for the hub-cache snapshot a library loaded the base from (diffusers records it as each
     component's `_name_or_path`): what it is, and whether the manifest pins that base; None for another path."""
     match = _HUB_SNAPSHOT.fullmatch(value)
@@ -160,7 +159,8 @@ def _hub_snapshot_words(package: Package, path: list, value: str) -> str | None:
     repo, revision, sub = match.group("repo").replace("--", "/", 1), match.group("revision"), match.group("sub")
     key = path[-1] if path else None
     recorded = " recorded by diffusers/transformers as `_name_or_path`" if key == "_name_or_path" else ""
-    pinned = {(b.get("name"), b.get("revision")) for a in package.artifacts() if isinstance(b := a.get("base"), dict)}
+    pinned = {(b.get("name"), b.get("revision")) for a in ctx.documents.artifacts()
+              if isinstance(b := a.get("base"), dict)}
     if (repo, revision) in pinned:
         tail = "the manifest's pinned base: harmless, a reviewer resolves it by hub id and revision in their own cache"
     elif any(name == repo for name, _ in pinned):
@@ -204,17 +204,17 @@ def _short(value: str) -> str:
     return json.dumps(value if len(value) <= 120 else value[:117] + "...")
 
 
-def _text_lines(package: Package, rel: str, matcher: TmpMatcher) -> Iterator[Finding]:
+def _text_lines(ctx: RunContext, rel: str, matcher: TmpMatcher) -> Iterator[Finding]:
     def hits() -> Iterator[Finding]:
-        for number, column, snippet in search_lines(package, rel, matcher):
+        for number, column, snippet in search_lines(ctx, rel, matcher):
             yield Finding("IV201", rel, line=number, column=column,
                           message=f"temporary-directory path in text: …{snippet.decode('utf-8', 'replace')}…")
     yield from _limited(hits(), rel, "temporary-directory paths")
 
 
-def _binary(package: Package, rel: str, matcher: TmpMatcher) -> Iterator[Finding]:
+def _binary(ctx: RunContext, rel: str, matcher: TmpMatcher) -> Iterator[Finding]:
     """Pickled configs (training_args.bin) keep their strings as plain bytes: an output_dir under /tmp shows."""
-    data = package.read_bytes(rel)
+    data = ctx.documents.read_bytes(rel)
     if not matcher.may_match_bytes(data):
         return
     strings = pickled_strings(data)
@@ -237,9 +237,9 @@ def _binary(package: Package, rel: str, matcher: TmpMatcher) -> Iterator[Finding
                 yield Finding("IV201", rel, message=f"temporary-directory path stored in the file: {_short(text)}")
 
 
-def _safetensors_metadata(package: Package, rel: str, pattern: re.Pattern[str]) -> Iterator[Finding]:
+def _safetensors_metadata(ctx: RunContext, rel: str, pattern: re.Pattern[str]) -> Iterator[Finding]:
     try:  # the one header reader (format/safetensors.py)
-        header = read_safetensors_header(package.abspath(rel), unreadable_is_none=False)
+        header = ctx.documents.safetensors_header(rel, unreadable_is_none=False)
     except OSError as exc:  # a file that cannot be read is unreadable input, with or without --no-reload
         raise UsageError(f"{rel}: cannot read ({exc.strerror or exc})") from exc
     if header is None:
@@ -250,8 +250,8 @@ def _safetensors_metadata(package: Package, rel: str, pattern: re.Pattern[str]) 
                           message=f"temporary-directory path in safetensors metadata {key}: {_short(value)}")
 
 
-def _links(package: Package, pattern: re.Pattern[str]) -> Iterator[Finding]:
-    for rel, link in sorted(package.links.items()):
+def _links(ctx: RunContext, pattern: re.Pattern[str]) -> Iterator[Finding]:
+    for rel, link in sorted(ctx.inventory.links.items()):
         if link.broken:
             yield Finding("IV204", rel, message=f"broken symbolic link -> {link.target}")
         if not link.inside:
@@ -260,14 +260,14 @@ def _links(package: Package, pattern: re.Pattern[str]) -> Iterator[Finding]:
             yield Finding("IV203", rel, message=f"symbolic link {where}: -> {link.target}")
 
 
-def _escaping_references(package: Package) -> Iterator[Finding]:
-    for ref in references(package):
-        if package.normalise_ref(ref.value) is None:
+def _escaping_references(ctx: RunContext) -> Iterator[Finding]:
+    for ref in references(ctx):
+        if ctx.inventory.normalise_ref(ref.value) is None:
             yield Finding("IV205", MANIFEST, pointer=ref.pointer, run=ref.run,
                           message=f"{ref.kind} path {ref.value!r} is absolute or climbs out of the package")
-    entries = package.reload_spec.get("artifacts")
+    entries = ctx.documents.reload_spec.get("artifacts")
     for artifact_id, entry in (entries.items() if isinstance(entries, dict) else []):
         path = entry.get("path") if isinstance(entry, dict) else None
-        if isinstance(path, str) and package.normalise_ref(path) is None:
+        if isinstance(path, str) and ctx.inventory.normalise_ref(path) is None:
             yield Finding("IV205", RELOAD, pointer=pointer_of(["artifacts", artifact_id, "path"]), artifact=artifact_id,
                           message=f"path {entry['path']!r} is absolute or climbs out of the package")

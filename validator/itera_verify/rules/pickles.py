@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from ..model import Finding, Rule, Severity
-from ..package import Package
+from ..package import RunContext
 from ..package.pickles import scan_package
 
 # Relative CPU time on a package of many files; run_checks balances its processes by it.
@@ -33,10 +33,10 @@ RULES = [
          good="torch.save(optimizer.state_dict(), 'optimizer.pt')   # tensors, numbers and dicts only"),
 ]
 
-def _owner(package: Package, rel: str) -> tuple[str | None, str | None]:
+def _owner(ctx: RunContext, rel: str) -> tuple[str | None, str | None]:
     """(run, artifact) when the file lies inside an artifact's path."""
-    for artifact in package.artifacts():
-        path = package.normalise_ref(artifact.get("path")) if isinstance(artifact.get("path"), str) else None
+    for artifact in ctx.documents.artifacts():
+        path = ctx.inventory.normalise_ref(artifact.get("path")) if isinstance(artifact.get("path"), str) else None
         if path and (rel == path or rel.startswith(path.rstrip("/") + "/")):
             run = artifact.get("run") if isinstance(artifact.get("run"), str) else None
             art = artifact.get("id") if isinstance(artifact.get("id"), str) else None
@@ -44,15 +44,15 @@ def _owner(package: Package, rel: str) -> tuple[str | None, str | None]:
     return None, None
 
 
-def check(package: Package) -> Iterator[Finding]:
-    for rel, result in scan_package(package).items():
+def check(ctx: RunContext) -> Iterator[Finding]:
+    for rel, result in scan_package(ctx).items():
         if not result.unsafe:
             if result.is_pickle and result.error:
-                run, artifact = _owner(package, rel)
+                run, artifact = _owner(ctx, rel)
                 yield Finding("IV506", rel, run=run, artifact=artifact,
                               message=f"pickle cannot be scanned ({result.error}); the file is never loaded")
             continue
-        run, artifact = _owner(package, rel)
+        run, artifact = _owner(ctx, rel)
         shown = ", ".join(result.unsafe[:8]) + (f" and {len(result.unsafe) - 8} more" if len(result.unsafe) > 8 else "")
         yield Finding("IV506", rel, run=run, artifact=artifact,
                       message=f"pickle names {len(result.unsafe)} global(s) outside the allowlist: {shown}; "

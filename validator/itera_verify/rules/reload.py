@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from ..model import Finding, ReloadResult, Rule, Severity
-from ..package import MANIFEST, Package, pointer_of
+from ..package import MANIFEST, RunContext, pointer_of
 from ._resume_files import resume_facts
 
 PHASE = ("static", "reload")
@@ -97,11 +97,11 @@ def _message(result: ReloadResult, problem: dict) -> str:
     return f"{result.artifact} ({result.loader}): {text}"
 
 
-def missing_library_findings(package: Package, runs_by_artifact: dict[str, str | None]) -> Iterator[Finding]:
+def missing_library_findings(ctx: RunContext, runs_by_artifact: dict[str, str | None]) -> Iterator[Finding]:
     """One finding per library the verifying machine lacks (its message names the extra), whatever the number of
     artifacts waiting for it: the fix is one install, not one per artifact."""
     waiting: dict[str, list[str]] = {}
-    for result in package.reloads or []:
+    for result in ctx.reloads or []:
         for problem in ([] if result.ok else _problems(result)):
             if problem.get("failure") == "missing-library":
                 waiting.setdefault(problem.get("message") or "a library is missing", []).append(result.artifact)
@@ -113,10 +113,10 @@ def missing_library_findings(package: Package, runs_by_artifact: dict[str, str |
                       artifact=artifacts[0] if len(artifacts) == 1 else None)
 
 
-def failure_findings(package: Package, runs_by_artifact: dict[str, str | None]) -> Iterator[Finding]:
-    seen_statically = resume_facts(package)
-    yield from missing_library_findings(package, runs_by_artifact)
-    for result in package.reloads or []:
+def failure_findings(ctx: RunContext, runs_by_artifact: dict[str, str | None]) -> Iterator[Finding]:
+    seen_statically = resume_facts(ctx)
+    yield from missing_library_findings(ctx, runs_by_artifact)
+    for result in ctx.reloads or []:
         if result.ok or result.failure in NOT_REPORTED_HERE:
             continue
         for problem in _problems(result):
@@ -129,34 +129,34 @@ def failure_findings(package: Package, runs_by_artifact: dict[str, str | None]) 
                           run=runs_by_artifact.get(result.artifact), artifact=result.artifact)
 
 
-def accepted_findings(package: Package, runs_by_artifact: dict[str, str | None]) -> Iterator[Finding]:
-    decision = package.manifest.get("decision")
+def accepted_findings(ctx: RunContext, runs_by_artifact: dict[str, str | None]) -> Iterator[Finding]:
+    decision = ctx.documents.manifest.get("decision")
     accepted = decision.get("accepted") if isinstance(decision, dict) else None
     if not isinstance(accepted, list):
         return
-    known_runs = {r.get("id") for r in package.runs()}
-    reloaded = {runs_by_artifact.get(r.artifact) for r in package.reloads or [] if r.ok}
+    known_runs = {r.get("id") for r in ctx.documents.runs()}
+    reloaded = {runs_by_artifact.get(r.artifact) for r in ctx.reloads or [] if r.ok}
     for index, run in enumerate(accepted):
         if not isinstance(run, str) or run not in known_runs or run in reloaded:
             continue  # an unknown run id is IV305
-        tried = [r.artifact for r in package.reloads or [] if runs_by_artifact.get(r.artifact) == run]
+        tried = [r.artifact for r in ctx.reloads or [] if runs_by_artifact.get(r.artifact) == run]
         why = f"none of its artifacts reloaded ({', '.join(tried)})" if tried else "it has no artifact at all"
         yield Finding("IV509", MANIFEST, pointer=pointer_of(["decision", "accepted", index]), run=run,
                       message=f"accepted run {run!r} has nothing that reloads: {why}")
 
 
-def static_findings(package: Package) -> Iterator[Finding]:
-    for fact in resume_facts(package):
+def static_findings(ctx: RunContext) -> Iterator[Finding]:
+    for fact in resume_facts(ctx):
         yield Finding(fact.code, fact.path, message=fact.message, run=fact.run, artifact=fact.artifact)
 
 
-def check(package: Package, phase: str = "reload") -> Iterator[Finding]:
+def check(ctx: RunContext, phase: str = "reload") -> Iterator[Finding]:
     if phase == "static":
-        yield from static_findings(package)
+        yield from static_findings(ctx)
         return
-    if package.reloads is None:
+    if ctx.reloads is None:
         return  # --no-reload: nothing was proved, nothing to judge
     runs_by_artifact = {a.get("id"): a.get("run") if isinstance(a.get("run"), str) else None
-                        for a in package.artifacts() if isinstance(a.get("id"), str)}
-    yield from failure_findings(package, runs_by_artifact)
-    yield from accepted_findings(package, runs_by_artifact)
+                        for a in ctx.documents.artifacts() if isinstance(a.get("id"), str)}
+    yield from failure_findings(ctx, runs_by_artifact)
+    yield from accepted_findings(ctx, runs_by_artifact)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from ..model import Finding, Rule, Severity
-from ..package import MANIFEST, Package, pointer_of
+from ..package import MANIFEST, RunContext, pointer_of
 from ..package.campaign import accepted_declared, indexed_runs, listed
 
 RULES = [
@@ -61,11 +61,11 @@ def _order(item: tuple[int, dict]) -> tuple:
     return (step if isinstance(step, int) and not isinstance(step, bool) else -1, index)
 
 
-def check(package: Package) -> Iterator[Finding]:
-    if not package.manifest:
+def check(ctx: RunContext) -> Iterator[Finding]:
+    if not ctx.documents.manifest:
         return
-    accepted = set(accepted_declared(package))
-    for index, run, run_id in indexed_runs(package):
+    accepted = set(accepted_declared(ctx))
+    for index, run, run_id in indexed_runs(ctx):
         checkpoints = sorted(checkpoints_of(run), key=_order)
         proven = [(i, c) for i, c in checkpoints if conclusive(proof_of(c))]
         if checkpoints and not proven and run.get("status") != "stopped":

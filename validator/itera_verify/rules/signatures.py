@@ -9,7 +9,7 @@ from typing import Iterator
 from ..format.names import ARCHIVE_SIG_SUFFIX, OMS_SIGNATURE, STATEMENT, STATEMENT_SIG
 from ..format.statement import NAMESPACE, SealSignatures
 from ..model import Finding, Rule, Severity
-from ..package import Package
+from ..package import RunContext
 
 _VERIFY = (f"ssh-keygen -Y verify -f allowed_signers -I alice@example.com -n {NAMESPACE} "
            "-s reviews-lora-2026-11.tar.zst.sig < reviews-lora-2026-11.tar.zst")
@@ -47,7 +47,7 @@ RULES = [
 ]
 
 
-def check(package: Package) -> Iterator[Finding]:
+def check(ctx: RunContext) -> Iterator[Finding]:
     return iter(())
 
 

@@ -7,7 +7,7 @@ from typing import Iterator
 from ..package import readers
 from ..format.names import inputs_metric
 from ..model import Finding, Rule, Severity
-from ..package import MANIFEST, STOPS, Package, pointer_of
+from ..package import MANIFEST, STOPS, RunContext, pointer_of
 from ..package.campaign import (accepted_entries, filled_text, first_run_start, indexed_runs, is_number, listed,
                                 parse_time, runs_by_id, section, shown, stop_records, stopped_by_record, metrics_of)
 from .timeline import to_second
@@ -82,27 +82,27 @@ RULES = [
 ]
 
 
-def check(package: Package) -> Iterator[Finding]:
-    if not package.manifest:
+def check(ctx: RunContext) -> Iterator[Finding]:
+    if not ctx.documents.manifest:
         return  # missing or unparsable manifest: IV101/IV104 say so
-    yield from _declared_in_time(package)
-    yield from _stop_records_complete(package)
-    yield from _stopped_not_accepted(package)
-    yield from _nonfinite_in_unstopped_runs(package)
-    yield from _accepted_above_thresholds(package)
-    yield from _accepted_truncated_inputs(package)
-    yield from _stops_under_declared_rules(package)
-    yield from _status_agrees_with_stops(package)
-    yield from _stops_agree_with_runs(package)
+    yield from _declared_in_time(ctx)
+    yield from _stop_records_complete(ctx)
+    yield from _stopped_not_accepted(ctx)
+    yield from _nonfinite_in_unstopped_runs(ctx)
+    yield from _accepted_above_thresholds(ctx)
+    yield from _accepted_truncated_inputs(ctx)
+    yield from _stops_under_declared_rules(ctx)
+    yield from _status_agrees_with_stops(ctx)
+    yield from _stops_agree_with_runs(ctx)
 
 
-def declared_rules(package: Package) -> list[dict]:
-    return [r for r in listed(section(package.manifest, "stop_rules"), "rules") if isinstance(r, dict)]
+def declared_rules(ctx: RunContext) -> list[dict]:
+    return [r for r in listed(section(ctx.documents.manifest, "stop_rules"), "rules") if isinstance(r, dict)]
 
 
-def _declared_in_time(package: Package) -> Iterator[Finding]:
-    stop_rules = package.manifest.get("stop_rules")
-    if stop_rules is None and any(True for _ in indexed_runs(package)):
+def _declared_in_time(ctx: RunContext) -> Iterator[Finding]:
+    stop_rules = ctx.documents.manifest.get("stop_rules")
+    if stop_rules is None and any(True for _ in indexed_runs(ctx)):
         yield Finding("IV401", MANIFEST, pointer="",
                       message="no stop rules declared: write stop_rules (with declared_at) before the first run "
                               "starts")
@@ -115,7 +115,7 @@ def _declared_in_time(package: Package) -> Iterator[Finding]:
                       message="the stop rules have no declaration time: set stop_rules.declared_at (RFC 3339) "
                               "to when they were written, before the first run started")
         return
-    first = first_run_start(package)
+    first = first_run_start(ctx)
     if first is not None and declared > first[0]:
         late = (declared - first[0]).total_seconds() / 3600
         yield Finding("IV401", MANIFEST, pointer="/stop_rules/declared_at",
@@ -124,8 +124,8 @@ def _declared_in_time(package: Package) -> Iterator[Finding]:
                               f"fit what happened; declare them before the first run")
 
 
-def _stop_records_complete(package: Package) -> Iterator[Finding]:
-    for index, record in stop_records(package):
+def _stop_records_complete(ctx: RunContext) -> Iterator[Finding]:
+    for index, record in stop_records(ctx):
         who = record.get("run") if isinstance(record.get("run"), str) else f"#{index}"
         for key, what in (("rule", "the id of the declared rule that fired"),
                           ("reason", "what was observed, in words")):
@@ -136,10 +136,10 @@ def _stop_records_complete(package: Package) -> Iterator[Finding]:
                               message=f"stop record for run {who}: {key} is {state}: give {what}")
 
 
-def _stopped_not_accepted(package: Package) -> Iterator[Finding]:
-    runs = runs_by_id(package)
-    records = stopped_by_record(package)
-    for index, name in accepted_entries(package):
+def _stopped_not_accepted(ctx: RunContext) -> Iterator[Finding]:
+    runs = runs_by_id(ctx)
+    records = stopped_by_record(ctx)
+    for index, name in accepted_entries(ctx):
         run = runs.get(name)
         if run is not None and run.get("status") == "stopped":
             why = ""
@@ -155,19 +155,19 @@ def _stopped_not_accepted(package: Package) -> Iterator[Finding]:
                                   f"stopped run never becomes a deliverable")
 
 
-def watched_metrics(package: Package) -> set[tuple[str, str]]:
+def watched_metrics(ctx: RunContext) -> set[tuple[str, str]]:
     """(rule id, metric) of every `nonfinite_loss` rule that names a metric."""
-    return {(shown(r.get("id")), r["metric"]) for r in declared_rules(package)
+    return {(shown(r.get("id")), r["metric"]) for r in declared_rules(ctx)
             if r.get("kind") == "nonfinite_loss" and isinstance(r.get("metric"), str)}
 
 
-def _nonfinite_in_unstopped_runs(package: Package) -> Iterator[Finding]:
-    metrics = watched_metrics(package)
-    records = stopped_by_record(package)
-    for index, run, run_id in indexed_runs(package):
+def _nonfinite_in_unstopped_runs(ctx: RunContext) -> Iterator[Finding]:
+    metrics = watched_metrics(ctx)
+    records = stopped_by_record(ctx)
+    for index, run, run_id in indexed_runs(ctx):
         if run.get("status") == "stopped" or run_id in records:
             continue
-        scan = metrics_of(package, run)
+        scan = metrics_of(ctx, run)
         if scan is None:
             continue
         for rule_id, metric in sorted(metrics):
@@ -209,23 +209,23 @@ def limit(rule: dict) -> str:
             else f"above the ceiling {rule['threshold']:g}")
 
 
-def _accepted_above_thresholds(package: Package) -> Iterator[Finding]:
-    floors = [r for r in declared_rules(package) if is_threshold_rule(r)]
+def _accepted_above_thresholds(ctx: RunContext) -> Iterator[Finding]:
+    floors = [r for r in declared_rules(ctx) if is_threshold_rule(r)]
     if not floors:
         return
-    runs = runs_by_id(package)
-    for name in dict.fromkeys(name for _, name in accepted_entries(package)):
+    runs = runs_by_id(ctx)
+    for name in dict.fromkeys(name for _, name in accepted_entries(ctx)):
         run = runs.get(name)
         if run is None or not isinstance(run.get("metrics"), str):
             continue  # IV305 / the schema say why
-        scan = metrics_of(package, run)
+        scan = metrics_of(ctx, run)
         for rule in floors:
             metric, floor = rule["metric"], rule["threshold"]
             last = scan.last(metric) if scan is not None else None
             if last is None:
                 where = scan.path if scan is not None else run["metrics"]
                 yield Finding("IV405", where if scan is not None else MANIFEST, run=name,
-                              pointer=None if scan is not None else _run_pointer(package, name, "metrics"),
+                              pointer=None if scan is not None else _run_pointer(ctx, name, "metrics"),
                               message=f"accepted run {name} has no value of {metric} in {where}: nothing shows it "
                                       f"passed the {_bound(rule)} {floor:g} of stop rule {shown(rule.get('id'))}")
             elif crosses(rule, last[1]):
@@ -235,21 +235,21 @@ def _accepted_above_thresholds(package: Package) -> Iterator[Finding]:
                                       f"decision.accepted")
 
 
-def _accepted_truncated_inputs(package: Package) -> Iterator[Finding]:
-    rules = [r for r in declared_rules(package) if r.get("kind") == "truncated_input"]
-    runs = runs_by_id(package)
-    for name in dict.fromkeys(name for _, name in accepted_entries(package)) if rules else ():
+def _accepted_truncated_inputs(ctx: RunContext) -> Iterator[Finding]:
+    rules = [r for r in declared_rules(ctx) if r.get("kind") == "truncated_input"]
+    runs = runs_by_id(ctx)
+    for name in dict.fromkeys(name for _, name in accepted_entries(ctx)) if rules else ():
         run = runs.get(name)
         if run is None or not isinstance(run.get("metrics"), str):
             continue  # IV305 / the schema say why
-        scan = metrics_of(package, run)
+        scan = metrics_of(ctx, run)
         for rule in rules:
             split = rule.get("split") if isinstance(rule.get("split"), str) else "eval"
             most = rule.get("max_truncated") if is_number(rule.get("max_truncated")) else 0
             counted = scan.series.get(inputs_metric("truncated", split)) if scan is not None else None
             if not counted:
                 yield Finding("IV412", scan.path if scan is not None else MANIFEST, run=name,
-                              pointer=None if scan is not None else _run_pointer(package, name, "metrics"),
+                              pointer=None if scan is not None else _run_pointer(ctx, name, "metrics"),
                               message=f"accepted run {name} never recorded its {split} inputs "
                                       f"({inputs_metric('truncated', split)}): nothing shows stop rule "
                                       f"{shown(rule.get('id'))} held; record run.inputs({split!r}, total, "
@@ -267,16 +267,16 @@ def _bound(rule: dict) -> str:
     return "floor" if rule["kind"] == "below_threshold" else "ceiling"
 
 
-def _run_pointer(package: Package, run_id: str, key: str) -> str | None:
-    for index, _, candidate in indexed_runs(package):
+def _run_pointer(ctx: RunContext, run_id: str, key: str) -> str | None:
+    for index, _, candidate in indexed_runs(ctx):
         if candidate == run_id:
             return pointer_of(["runs", index, key])
     return None
 
 
-def _stops_under_declared_rules(package: Package) -> Iterator[Finding]:
-    declared = [r["id"] for r in declared_rules(package) if isinstance(r.get("id"), str)]
-    for index, record in stop_records(package):
+def _stops_under_declared_rules(ctx: RunContext) -> Iterator[Finding]:
+    declared = [r["id"] for r in declared_rules(ctx) if isinstance(r.get("id"), str)]
+    for index, record in stop_records(ctx):
         rule = filled_text(record.get("rule"))
         if rule is not None and rule not in declared:  # a blank rule is IV402
             known = ", ".join(declared) if declared else "none"
@@ -285,9 +285,9 @@ def _stops_under_declared_rules(package: Package) -> Iterator[Finding]:
                                   f"(declared: {known}): a stop decided after the fact; say so in the decision")
 
 
-def _status_agrees_with_stops(package: Package) -> Iterator[Finding]:
-    records = stopped_by_record(package)
-    for index, run, run_id in indexed_runs(package):
+def _status_agrees_with_stops(ctx: RunContext) -> Iterator[Finding]:
+    records = stopped_by_record(ctx)
+    for index, run, run_id in indexed_runs(ctx):
         if run_id is None:
             continue
         status = run.get("status")
@@ -303,10 +303,10 @@ def _status_agrees_with_stops(package: Package) -> Iterator[Finding]:
                                   f"the run was not stopped")
 
 
-def _stops_agree_with_runs(package: Package) -> Iterator[Finding]:
-    runs = runs_by_id(package)
-    rules = {r["id"]: r for r in declared_rules(package) if isinstance(r.get("id"), str)}
-    for index, record in stop_records(package):
+def _stops_agree_with_runs(ctx: RunContext) -> Iterator[Finding]:
+    runs = runs_by_id(ctx)
+    rules = {r["id"]: r for r in declared_rules(ctx) if isinstance(r.get("id"), str)}
+    for index, record in stop_records(ctx):
         run_id = record.get("run")
         run = runs.get(run_id) if isinstance(run_id, str) else None
         if run is None:
@@ -314,7 +314,7 @@ def _stops_agree_with_runs(package: Package) -> Iterator[Finding]:
         who = f"stop record {index} (run {run_id})"
         step = record.get("step") if isinstance(record.get("step"), int) and not isinstance(record.get("step"), bool) \
             else None
-        scan = metrics_of(package, run)
+        scan = metrics_of(ctx, run)
         first = last = None
         if scan is not None and scan.series:
             first = min(point[0] for series in scan.series.values() for point in series)

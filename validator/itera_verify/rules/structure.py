@@ -15,14 +15,14 @@ from ..package.jsonpos import line_of, pointer_lines
 from ..package.jsonread import validate
 from ..package.layout import FIXED_DOCUMENTS, document_kinds, references
 from ..model import Finding, Rule, Severity
-from ..package import MANIFEST, RELOAD, Package, pointer_of
+from ..package import MANIFEST, RELOAD, RunContext, pointer_of
 from ..package import readers
 from ..package.schemas import validator
 from ..package.campaign import numbers_out_of_range
 
 # Relative CPU time on a package of many files; run_checks balances its processes by it.
 COST = 100  # parses every JSON document and validates every JSONL line
-SPLIT = True  # check(package, part=(index, count)): its files are shared over the processes
+SPLIT = True  # check(ctx, part=(index, count)): its files are shared over the processes
 
 RULES = [
     Rule("IV101", Severity.ERROR, "required item missing",
@@ -67,47 +67,47 @@ SCHEMA_OF = {"manifest": "manifest", "stops": "stops", "reload": "reload", "para
 ARTIFACT_DOCUMENTS = ("config.json", "adapter_config.json", "trainer_state.json", "model.safetensors.index.json",
                       "generation_config.json")
 MAX_PARSE_BYTES = 256 << 20
-# JSON files some rule reads the values of (package.document / json_value across rules/), in any folder, besides
+# JSON files some rule reads the values of (ctx.documents.document / json_value across rules/), in any folder, besides
 # the documents of a kind: built as Python objects (within jsonread.MAX_VALUES). Any other JSON file (a
 # tokenizer.json, an analysis output) is only validated, by simdjson, and never built.
 READ_DOCUMENTS = frozenset((*ARTIFACT_DOCUMENTS, *WEIGHT_INDEXES))
 
 
-def check(package: Package, part: tuple[int, int] = (0, 1)) -> Iterator[Finding]:
+def check(ctx: RunContext, part: tuple[int, int] = (0, 1)) -> Iterator[Finding]:
     """`part` (index, count): the package-wide findings go to the first and last parts, each file's to the part
     holding it (files in order, split by their estimated cost): the parts in order give the whole."""
     index, count = part
     if index == 0:
-        yield from _missing(package)
-        for entry in package.files.values():
+        yield from _missing(ctx)
+        for entry in ctx.inventory.files.values():
             if entry.size == 0:
                 yield Finding("IV102", entry.path, message="empty file (0 bytes)")
-    kinds = document_kinds(package)
-    for rel in _part_of_files(package, index, count):
-        if package.files[rel].size == 0:
+    kinds = document_kinds(ctx)
+    for rel in _part_of_files(ctx, index, count):
+        if ctx.inventory.files[rel].size == 0:
             continue
-        yield from _parse_and_substance(package, rel, kinds.get(rel))
+        yield from _parse_and_substance(ctx, rel, kinds.get(rel))
     if index == count - 1:
         for rel, kind in sorted(kinds.items()):
             if kind in SCHEMA_OF:
                 # A number out of range is said once, with its sane range, not also as the schema's minimum.
-                numbers = list(_manifest_numbers(package)) if rel == MANIFEST else []
+                numbers = list(_manifest_numbers(ctx)) if rel == MANIFEST else []
                 said = {f.pointer for f in numbers}
-                yield from (f for f in _schema(package, rel, SCHEMA_OF[kind]) if f.pointer not in said)
+                yield from (f for f in _schema(ctx, rel, SCHEMA_OF[kind]) if f.pointer not in said)
                 yield from numbers
-        yield from _dangling(package)
+        yield from _dangling(ctx)
 
 
 PARSED_SUFFIXES = ("json", "jsonl", "csv", "yaml", "yml")
 PER_FILE_COST = 20_000  # parsing a small document costs about as much as validating 20 kB of JSONL
 
 
-def _part_of_files(package: Package, index: int, count: int) -> list[str]:
+def _part_of_files(ctx: RunContext, index: int, count: int) -> list[str]:
     """The files of part `index` of `count`: consecutive in name order, with about equal parsing costs."""
-    files = sorted(package.files)
+    files = sorted(ctx.inventory.files)
     if count == 1:
         return files
-    weights = [PER_FILE_COST + package.files[rel].size if rel.rsplit(".", 1)[-1].lower() in PARSED_SUFFIXES
+    weights = [PER_FILE_COST + ctx.inventory.files[rel].size if rel.rsplit(".", 1)[-1].lower() in PARSED_SUFFIXES
                else PER_FILE_COST // 20 for rel in files]
     total, running, bounds = sum(weights), 0, [0]
     for position, weight in enumerate(weights):
@@ -118,13 +118,13 @@ def _part_of_files(package: Package, index: int, count: int) -> list[str]:
     return files[bounds[index]:bounds[index + 1]]
 
 
-def _missing(package: Package) -> Iterator[Finding]:
+def _missing(ctx: RunContext) -> Iterator[Finding]:
     for rel in FIXED_DOCUMENTS:
-        if not package.exists(rel):
+        if not ctx.inventory.exists(rel):
             yield Finding("IV101", rel, message=f"{rel} is missing")
-    if not package.is_file(MANIFEST):
+    if not ctx.inventory.is_file(MANIFEST):
         return
-    manifest = package.manifest
+    manifest = ctx.documents.manifest
     corpus = manifest.get("corpus")
     if isinstance(corpus, dict) and not isinstance(corpus.get("eval_ids"), str):
         yield Finding("IV101", MANIFEST, pointer="/corpus/eval_ids", message="no frozen eval ids file named")
@@ -140,10 +140,10 @@ def _missing(package: Package) -> Iterator[Finding]:
                 what = "predictions for a completed run" if key == "predictions" else key
                 yield Finding("IV101", MANIFEST, pointer=pointer_of(["runs", index, key]), run=run_id,
                               message=f"run {run_id or index}: no {what} file named")
-    for ref in references(package):
-        rel = package.normalise_ref(ref.value)
-        if ref.required and rel is not None and package.exists(rel) and not package.is_file(rel):
-            what = "a folder" if rel in package.dirs else "a link or a special file"
+    for ref in references(ctx):
+        rel = ctx.inventory.normalise_ref(ref.value)
+        if ref.required and rel is not None and ctx.inventory.exists(rel) and not ctx.inventory.is_file(rel):
+            what = "a folder" if rel in ctx.inventory.dirs else "a link or a special file"
             yield Finding("IV101", MANIFEST, pointer=ref.pointer, run=ref.run,
                           message=f"{ref.kind.replace('_', ' ')} file {ref.value} is {what}, not a file in the "
                                   f"package")
@@ -152,23 +152,23 @@ def _missing(package: Package) -> Iterator[Finding]:
 SUGGESTED_AT_MOST = 20  # near-name searches per package: each compares with the package's paths
 
 
-def _dangling(package: Package) -> Iterator[Finding]:
+def _dangling(ctx: RunContext) -> Iterator[Finding]:
     """IV106: a named path that is not there (IV101 is for an item not named at all). When an entry of the same
     kind exists under a near name (`lora_r4` for `lora-r4`), the message names it."""
-    refs = [(ref, package.normalise_ref(ref.value)) for ref in references(package)]
-    entries = package.reload_spec.get("artifacts")
-    reload_refs = [(artifact_id, entry["path"], package.normalise_ref(entry["path"]))
+    refs = [(ref, ctx.inventory.normalise_ref(ref.value)) for ref in references(ctx)]
+    entries = ctx.documents.reload_spec.get("artifacts")
+    reload_refs = [(artifact_id, entry["path"], ctx.inventory.normalise_ref(entry["path"]))
                    for artifact_id, entry in (entries.items() if isinstance(entries, dict) else [])
                    if isinstance(entry, dict) and isinstance(entry.get("path"), str)]
     named = {rel for _, rel in refs if rel} | {rel for _, _, rel in reload_refs if rel}
-    near = _NearNames(package, named)
+    near = _NearNames(ctx, named)
     for ref, rel in refs:
-        if rel is not None and not package.exists(rel):
+        if rel is not None and not ctx.inventory.exists(rel):
             what = f"{ref.kind.replace('_', ' ')} {'file' if ref.required else 'path'}"
             yield Finding("IV106", MANIFEST, pointer=ref.pointer, run=ref.run,
                           message=f"{what} {ref.value} does not exist in the package{near.hint(rel)}")
     for artifact_id, value, rel in reload_refs:
-        if rel is not None and not package.exists(rel):
+        if rel is not None and not ctx.inventory.exists(rel):
             yield Finding("IV106", RELOAD, pointer=pointer_of(["artifacts", artifact_id, "path"]),
                           artifact=artifact_id,
                           message=f"path {value} does not exist in the package{near.hint(rel)}")
@@ -178,37 +178,37 @@ class _NearNames:
     """Entries of the package a missing reference probably meant: the same suffix, the same depth, a close
     spelling (difflib), and not named by another reference already."""
 
-    def __init__(self, package: Package, named: set[str]):
-        self.package, self.named, self.searches = package, named, 0
+    def __init__(self, ctx: RunContext, named: set[str]):
+        self.inventory, self.named, self.searches = ctx.inventory, named, 0
 
     def hint(self, rel: str) -> str:
         if self.searches >= SUGGESTED_AT_MOST:
             return ""
         self.searches += 1
         suffix, depth = PurePosixPath(rel).suffix, rel.count("/")
-        candidates = [p for group in (self.package.files, self.package.dirs, self.package.links) for p in group
+        candidates = [p for group in (self.inventory.files, self.inventory.dirs, self.inventory.links) for p in group
                       if p.count("/") == depth and PurePosixPath(p).suffix == suffix and p not in self.named]
         match = difflib.get_close_matches(rel, candidates, n=1, cutoff=0.8)
         return f" (did you mean {match[0]}?)" if match else ""
 
 
-def _parse_and_substance(package: Package, rel: str, kind: str | None) -> Iterator[Finding]:
+def _parse_and_substance(ctx: RunContext, rel: str, kind: str | None) -> Iterator[Finding]:
     name = rel.rsplit("/", 1)[-1]
     suffix = name.rsplit(".", 1)[-1].lower() if "." in name else ""
     if kind in ("metrics", "predictions") or (suffix in ("jsonl", "csv") and kind is None):
-        yield from _records(package, rel, kind, suffix)
-    elif suffix == "json" and package.files[rel].size <= MAX_PARSE_BYTES:
+        yield from _records(ctx, rel, kind, suffix)
+    elif suffix == "json" and ctx.inventory.files[rel].size <= MAX_PARSE_BYTES:
         if not (kind or name in READ_DOCUMENTS):
-            yield from _validated(package, rel)
+            yield from _validated(ctx, rel)
             return
-        doc = package.document(rel)
+        doc = ctx.documents.document(rel)
         if doc.error:
             yield _unparsable(rel, doc.error)
         elif doc.value in ({}, [], None):
             yield Finding("IV103", rel, message=f"the document is {json.dumps(doc.value)}: nothing in it")
-    elif suffix in ("yaml", "yml") and package.files[rel].size <= MAX_PARSE_BYTES:
-        yield from _yaml(package, rel)
-    elif kind in ("eval_ids", "analysis") and not package.read_bytes(rel).strip():
+    elif suffix in ("yaml", "yml") and ctx.inventory.files[rel].size <= MAX_PARSE_BYTES:
+        yield from _yaml(ctx, rel)
+    elif kind in ("eval_ids", "analysis") and not ctx.documents.read_bytes(rel).strip():
         yield Finding("IV103", rel, message="whitespace only")
 
 
@@ -218,17 +218,17 @@ def _unparsable(rel: str, error) -> Finding:
     return Finding("IV104", rel, line=error.line, column=error.column, message=f"invalid JSON: {error.message}")
 
 
-def _validated(package: Package, rel: str) -> Iterator[Finding]:
+def _validated(ctx: RunContext, rel: str) -> Iterator[Finding]:
     """A JSON file whose values no rule reads: simdjson validates it without building anything. What it refuses
     (or cannot check) json.loads decides, which also takes NaN and big integers and places the error: within
     jsonread.MAX_VALUES only; past it, a refused document is said invalid without a position, an unchecked one
     not at all (as a file past MAX_PARSE_BYTES)."""
-    doc = package.parsed(rel)
+    doc = ctx.documents.parsed(rel)
     if doc is None:
-        why = validate(package.os_path(rel), package.files[rel].size)
+        why = validate(ctx.documents.path(rel), ctx.inventory.files[rel].size)
         if why is None:
             return
-        doc = package.document(rel)
+        doc = ctx.documents.document(rel)
         if doc.error and doc.error.too_large:
             if why != "unchecked":
                 yield Finding("IV104", rel, message=f"invalid JSON: {why} (no line given: the document "
@@ -238,14 +238,14 @@ def _validated(package: Package, rel: str) -> Iterator[Finding]:
         yield _unparsable(rel, doc.error)
 
 
-def _records(package: Package, rel: str, kind: str | None, suffix: str) -> Iterator[Finding]:
+def _records(ctx: RunContext, rel: str, kind: str | None, suffix: str) -> Iterator[Finding]:
     """JSONL/CSV: parse errors per line, and a file with no record."""
     if kind == "predictions":
-        eval_ids = _eval_ids(package)
-        scan = readers.scan_predictions(package, rel, eval_ids)
+        eval_ids = _eval_ids(ctx)
+        scan = readers.scan_predictions(ctx, rel, eval_ids)
         header_only = False
     elif kind == "metrics" or suffix in ("jsonl", "csv"):
-        scan = readers.scan_metrics(package, rel) if kind == "metrics" else readers.scan_generic(package, rel)
+        scan = readers.scan_metrics(ctx, rel) if kind == "metrics" else readers.scan_generic(ctx, rel)
         header_only = getattr(scan, "header_only", False)
     for error in scan.errors[:20]:
         yield Finding("IV104", rel, line=error.line, column=error.column, message=error.message)
@@ -257,16 +257,16 @@ def _records(package: Package, rel: str, kind: str | None, suffix: str) -> Itera
         yield Finding("IV103", rel, message=f"{what}: the file says nothing")
 
 
-def _eval_ids(package: Package):
-    corpus = package.manifest.get("corpus")
+def _eval_ids(ctx: RunContext):
+    corpus = ctx.documents.manifest.get("corpus")
     ref = corpus.get("eval_ids") if isinstance(corpus, dict) else None
-    rel = package.normalise_ref(ref) if isinstance(ref, str) else None
-    return readers.read_eval_ids(package, rel) if rel and package.is_file(rel) else None
+    rel = ctx.inventory.normalise_ref(ref) if isinstance(ref, str) else None
+    return readers.read_eval_ids(ctx, rel) if rel and ctx.inventory.is_file(rel) else None
 
 
-def _yaml(package: Package, rel: str) -> Iterator[Finding]:
+def _yaml(ctx: RunContext, rel: str) -> Iterator[Finding]:
     try:
-        text = package.read_bytes(rel).decode("utf-8")
+        text = ctx.documents.read_bytes(rel).decode("utf-8")
         yaml.safe_load(text)
     except UnicodeDecodeError as exc:
         yield Finding("IV104", rel, message=f"not UTF-8 text (byte {exc.start})")
@@ -278,8 +278,8 @@ def _yaml(package: Package, rel: str) -> Iterator[Finding]:
         yield Finding("IV104", rel, message=f"invalid YAML: {exc}")
 
 
-def _schema(package: Package, rel: str, schema: str) -> Iterator[Finding]:
-    doc = package.document(rel)
+def _schema(ctx: RunContext, rel: str, schema: str) -> Iterator[Finding]:
+    doc = ctx.documents.document(rel)
     if doc is None or not doc.ok or doc.value in ({}, [], None):
         return  # IV103/IV104 already say why
     lines: dict | None = None
@@ -321,12 +321,12 @@ def _shown(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _manifest_numbers(package: Package) -> Iterator[Finding]:
+def _manifest_numbers(ctx: RunContext) -> Iterator[Finding]:
     """The one place that decides which manifest numbers are usable: not NaN or Infinity (Python's JSON reader
     takes those tokens; the schema's range checks compare false on NaN and let it through), and within the
     sane bounds of package/campaign.NUMBER_FIELDS. The budget and threshold rules then never meet such a value
     unannounced."""
-    doc = package.document(MANIFEST)
+    doc = ctx.documents.document(MANIFEST)
     if doc is None or not doc.ok:
         return
     lines: dict | None = None

@@ -12,7 +12,7 @@ from functools import lru_cache
 from typing import Iterator
 
 from ..model import Finding, Rule, Severity
-from ..package import MANIFEST, Package
+from ..package import MANIFEST, RunContext
 from ..package.template import (LEGACY_READMES, README, TEMPLATE_README, document_bytes, template_files,
                                 template_params, template_run_ids)
 
@@ -59,32 +59,32 @@ def _manifest_template(campaign_id: str) -> tuple[int, str]:
     return len(data), _sha256(data)
 
 
-def check(package: Package) -> Iterator[Finding]:
+def check(ctx: RunContext) -> Iterator[Finding]:
     known, sizes = _fixed_template_files()
     unchanged: set[str] = set()
     # Only a file of a template file's size can be one: most packages hash nothing here.
-    for rel, entry in package.files.items():
+    for rel, entry in ctx.inventory.files.items():
         if rel == MANIFEST or entry.size not in sizes:
             continue
-        meaning = known.get(package.sha256(rel))
+        meaning = known.get(ctx.documents.sha256(rel))
         if meaning is not None:
             yield Finding("IV107", rel, message=f"{rel} is {meaning[0]}, unchanged: {meaning[1]}")
             unchanged.add(rel)
-    if TEMPLATE_README in package.files and TEMPLATE_README not in unchanged:
+    if TEMPLATE_README in ctx.inventory.files and TEMPLATE_README not in unchanged:
         # Edited, but still under the name that tells a reviewer it is the template's guide.
         yield Finding("IV107", TEMPLATE_README,
                       message=f"{TEMPLATE_README} is the name of the guide `itera-verify init` writes: rename it "
                               f"README.md if it now describes this campaign, or delete it, before sealing")
-    yield from _unchanged_manifest(package)
+    yield from _unchanged_manifest(ctx)
 
 
-def _unchanged_manifest(package: Package) -> Iterator[Finding]:
-    entry = package.files.get(MANIFEST)
-    campaign_id = package.manifest.get("campaign_id") if entry is not None else None
+def _unchanged_manifest(ctx: RunContext) -> Iterator[Finding]:
+    entry = ctx.inventory.files.get(MANIFEST)
+    campaign_id = ctx.documents.manifest.get("campaign_id") if entry is not None else None
     if not isinstance(campaign_id, str) or not campaign_id.isascii():
         return  # init writes ASCII ids only (a lone surrogate cannot even be encoded): no template to match
     size, digest = _manifest_template(campaign_id)
-    if entry.size == size and package.sha256(MANIFEST) == digest:
+    if entry.size == size and ctx.documents.sha256(MANIFEST) == digest:
         yield Finding("IV107", MANIFEST, pointer="",
                       message="manifest.json is the template `itera-verify init` wrote, unchanged: replace every "
                               "<...> placeholder with what this campaign decided and did")

@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Iterator
 
 from ..model import Finding, Rule, Severity
-from ..package import MANIFEST, STOPS, Package, pointer_of
+from ..package import MANIFEST, STOPS, RunContext, pointer_of
 from ..package.campaign import (indexed_runs, is_number, listed, parse_time, recorded_world_size, section, shown,
                                 stop_records)
 
@@ -41,16 +41,16 @@ def to_second(moment: datetime | None) -> datetime | None:
     return moment.replace(microsecond=0) if moment is not None else None
 
 
-def check(package: Package) -> Iterator[Finding]:
-    manifest = package.manifest
+def check(ctx: RunContext) -> Iterator[Finding]:
+    manifest = ctx.documents.manifest
     if not manifest:
         return  # missing or unparsable manifest: IV101/IV104 say so
     created = to_second(parse_time(manifest.get("created_at")))
-    yield from _runs_in_order(package, created)
-    yield from _gpus_in_use(package)
+    yield from _runs_in_order(ctx, created)
+    yield from _gpus_in_use(ctx)
     if created is None:
         return
-    for index, record in stop_records(package):
+    for index, record in stop_records(ctx):
         at = to_second(parse_time(record.get("at")))
         if at is not None and at < created:
             yield Finding("IV612", STOPS, pointer=pointer_of(["stops", index, "at"]),
@@ -66,9 +66,9 @@ def check(package: Package) -> Iterator[Finding]:
                                   f"created ({manifest['created_at']}): write when it was decided, with its offset")
 
 
-def _runs_in_order(package: Package, created: datetime | None) -> Iterator[Finding]:
-    created_text = package.manifest.get("created_at")
-    for index, run, run_id in indexed_runs(package):
+def _runs_in_order(ctx: RunContext, created: datetime | None) -> Iterator[Finding]:
+    created_text = ctx.documents.manifest.get("created_at")
+    for index, run, run_id in indexed_runs(ctx):
         name = run_id or f"#{index}"
         started = to_second(parse_time(run.get("started_at")))
         ended = to_second(parse_time(run.get("ended_at")))
@@ -92,23 +92,23 @@ def _count(value) -> int | None:
     return int(value) if is_number(value) and not isinstance(value, bool) and value >= 1 else None
 
 
-def run_gpus(package: Package, run: dict, run_id: str | None) -> int:
+def run_gpus(ctx: RunContext, run: dict, run_id: str | None) -> int:
     """The GPUs a run holds: its entry's world_size or gpus, else its params' world_size, else 1."""
-    return _count(run.get("world_size")) or _count(run.get("gpus")) or recorded_world_size(package, run_id) or 1
+    return _count(run.get("world_size")) or _count(run.get("gpus")) or recorded_world_size(ctx, run_id) or 1
 
 
-def _gpus_in_use(package: Package) -> Iterator[Finding]:
-    lots = [lot for lot in listed(section(package.manifest, "plan"), "lots") if isinstance(lot, dict)]
+def _gpus_in_use(ctx: RunContext) -> Iterator[Finding]:
+    lots = [lot for lot in listed(section(ctx.documents.manifest, "plan"), "lots") if isinstance(lot, dict)]
     if not lots:
         return  # no plan: the budget rules say so
     held = sum(_count(lot.get("gpus")) or 1 for lot in lots)
     events = []  # (moment, 0 = an end before a start at the same second, run index, gpus)
-    for index, run, run_id in indexed_runs(package):
+    for index, run, run_id in indexed_runs(ctx):
         started = to_second(parse_time(run.get("started_at")))
         ended = to_second(parse_time(run.get("ended_at")))
         if started is None or ended is None or ended <= started:
             continue  # a run still in progress, or its times are IV612's
-        gpus = run_gpus(package, run, run_id)
+        gpus = run_gpus(ctx, run, run_id)
         events += [(started, 1, index, gpus), (ended, 0, index, gpus)]
     running: dict[int, int] = {}
     reported: set[frozenset] = set()
@@ -120,7 +120,7 @@ def _gpus_in_use(package: Package) -> Iterator[Finding]:
         together = frozenset(running)
         if sum(running.values()) > held and together not in reported:
             reported.add(together)
-            runs = listed(package.manifest, "runs")
+            runs = listed(ctx.documents.manifest, "runs")
             names = ", ".join(f"{shown(runs[i].get('id'), f'#{i}')} ({running[i]})" for i in sorted(running))
             yield Finding("IV613", MANIFEST, pointer=pointer_of(["runs", index, "started_at"]),
                           run=runs[index].get("id") if isinstance(runs[index].get("id"), str) else None,

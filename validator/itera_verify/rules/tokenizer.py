@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..model import Finding, Rule, Severity
-from ..package import Package
+from ..package import RunContext
 from ..runtime.hfcache import resolve_hf_cache
 from .untrained import _snapshot, _text
 
@@ -38,44 +38,44 @@ TOKENIZER_FILES = frozenset({
 DELIVERED = ("transformers-model", "peft-adapter")
 
 
-def _tokenizer_files(package: Package, rel: str) -> list[str]:
-    return sorted(name for name in TOKENIZER_FILES if package.is_file(f"{rel}/{name}"))
+def _tokenizer_files(ctx: RunContext, rel: str) -> list[str]:
+    return sorted(name for name in TOKENIZER_FILES if ctx.inventory.is_file(f"{rel}/{name}"))
 
 
-def _checkpoints_with_tokenizer(package: Package) -> dict[str, tuple[str, list[str]]]:
+def _checkpoints_with_tokenizer(ctx: RunContext) -> dict[str, tuple[str, list[str]]]:
     """run -> (the first checkpoint folder of it carrying tokenizer files, those files)."""
     found: dict[str, tuple[str, list[str]]] = {}
-    for artifact in package.artifacts():
+    for artifact in ctx.documents.artifacts():
         run, path = _text(artifact.get("run")), _text(artifact.get("path"))
-        rel = package.normalise_ref(path) if path and artifact.get("kind") == "resume-checkpoint" else None
-        files = _tokenizer_files(package, rel) if rel and run and run not in found else []
+        rel = ctx.inventory.normalise_ref(path) if path and artifact.get("kind") == "resume-checkpoint" else None
+        files = _tokenizer_files(ctx, rel) if rel and run and run not in found else []
         if files:
             found[run] = (rel, files)
     return found
 
 
-def _base_has_tokenizer(package: Package, rel: str) -> bool:
+def _base_has_tokenizer(ctx: RunContext, rel: str) -> bool:
     """The adapter's base (adapter_config.json) in the hub cache carries a tokenizer: the reviewer has one."""
-    config = package.json_value(f"{rel}/adapter_config.json") if package.is_file(f"{rel}/adapter_config.json") \
-        else None
+    config = ctx.documents.json_value(f"{rel}/adapter_config.json") \
+        if ctx.inventory.is_file(f"{rel}/adapter_config.json") else None
     name = _text(config.get("base_model_name_or_path")) if isinstance(config, dict) else None
     revision = _text(config.get("revision")) if isinstance(config, dict) else None
-    snapshot = _snapshot(Path(package.hf_cache or resolve_hf_cache(None)), name, revision or "main") if name else None
+    snapshot = _snapshot(Path(ctx.hf_cache or resolve_hf_cache(None)), name, revision or "main") if name else None
     return snapshot is None or any((snapshot / file).is_file() for file in TOKENIZER_FILES)
 
 
-def check(package: Package) -> Iterator[Finding]:
-    carried = _checkpoints_with_tokenizer(package)
+def check(ctx: RunContext) -> Iterator[Finding]:
+    carried = _checkpoints_with_tokenizer(ctx)
     if not carried:
         return
-    for artifact in package.artifacts():
+    for artifact in ctx.documents.artifacts():
         run, path = _text(artifact.get("run")), _text(artifact.get("path"))
-        rel = package.normalise_ref(path) if path and artifact.get("kind") in DELIVERED else None
-        if not rel or run not in carried or not package.exists(rel) or package.is_file(rel):
+        rel = ctx.inventory.normalise_ref(path) if path and artifact.get("kind") in DELIVERED else None
+        if not rel or run not in carried or not ctx.inventory.exists(rel) or ctx.inventory.is_file(rel):
             continue
-        if _tokenizer_files(package, rel):
+        if _tokenizer_files(ctx, rel):
             continue
-        if artifact["kind"] == "peft-adapter" and _base_has_tokenizer(package, rel):
+        if artifact["kind"] == "peft-adapter" and _base_has_tokenizer(ctx, rel):
             continue  # no base in the cache is IV505's; a base with its tokenizer gives the reviewer one
         checkpoint, files = carried[run]
         yield Finding("IV513", rel, run=run, artifact=_text(artifact.get("id")),

@@ -14,7 +14,7 @@ from ..package.jsonread import read_json_file
 from ..format.names import HUB_ID
 from ..model import Finding, Rule, Severity
 from ..format.layouts import CHECKPOINT_FOLDER, TRAINER_STATE
-from ..package import Package
+from ..package import RunContext
 from ..runtime.hfcache import resolve_hf_cache
 from ._tensors import FLOATS, Digests, Tensor, WeightSet, all_zero, converted_to, read_weights
 
@@ -64,22 +64,22 @@ def _text(value) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _package_weights(package: Package, rel: str) -> tuple[str, list[str]] | None:
+def _package_weights(ctx: RunContext, rel: str) -> tuple[str, list[str]] | None:
     """(the file a finding names, the shards' OS paths) of a safetensors file or of a model folder's weights."""
-    if rel.endswith(".safetensors") and package.is_file(rel):
-        return rel, [os.path.realpath(package.os_path(rel))]
+    if rel.endswith(".safetensors") and ctx.inventory.is_file(rel):
+        return rel, [os.path.realpath(ctx.documents.path(rel))]
     index = f"{rel}/{WEIGHTS_INDEX}"
-    if package.is_file(index):
-        value = package.json_value(index)
+    if ctx.inventory.is_file(index):
+        value = ctx.documents.json_value(index)
         weight_map = value.get("weight_map") if isinstance(value, dict) else None
         shards = sorted({f"{rel}/{name}" for name in weight_map.values() if isinstance(name, str)}) \
             if isinstance(weight_map, dict) else []
-        if not shards or not all(package.is_file(shard) for shard in shards):
+        if not shards or not all(ctx.inventory.is_file(shard) for shard in shards):
             return None  # a shard missing is the reload's IV504
-        return index, [os.path.realpath(package.os_path(shard)) for shard in shards]
+        return index, [os.path.realpath(ctx.documents.path(shard)) for shard in shards]
     single = f"{rel}/{WEIGHTS}"
-    if package.is_file(single):
-        return single, [os.path.realpath(package.os_path(single))]
+    if ctx.inventory.is_file(single):
+        return single, [os.path.realpath(ctx.documents.path(single))]
     return None
 
 
@@ -112,24 +112,24 @@ def _snapshot(cache: Path, name: str, revision: str) -> Path | None:
     return folder if folder.is_dir() else None
 
 
-def _named_bases(package: Package) -> list[tuple[str, str]]:
+def _named_bases(ctx: RunContext) -> list[tuple[str, str]]:
     """(hub id, revision) of every base the package names: manifest `base` entries and adapter_config.json."""
     bases: list[tuple[str, str]] = []
-    for artifact in package.artifacts():
+    for artifact in ctx.documents.artifacts():
         base = artifact.get("base")
         if isinstance(base, dict) and _text(base.get("name")) and _text(base.get("revision")):
             bases.append((base["name"], base["revision"]))
-        rel = package.normalise_ref(artifact["path"]) if _text(artifact.get("path")) else None
-        config = package.json_value(f"{rel}/adapter_config.json") if rel else None
+        rel = ctx.inventory.normalise_ref(artifact["path"]) if _text(artifact.get("path")) else None
+        config = ctx.documents.json_value(f"{rel}/adapter_config.json") if rel else None
         if isinstance(config, dict) and _text(config.get("base_model_name_or_path")) and _text(config.get("revision")):
             bases.append((config["base_model_name_or_path"], config["revision"]))
     return list(dict.fromkeys(bases))
 
 
-def _base_weight_sets(package: Package) -> list[WeightSet]:
-    cache = package.hf_cache or resolve_hf_cache(None)
+def _base_weight_sets(ctx: RunContext) -> list[WeightSet]:
+    cache = ctx.hf_cache or resolve_hf_cache(None)
     found = []
-    for name, revision in _named_bases(package):
+    for name, revision in _named_bases(ctx):
         snapshot = _snapshot(Path(cache), name, revision)
         paths = _snapshot_weights(snapshot) if snapshot else None
         tensors = read_weights(paths) if paths else None
@@ -138,34 +138,35 @@ def _base_weight_sets(package: Package) -> list[WeightSet]:
     return found
 
 
-def _artifact_weight_sets(package: Package) -> list[tuple[bool, WeightSet]]:
+def _artifact_weight_sets(ctx: RunContext) -> list[tuple[bool, WeightSet]]:
     """(delivered as a model, its weights) for every artifact with safetensors model or adapter weights, in
     manifest order; a checkpoint's weights are compared with (and with its run's other checkpoints)."""
     found = []
-    for artifact in package.artifacts():
-        rel = package.normalise_ref(artifact["path"]) if _text(artifact.get("path")) else None
-        located = _package_weights(package, rel) if rel else None
-        if located is None and rel and package.is_file(f"{rel}/{ADAPTER_WEIGHTS}"):
-            located = f"{rel}/{ADAPTER_WEIGHTS}", [os.path.realpath(package.os_path(f"{rel}/{ADAPTER_WEIGHTS}"))]
+    for artifact in ctx.documents.artifacts():
+        rel = ctx.inventory.normalise_ref(artifact["path"]) if _text(artifact.get("path")) else None
+        located = _package_weights(ctx, rel) if rel else None
+        if located is None and rel and ctx.inventory.is_file(f"{rel}/{ADAPTER_WEIGHTS}"):
+            located = f"{rel}/{ADAPTER_WEIGHTS}", [os.path.realpath(ctx.documents.path(f"{rel}/{ADAPTER_WEIGHTS}"))]
         tensors = read_weights(located[1]) if located else None
         if tensors:
             kind = artifact.get("kind")
             found.append((kind in DELIVERED_KINDS,
                           WeightSet(_text(artifact.get("id")) or rel, located[0], tensors,
                                     run=_text(artifact.get("run")), artifact=_text(artifact.get("id")),
-                                    step=_checkpoint_step(package, artifact, rel) if kind == CHECKPOINT else None)))
+                                    step=_checkpoint_step(ctx, artifact, rel) if kind == CHECKPOINT else None)))
     return found
 
 
-def _checkpoint_step(package: Package, artifact: dict, rel: str) -> int | None:
+def _checkpoint_step(ctx: RunContext, artifact: dict, rel: str) -> int | None:
     """The step a checkpoint was saved at: the manifest's record of the save (runs[].checkpoints), else its
     trainer_state.json's global_step, else the Trainer's folder name checkpoint-N; None when nothing says."""
-    for run in package.runs():
+    for run in ctx.documents.runs():
         saves = run.get("checkpoints") if isinstance(run, dict) and run.get("id") == artifact.get("run") else None
         for save in saves if isinstance(saves, list) else ():
             if isinstance(save, dict) and save.get("artifact") == artifact.get("id") and _count(save.get("step")):
                 return save["step"]
-    state = package.json_value(f"{rel}/{TRAINER_STATE}") if package.is_file(f"{rel}/{TRAINER_STATE}") else None
+    state = ctx.documents.json_value(f"{rel}/{TRAINER_STATE}") \
+        if ctx.inventory.is_file(f"{rel}/{TRAINER_STATE}") else None
     if isinstance(state, dict) and _count(state.get("global_step")):
         return state["global_step"]
     named = CHECKPOINT_FOLDER.fullmatch(rel.rsplit("/", 1)[-1])
@@ -176,28 +177,28 @@ def _count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _best_checkpoints(package: Package) -> set[tuple[str, str]]:
+def _best_checkpoints(ctx: RunContext) -> set[tuple[str, str]]:
     """(run, folder name) of each checkpoint a run's trainer_state.json names as its best_model_checkpoint: with
     load_best_model_at_end the Trainer delivers that checkpoint's weights, whatever its step."""
     best = set()
-    for artifact in package.artifacts():
-        rel = package.normalise_ref(artifact["path"]) if _text(artifact.get("path")) else None
-        state = package.json_value(f"{rel}/{TRAINER_STATE}") if rel and package.is_file(f"{rel}/{TRAINER_STATE}") \
-            else None
+    for artifact in ctx.documents.artifacts():
+        rel = ctx.inventory.normalise_ref(artifact["path"]) if _text(artifact.get("path")) else None
+        state = ctx.documents.json_value(f"{rel}/{TRAINER_STATE}") \
+            if rel and ctx.inventory.is_file(f"{rel}/{TRAINER_STATE}") else None
         named = _text(state.get("best_model_checkpoint")) if isinstance(state, dict) else None
         if named and _text(artifact.get("run")):
             best.add((artifact["run"], named.rstrip("/").rsplit("/", 1)[-1]))
     return best
 
 
-def _untrained_adapters(package: Package, digests: Digests, bases: list[WeightSet]) -> Iterator[Finding]:
+def _untrained_adapters(ctx: RunContext, digests: Digests, bases: list[WeightSet]) -> Iterator[Finding]:
     """A LoRA adapter whose every B matrix is zero and whose other tensors (modules_to_save) are the base's own:
     base + B·A is the base, and the saved modules change nothing either."""
-    for artifact in package.artifacts():
-        rel = package.normalise_ref(artifact["path"]) if _text(artifact.get("path")) else None
-        if artifact.get("kind") != "peft-adapter" or not rel or not package.is_file(f"{rel}/{ADAPTER_WEIGHTS}"):
+    for artifact in ctx.documents.artifacts():
+        rel = ctx.inventory.normalise_ref(artifact["path"]) if _text(artifact.get("path")) else None
+        if artifact.get("kind") != "peft-adapter" or not rel or not ctx.inventory.is_file(f"{rel}/{ADAPTER_WEIGHTS}"):
             continue
-        tensors = read_weights([os.path.realpath(package.os_path(f"{rel}/{ADAPTER_WEIGHTS}"))])
+        tensors = read_weights([os.path.realpath(ctx.documents.path(f"{rel}/{ADAPTER_WEIGHTS}"))])
         b_matrices = [tensor for name, tensor in (tensors or {}).items() if LORA_B.fullmatch(name)]
         if not b_matrices or not all(all_zero(tensor) for tensor in b_matrices):
             continue
@@ -225,18 +226,19 @@ COMPONENT_WEIGHTS = ("diffusion_pytorch_model.safetensors", "model.safetensors")
 DENOISERS = ("unet", "transformer", "prior")
 
 
-def _untrained_diffusers(package: Package, digests: Digests) -> Iterator[Finding]:
+def _untrained_diffusers(ctx: RunContext, digests: Digests) -> Iterator[Finding]:
     """A diffusers LoRA whose every up matrix is zero (base + up·down is the base), and a pipeline whose denoiser
     (and every other component compared) holds its manifest base's weights: nothing was trained."""
     cache = None
-    for artifact in package.artifacts():
-        rel = package.normalise_ref(artifact["path"]) if _text(artifact.get("path")) else None
+    for artifact in ctx.documents.artifacts():
+        rel = ctx.inventory.normalise_ref(artifact["path"]) if _text(artifact.get("path")) else None
         kind, where = artifact.get("kind"), {"run": _text(artifact.get("run")), "artifact": _text(artifact.get("id"))}
         if not rel:
             continue
         if kind == "diffusers-lora":
             file = rel if rel.endswith(".safetensors") else f"{rel}/{DIFFUSERS_LORA_WEIGHTS}"
-            tensors = read_weights([os.path.realpath(package.os_path(file))]) if package.is_file(file) else None
+            tensors = read_weights([os.path.realpath(ctx.documents.path(file))]) \
+                if ctx.inventory.is_file(file) else None
             ups = [t for name, t in (tensors or {}).items() if DIFFUSERS_LORA_UP.fullmatch(name)]
             others = [n for n in tensors or {} if not DIFFUSERS_LORA_UP.fullmatch(n)
                       and not DIFFUSERS_LORA_OTHER.fullmatch(n)]
@@ -247,22 +249,22 @@ def _untrained_diffusers(package: Package, digests: Digests) -> Iterator[Finding
                                       "nothing was trained (save the LoRA after training)")
         elif kind == "diffusers-pipeline" and isinstance(artifact.get("base"), dict):
             name, revision = _text(artifact["base"].get("name")), _text(artifact["base"].get("revision"))
-            cache = cache or Path(package.hf_cache or resolve_hf_cache(None))
+            cache = cache or Path(ctx.hf_cache or resolve_hf_cache(None))
             snapshot = _snapshot(cache, name, revision) if name and revision else None
             if snapshot is not None:
-                yield from _pipeline_as_base(package, digests, rel, snapshot, f"the base {name} at {revision}", where)
+                yield from _pipeline_as_base(ctx, digests, rel, snapshot, f"the base {name} at {revision}", where)
 
 
-def _pipeline_as_base(package: Package, digests: Digests, rel: str, snapshot: Path, label: str,
+def _pipeline_as_base(ctx: RunContext, digests: Digests, rel: str, snapshot: Path, label: str,
                       where: dict) -> Iterator[Finding]:
     """IV512 when the pipeline's denoiser equals the base's and no component compared differs from the base's."""
     equal, differ = [], []
-    for component in sorted(package.dirs):
+    for component in sorted(ctx.inventory.dirs):
         sub = component[len(rel) + 1:] if component.startswith(rel + "/") else None
         if not sub or "/" in sub:
             continue
         for weights in COMPONENT_WEIGHTS:
-            mine = _snapshot_weights(Path(package.os_path(component)), weights)
+            mine = _snapshot_weights(Path(ctx.documents.path(component)), weights)
             theirs = _snapshot_weights(snapshot / sub, weights) if mine else None
             if mine and theirs:
                 model, original = read_weights(mine), read_weights(theirs)
@@ -317,17 +319,17 @@ def _as(dtype: str) -> str:
     return f" converted to {dtype}" if dtype else ""
 
 
-def check(package: Package) -> Iterator[Finding]:
+def check(ctx: RunContext) -> Iterator[Finding]:
     digests = Digests()
-    bases = _base_weight_sets(package)
-    untrained = list(_untrained_adapters(package, digests, bases))
+    bases = _base_weight_sets(ctx)
+    untrained = list(_untrained_adapters(ctx, digests, bases))
     yield from untrained
-    yield from _untrained_diffusers(package, digests)
-    artifacts = _artifact_weight_sets(package)
+    yield from _untrained_diffusers(ctx, digests)
+    artifacts = _artifact_weight_sets(ctx)
     yield from _repeated_checkpoints(digests, artifacts)
     if not any(delivered for delivered, _ in artifacts):
         return
-    best = _best_checkpoints(package)
+    best = _best_checkpoints(ctx)
     for position, (delivered, model) in enumerate(artifacts):
         if not delivered or model.artifact in {f.artifact for f in untrained}:
             continue

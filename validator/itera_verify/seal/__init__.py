@@ -42,7 +42,7 @@ from ..archive.publish import (fsync_folder, partial_path, publish, read_back, r
                               write_checksum_file)
 from ..runtime.launcher import Terminated, join_thread, termination_unwinds
 from ..model import UsageError
-from ..package import Package, inside_package
+from ..package import RunContext, inside_package
 from ..runtime.progress import NULL_PROGRESS, Progress
 from .changes import Changed, refuse_changed, unchanged_since_discovery
 from .members import write_package_members, write_seal_members
@@ -55,11 +55,11 @@ __all__ = ["SealRefused", "Sealing", "Terminated", "plan_members", "seal_package
 
 
 # ---- safety around the destination ------------------------------------------------------------------------
-def _check_destination(package: Package, destination: Path, overwrite: bool) -> None:
+def _check_destination(package: RunContext, destination: Path, overwrite: bool) -> None:
     folder = destination.parent
     if not folder.is_dir():
         raise UsageError(f"{folder}: no such folder for the archive")
-    if inside_package(package.root, folder):  # the guard --report uses too
+    if inside_package(package.inventory.root, folder):  # the guard --report uses too
         raise UsageError(f"{destination}: the archive cannot be written inside the package folder")
     if destination.is_dir():
         raise UsageError(f"{destination}: is a folder")
@@ -85,7 +85,7 @@ class Sealing:
     `follower`: an object with begin(partial, written, name, bound, estimate), tap(bytes), sealed(path, sha256, size)
     and abandon() (push/follow.SealFollower): it reads the archive as it is written (module docstring)."""
 
-    def __init__(self, package: Package, campaign_id: str, destination: Path, *, overwrite: bool = False,
+    def __init__(self, package: RunContext, campaign_id: str, destination: Path, *, overwrite: bool = False,
                  level: int = 3, threads: int = 0, progress: Progress = NULL_PROGRESS, follower=None):
         destination = Path(destination)
         if not TOP_FOLDER.fullmatch(campaign_id):  # the only top folders the audit accepts
@@ -151,7 +151,7 @@ class Sealing:
         if signer is not None:
             sign = partial(signed_members, signer, self.campaign_id, record=members.get(RECORD))
         if oms_signer is not None:
-            oms = partial(oms_signer.members, self.campaign_id, links=list(self.package.links))
+            oms = partial(oms_signer.members, self.campaign_id, links=list(self.package.inventory.links))
         signature_file = self.destination.with_name(self.destination.name + ARCHIVE_SIG_SUFFIX)
         try:
             with termination_unwinds():
@@ -234,7 +234,7 @@ class Sealing:
         self.progress.abandon("seal", "stopped, nothing sealed")
 
 
-def seal_package(package: Package, campaign_id: str, members: dict[str, bytes], destination: Path, *,
+def seal_package(package: RunContext, campaign_id: str, members: dict[str, bytes], destination: Path, *,
                  overwrite: bool = False, level: int = 3, threads: int = 0,
                  progress: Progress = NULL_PROGRESS, signer: "Signers | None" = None) -> dict:
     """Seal `package` into `destination` in one go (SPEC §3). Returns the report's `archive` object.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import stat
 
-from ..package import Package
+from ..package import RunContext
 from .plan import SealRefused
 
 
@@ -33,11 +33,11 @@ def what_changed(recorded, now: os.stat_result) -> str:
     return "it was modified after the check"
 
 
-def _still_same(package: Package, rel: str) -> str | None:
+def _still_same(ctx: RunContext, rel: str) -> str | None:
     """Why a file is no longer the one discovery saw, or None."""
-    recorded = package.files[rel]
+    recorded = ctx.inventory.files[rel]
     try:
-        now = os.stat(package.os_path(rel), follow_symlinks=False)
+        now = os.stat(ctx.inventory.os_path(rel), follow_symlinks=False)
     except FileNotFoundError:
         return "it vanished after the check"
     except OSError:
@@ -47,22 +47,22 @@ def _still_same(package: Package, rel: str) -> str | None:
     return None
 
 
-def unchanged_since_discovery(package: Package, digests: dict[str, str]) -> None:
+def unchanged_since_discovery(ctx: RunContext, digests: dict[str, str]) -> None:
     """After the pass (and the checks, which may have run beside it): every file still has the size, times and
     inode discovery recorded, so what the checks read is what was sealed; and a digest a check computed equals
     the sealed one. Raises Changed for the first that differs."""
-    for rel in sorted(package.files):
-        checked = package.digests.get(rel)
+    for rel in sorted(ctx.inventory.files):
+        checked = ctx.documents.digests.get(rel)
         if checked is not None and rel in digests and checked != digests[rel]:
             raise Changed(rel, "its content differs from what the checks read")
-        if (reason := _still_same(package, rel)) is not None:
+        if (reason := _still_same(ctx, rel)) is not None:
             raise Changed(rel, reason.replace("after the check", "while it was sealed"))
 
 
-def refuse_changed(package: Package, changed: Changed) -> SealRefused:
+def refuse_changed(ctx: RunContext, changed: Changed) -> SealRefused:
     """IV704 for the file that changed, plus any other file whose stat data no longer matches."""
     problems = [("changed", changed.rel, changed.reason)]
-    for rel in sorted(package.files):
-        if rel != changed.rel and (reason := _still_same(package, rel)) is not None:
+    for rel in sorted(ctx.inventory.files):
+        if rel != changed.rel and (reason := _still_same(ctx, rel)) is not None:
             problems.append(("changed", rel, reason))
     return SealRefused("files changed between the check and the seal", problems)

@@ -11,7 +11,7 @@ from typing import Callable
 from ..archive import FileFeeder, SizeChanged, format_sums
 from ..archive.canonical import file_mode
 from ..model import UsageError
-from ..package import Package
+from ..package import RunContext
 from ..runtime.progress import Progress
 from .changes import Changed, same_file, what_changed
 from .plan import SEAL_DIR, SUMS, MemberEntry, archive_order
@@ -21,10 +21,10 @@ class _Cancelled(Exception):
     """The seal was abandoned (the checks found an error, or the run was interrupted)."""
 
 
-def _open_file(package: Package, entry: MemberEntry, feed, progress: Progress, stop: threading.Event):
+def _open_file(ctx: RunContext, entry: MemberEntry, feed, progress: Progress, stop: threading.Event):
     """The first piece of one file from the reader thread, after checking the open file is the one discovery
     saw (size, modification time, inode); sets the member's mode. Returns the file's pieces."""
-    recorded = package.files[entry.rel]
+    recorded = ctx.inventory.files[entry.rel]
     piece = next(feed)
     if piece.error is not None:
         if isinstance(piece.error, FileNotFoundError) or piece.error.errno in (errno.ELOOP, errno.ENOTDIR):
@@ -52,11 +52,11 @@ def _pieces(entry: MemberEntry, piece, feed, progress: Progress, stop: threading
             raise UsageError(f"{entry.rel}: cannot read ({piece.error.strerror or piece.error})")
 
 
-def write_package_members(package: Package, campaign_id: str, plan: list[MemberEntry], writer, progress: Progress,
+def write_package_members(ctx: RunContext, campaign_id: str, plan: list[MemberEntry], writer, progress: Progress,
                           stop: threading.Event) -> tuple[dict[str, str], list[tuple]]:
     """Every package member, in order; returns the digests by path and the member list for the read-back."""
     files = [e for e in plan if e.kind == "file"]
-    feeder = FileFeeder([(package.os_path(e.rel), e.size) for e in files])
+    feeder = FileFeeder([(ctx.inventory.os_path(e.rel), e.size) for e in files])
     feed = iter(feeder)
     digests: dict[str, str] = {}
     expected: list[tuple] = []
@@ -73,7 +73,7 @@ def write_package_members(package: Package, campaign_id: str, plan: list[MemberE
                 expected.append((name, "symlink", 0, entry.target))
             else:
                 try:
-                    pieces = _open_file(package, entry, feed, progress, stop)
+                    pieces = _open_file(ctx, entry, feed, progress, stop)
                     writer.add_file(name, entry.size, pieces, mode=entry.mode, mtime=entry.mtime, hash_data=False)
                 except SizeChanged as exc:
                     raise Changed(entry.rel, f"its size changed while it was sealed ({exc})") from None

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..archive.canonical import DIRECTORY_MODE, FILE_MODES, SYMLINK_MODE
 from ..archive.extract import Reserved
-from ..package import Package
+from ..package import RunContext
 
 from ..format.names import RECORD, REPORT_PAGE, SEAL_DIR, SUMS  # noqa: F401  (REPORT_PAGE: handed over by flows/verify.py)
 from ..format.names import OMS_SIGNATURE, SIGNATURE_MEMBERS, STATEMENT, STATEMENT_SIG
@@ -53,37 +53,38 @@ def archive_order(rel: str) -> bytes:
     return rel.encode("utf-8", "surrogateescape")
 
 
-def _link_target(package: Package, rel: str) -> str:
+def _link_target(ctx: RunContext, rel: str) -> str:
     """The target to store: as written when it stays inside lexically, else rewritten relative."""
-    link = package.links[rel]
+    link = ctx.inventory.links[rel]
     parent = posixpath.dirname(rel)
     if not posixpath.isabs(link.target):
         joined = posixpath.normpath(posixpath.join(parent, link.target))
         if joined != ".." and not joined.startswith("../"):
             return link.target
-    inside = os.path.relpath(link.resolved, os.path.realpath(package.root)).replace(os.sep, "/")
+    inside = os.path.relpath(link.resolved, os.path.realpath(ctx.inventory.root)).replace(os.sep, "/")
     return posixpath.relpath(inside, parent or ".")
 
 
-def plan_members(package: Package) -> list[MemberEntry]:
+def plan_members(ctx: RunContext) -> list[MemberEntry]:
     """Every package member in archive order. Raises SealRefused for what cannot be sealed safely."""
     refused = []
     if any(p == SEAL_DIR or p.startswith(SEAL_DIR + "/") for p in
-           (*package.files, *package.dirs, *package.links, *package.specials)):
+           (*ctx.inventory.files, *ctx.inventory.dirs, *ctx.inventory.links, *ctx.inventory.specials)):
         refused.append(("seal-folder", SEAL_DIR, ""))
-    refused += [("special", rel, kind) for rel, kind in package.specials.items()]
-    for rel, link in package.links.items():
+    refused += [("special", rel, kind) for rel, kind in ctx.inventory.specials.items()]
+    for rel, link in ctx.inventory.links.items():
         if link.broken or not link.inside:
             refused.append(("broken-link" if link.broken else "leaving-link", rel, link.target))
     if refused:
         raise SealRefused("the package holds entries that cannot be sealed", refused)
     # Modes as canonical.py says the seal writes them; a file's becomes 0755 when it is opened executable.
-    entries = [MemberEntry("", "directory", DIRECTORY_MODE, _mtime(package.root))]
-    entries += [MemberEntry(rel, "directory", DIRECTORY_MODE, _mtime(package.abspath(rel))) for rel in package.dirs]
+    entries = [MemberEntry("", "directory", DIRECTORY_MODE, _mtime(ctx.inventory.root))]
+    entries += [MemberEntry(rel, "directory", DIRECTORY_MODE, _mtime(ctx.inventory.abspath(rel)))
+                for rel in ctx.inventory.dirs]
     entries += [MemberEntry(rel, "file", FILE_MODES[0], f.mtime_ns // 1_000_000_000, f.size)
-                for rel, f in package.files.items()]
-    entries += [MemberEntry(rel, "symlink", SYMLINK_MODE, _mtime(package.abspath(rel)),
-                            target=_link_target(package, rel)) for rel in package.links]
+                for rel, f in ctx.inventory.files.items()]
+    entries += [MemberEntry(rel, "symlink", SYMLINK_MODE, _mtime(ctx.inventory.abspath(rel)),
+                            target=_link_target(ctx, rel)) for rel in ctx.inventory.links]
     return sorted(entries, key=lambda e: archive_order(e.rel))
 
 

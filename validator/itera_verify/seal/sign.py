@@ -23,7 +23,7 @@ from ..format import sshsig
 from ..format.names import STATEMENT, STATEMENT_SIG
 from ..format.statement import NAMESPACE, statement_bytes
 from ..model import UsageError
-from ..package import Package, inside_package
+from ..package import RunContext, inside_package
 from ..version import __version__
 from .agent import RSA_SHA2_512, Agent, AgentError, TemporaryAgent, running_agent
 from .oms import OmsSigner, open_oms_signer
@@ -77,7 +77,7 @@ class Signers:
             self.ssh.close()
 
 
-def open_signer(specs: str | Sequence[str], package: Package | None = None) -> Signers:
+def open_signer(specs: str | Sequence[str], ctx: RunContext | None = None) -> Signers:
     """`ssh:PATH`: a public key (its private half in SSH_AUTH_SOCK's agent) or a private key file;
     `model-signing:PATH`: an EC private key (PEM). At most one of each. UsageError (exit 2) for anything that
     cannot sign."""
@@ -91,10 +91,10 @@ def open_signer(specs: str | Sequence[str], package: Package | None = None) -> S
             if getattr(signers, "ssh" if scheme == "ssh" else "oms") is not None:
                 raise UsageError(f"--sign {spec}: one {scheme} key per seal")
             if scheme == "ssh":
-                signers.ssh = _open_ssh(spec, where, package)
+                signers.ssh = _open_ssh(spec, where, ctx)
             else:
                 path = Path(where).expanduser()
-                _refuse_sealed_key(spec, path, _read_key(spec, path), package)
+                _refuse_sealed_key(spec, path, _read_key(spec, path), ctx)
                 signers.oms = open_oms_signer(spec, path)
     except BaseException:
         signers.close()
@@ -110,11 +110,11 @@ def _read_key(spec: str, path: Path) -> bytes:
         raise UsageError(f"--sign {spec}: cannot read the key ({exc.strerror or exc})") from None
 
 
-def _open_ssh(spec: str, where: str, package: Package | None) -> Signer:
+def _open_ssh(spec: str, where: str, ctx: RunContext | None) -> Signer:
     path = Path(where).expanduser()
     head = _read_key(spec, path)
     if head.lstrip().startswith(b"-----BEGIN") and b"PRIVATE KEY" in head[:100]:
-        _refuse_sealed_key(spec, path, head, package)
+        _refuse_sealed_key(spec, path, head, ctx)
         temporary = TemporaryAgent(path)
         try:
             key = sshsig.parse_public_key(temporary.key_blob)
@@ -133,17 +133,17 @@ def _open_ssh(spec: str, where: str, package: Package | None) -> Signer:
     return Signer(key, agent, "ssh-agent")
 
 
-def _refuse_sealed_key(spec: str, path: Path, data: bytes, package: Package | None) -> None:
+def _refuse_sealed_key(spec: str, path: Path, data: bytes, ctx: RunContext | None) -> None:
     """A private key inside the package, or a copy of it there, would be sealed into the archive."""
-    if package is None:
+    if ctx is None:
         return
-    if inside_package(package.root, path):
+    if inside_package(ctx.inventory.root, path):
         raise UsageError(f"--sign {spec}: the private key is inside the package folder and would be sealed with it")
     digest = hashlib.sha256(data).digest()
-    for rel, entry in package.files.items():
+    for rel, entry in ctx.inventory.files.items():
         if entry.size == len(data):
             try:
-                if hashlib.sha256(package.abspath(rel).read_bytes()).digest() == digest:
+                if hashlib.sha256(ctx.inventory.abspath(rel).read_bytes()).digest() == digest:
                     raise UsageError(f"--sign {spec}: the package holds a copy of the private key ({rel}), which "
                                      "would be sealed")
             except OSError:

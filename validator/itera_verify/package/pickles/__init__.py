@@ -185,26 +185,26 @@ def _is_safetensors_file(path) -> bool:
 
 
 SCAN_SETTING = PICKLE_SCAN  # the package cache of {relative path: ScanResult}
-# package.settings key: the scan budget's units (the audit: its --max-size). Unset: the package's own size.
+# ctx.settings key: the scan budget's units (the audit: its --max-size). Unset: the package's own size.
 SCAN_BUDGET_SETTING = "pickle_scan_budget"
 
 
-def scan_package(package) -> dict[str, ScanResult]:
+def scan_package(ctx) -> dict[str, ScanResult]:
     """Scan each candidate file of a package once (pickle extension or pickle-like first bytes); the results
     stay on the package so the reload step refuses what the scan refused, without scanning twice. All the
     files draw on one Budget: once it is spent, every file left is "cannot be scanned"."""
-    results: dict[str, ScanResult] = package.cache(SCAN_SETTING)
-    units = package.settings.get(SCAN_BUDGET_SETTING)
-    budget = Budget(units if units is not None else max(DEFAULT_UNITS, _package_bytes(package)))
-    for rel in sorted(package.files):
+    results: dict[str, ScanResult] = ctx.documents.cache(SCAN_SETTING)
+    units = ctx.settings.get(SCAN_BUDGET_SETTING)
+    budget = Budget(units if units is not None else max(DEFAULT_UNITS, _package_bytes(ctx)))
+    for rel in sorted(ctx.inventory.files):
         if rel in results:
             continue
-        path = package.os_path(rel)
+        path = ctx.inventory.os_path(rel)
         # The first bytes of a document the checks already read come from memory: no second open per file.
-        if is_pickle_or_torch_zip(path, package.cached_head(rel, SNIFF_BYTES)):
+        if is_pickle_or_torch_zip(path, ctx.documents.cached_head(rel, SNIFF_BYTES)):
             results[rel] = scan_file(path, budget)
     return results
 
 
-def _package_bytes(package) -> int:
-    return sum(entry.size for entry in package.files.values())
+def _package_bytes(ctx) -> int:
+    return sum(entry.size for entry in ctx.inventory.files.values())
