@@ -4,7 +4,8 @@ for one pass over the archive, not two.
 The seal (seal/Sealing) hands a SealFollower its partial archive as soon as the file exists. A thread here
 creates the multipart upload, waits on the writer's count of final bytes (archive/output.WrittenBytes, never the
 file's size, which O_DIRECT padding exceeds for a moment), reads each part from the file once its bytes are
-final and sends it (parallel parts, Content-MD5, CRC64NVME where the store takes it, as multipart.py does). The
+final and sends it (parallel parts, each with its CRC64NVME where the store takes it, else Content-MD5, as
+multipart.py does). The
 last part goes when the seal has synced the file and knows its size. The seal's read-back, which already hashes
 every byte for `.sha256`, also gives them to tap(): the CRC64NVME of the archive as verified, with no second read.
 
@@ -19,7 +20,6 @@ connection sends only what is missing. Memory: at most `jobs + 1` parts, whateve
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 import time
@@ -210,11 +210,11 @@ class SealFollower:
         self._sent = (offset, crc)
 
     def _put(self, number: int, data: bytes):
-        from .multipart import _put_part
+        from .multipart import _put_part, part_md5
 
         if self._abandoned.is_set():
             raise _Abandoned()
-        return _put_part(self.s3, self.location, self.journal, number, data, hashlib.md5(data).hexdigest(),
+        return _put_part(self.s3, self.location, self.journal, number, data, part_md5(self.journal, data),
                          self._crc64nvme(data))
 
     def _collect(self, finished, running: set, acked: list) -> None:

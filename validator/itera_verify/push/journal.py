@@ -3,8 +3,9 @@
 Rewritten (temporary name, fsync, rename) after every part the store acknowledged: a kill -9, a reboot or a lost
 connection leaves the last complete state, never half a file. It names the archive by size and modification
 time, the destination, the upload id and the part size; each part done keeps the ETag the store returned and its
-MD5 and CRC64NVME. The push trusts a part only when the store still lists it with that ETag and the archive's
-bytes there still have that MD5.
+CRC64NVME and, when it was sent with Content-MD5, its MD5. The push trusts a part only when the store still lists
+it with that ETag and the archive's bytes there still have that MD5 (or CRC64NVME), or the store lists it with
+the MD5 of the bytes here as its ETag.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ class Journal:
     checksum: str  # format/push.py CHECKSUM_*
     sha256: str
     started_at: str
-    parts: dict[str, dict] = field(default_factory=dict)  # "1" -> {etag, md5, crc64nvme, bytes}
+    parts: dict[str, dict] = field(default_factory=dict)  # "1" -> {etag, md5 (or None), crc64nvme, bytes}
     format: str = JOURNAL_FORMAT
 
     def same_upload(self, other: "Journal") -> bool:
