@@ -74,10 +74,12 @@ def push(archive, dest, *, endpoint_url: str | None = None, read_back: bool = Fa
 
 
 def seal_follower(dest, **options):
-    """For `OUTDIR --push DEST`: a follower that uploads the archive while the seal writes it (follow.py), or None
-    for a folder destination (a local copy after the seal costs little)."""
+    """For `OUTDIR --push DEST`: a follower that uploads the archive while the seal writes it (follow.py), or
+    copies it into a folder while the seal writes it (local.FolderFollower)."""
     if not is_s3(str(dest)):
-        return None
+        from .local import FolderFollower
+
+        return FolderFollower(dest, **options)
     from .follow import SealFollower
 
     return SealFollower(str(dest), **options)
@@ -176,11 +178,20 @@ def _write_receipt_here(archive: Path, receipt: dict) -> tuple[Path, bytes]:
 # ---- a folder ------------------------------------------------------------------------------------------
 def _push_folder(archive: Path, dest, sha256: str, sidecars: list, *, progress: Progress, started: float,
                  uploaded_at: str) -> PushResult:
-    from .local import copy_verified, write_small
+    from .local import copy_verified
     from .store import folder_destination
 
     folder = folder_destination(dest)
     _, size, crc = copy_verified(archive, folder, expected_sha256=sha256, progress=progress)
+    return finish_folder(archive, folder, sha256, sidecars, size=size, crc=crc, started=started,
+                         uploaded_at=uploaded_at)
+
+
+def finish_folder(archive: Path, folder: Path, sha256: str, sidecars: list, *, size: int, crc: int | None,
+                  started: float, uploaded_at: str, overlapped: bool = False) -> PushResult:
+    """After the copy took its name (verified): the sidecars, then the receipt (last)."""
+    from .local import write_small
+
     for name, data in sidecars:
         write_small(folder, name, data)
     receipt = _receipt(str(folder.resolve()), archive.name, version_id=None, etag=None, size=size, sha256=sha256,
@@ -188,7 +199,7 @@ def _push_folder(archive: Path, dest, sha256: str, sidecars: list, *, progress: 
                        verified_by=VERIFIED_BY_READ_BACK, sidecars=sidecars, endpoint=None)
     path, data = _write_receipt_here(archive, receipt)
     write_small(folder, path.name, data)
-    return PushResult(receipt, path)
+    return PushResult(receipt, path, overlapped=overlapped)
 
 
 # ---- S3 ------------------------------------------------------------------------------------------------

@@ -3,18 +3,33 @@
 The copy is hashed as it is written and read back from the destination after fsync (its cached pages dropped
 first where the system allows, so the read goes to the share), and it takes its name only when both digests
 equal the archive's. A kill leaves only `.<name>.<pid>.<random>.partial`, which the next push there removes.
+
+`itera-verify OUTDIR --push FOLDER` copies while the seal writes (FolderFollower, the folder's counterpart of
+push/follow.SealFollower): each range is copied once the seal's writer says its bytes are final
+(archive/output.WrittenBytes), so the end of the rental pays for the last range, the fsync and the read-back of
+the copy, not for a whole second pass. The copy takes its name only after the seal published the archive and the
+copy, read back from the destination, hashes to the SHA-256 the seal's own read-back computed; a seal that does
+not publish abandons it (the partial copy is removed). A kill -9 leaves the partial copy, which the next push
+there removes before it copies the archive again, verified, with its receipt.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import threading
+import time
 from pathlib import Path
 
 from ..archive.publish import fsync_folder, partial_path, remove_stale_partials
+from ..archive.writeback import start_writeback
 from ..runtime.progress import NULL_PROGRESS, Progress
+from .deadline import DeadlineWatch
+from .multipart import _read_part
 from .store import PushError, PushUnverified
 
 CHUNK = 8 << 20
+WAIT_SECONDS = 0.5  # how often a waiting follower looks whether it was abandoned
+ABANDON_SECONDS = 15
 
 
 def copy_verified(source: Path, folder: Path, expected_sha256: str | None = None,
@@ -92,3 +107,154 @@ def write_small(folder: Path, name: str, data: bytes) -> None:
         raise PushError(f"{folder}: cannot write {name} ({exc.strerror or exc})") from None
     finally:
         partial.unlink(missing_ok=True)
+
+
+class _Abandoned(Exception):
+    """The seal did not publish: stop copying."""
+
+
+class FolderFollower:
+    """Follows one seal's archive into a folder (`OUTDIR --push FOLDER`), with the interface of
+    push/follow.SealFollower: begin / tap / sealed / abandon from the seal, result() from the caller. States:
+    idle (never attached, or the folder is the archive's own: the caller pushes after the seal instead),
+    following, sealed, abandoned."""
+
+    def __init__(self, dest, *, progress: Progress = NULL_PROGRESS, deadline: float | None = None, warn=None,
+                 **_s3_options):
+        from .store import folder_destination
+
+        self.folder, self.progress = folder_destination(dest), progress
+        self.watch = DeadlineWatch(deadline, warn or progress.log)  # the workflow sets the rental's end on it
+        self.state = "idle"
+        self._abandoned = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._source = self._target = None  # file descriptors: the partial archive, the partial copy
+        self._copied = 0
+        self._crc, self._crc64nvme = 0, None
+        self._sealed: tuple[Path, str, int] | None = None
+
+    def set_deadline(self, end) -> None:
+        self.watch.deadline = end.timestamp() if end is not None else None
+
+    # ---- the seal's side ---------------------------------------------------------------------------------
+    def begin(self, partial: Path, written, name: str, bound: int, estimate=None) -> None:
+        self.destination = self.folder / name
+        if self.destination.resolve() == Path(partial).with_name(name).resolve():
+            return  # the archive's own folder: idle, and the push after the seal says why (copy_verified)
+        try:  # the receipt's CRC64NVME, from the seal's read-back (tap), when awscrt is installed
+            from awscrt.checksums import crc64nvme
+            self._crc64nvme = crc64nvme
+        except ImportError:
+            pass
+        self.written, self.started, self.uploaded_at = written, time.monotonic(), _now()
+        remove_stale_partials(self.destination)
+        self.partial = partial_path(self.destination)
+        try:
+            self._target = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
+                                   0o644)
+        except OSError as exc:  # said by the push after the seal, which tries the folder again
+            self._error = PushError(f"{self.folder}: cannot write the copy ({exc.strerror or exc})")
+            return
+        self._source = os.open(partial, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))  # kept open past the rename
+        self.state = "following"
+        self._thread = threading.Thread(target=self._run, name="push-follow", daemon=True)
+        self._thread.start()
+
+    def tap(self, data) -> None:
+        if self._crc64nvme is not None:
+            self._crc = self._crc64nvme(data, self._crc)
+
+    def sealed(self, path: Path, sha256: str, size: int) -> None:
+        if self.state == "following":
+            self._sealed = (Path(path), sha256, size)
+            self.state = "sealed"
+
+    def abandon(self) -> None:
+        """Nothing was sealed: stop and remove the partial copy (waits a bounded time; idempotent)."""
+        if self.state != "following":
+            return
+        self.state = "abandoned"
+        self._abandoned.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(ABANDON_SECONDS)
+        self._close()
+        self.partial.unlink(missing_ok=True)
+
+    # ---- the caller's side -------------------------------------------------------------------------------
+    def result(self):
+        """After sealed(): the copy is synced, read back from the folder and compared with the SHA-256 the seal
+        verified; then it takes its name, and `.sha256`, `.sig` and the receipt follow, as push() does."""
+        from . import archive_sidecars, finish_folder
+
+        if self.state != "sealed":
+            raise PushError(f"{self.folder}: nothing was sealed, nothing copied")
+        try:
+            try:
+                while self._thread.is_alive():  # bounded joins: Ctrl-C still reaches this thread
+                    self._thread.join(WAIT_SECONDS)
+            finally:
+                self._close()
+            if self._error is not None:
+                raise self._error
+            archive, sha256, size = self._sealed
+            if self._copied != size:
+                raise PushUnverified(f"{self.destination}: {self._copied} bytes copied, the archive has {size}")
+            back = _read_back(self.partial)
+            if back != sha256:
+                raise PushUnverified(f"{self.destination}: the copy reads back as sha256 {back}, the archive is "
+                                     f"{sha256}")
+            os.replace(self.partial, self.destination)
+            fsync_folder(self.folder)
+        except OSError as exc:
+            raise PushError(f"{self.folder}: cannot write the copy ({exc.strerror or exc})") from None
+        finally:
+            self.partial.unlink(missing_ok=True)
+        _, sidecars = archive_sidecars(archive)
+        return finish_folder(archive, self.folder, sha256, sidecars, size=size,
+                             crc=self._crc if self._crc64nvme is not None else None, started=self.started,
+                             uploaded_at=self.uploaded_at, overlapped=True)
+
+    # ---- the thread --------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        self.progress.start("push", f"copying {self.destination.name} while sealing", unit="B")
+        offset = 0
+        try:
+            while True:
+                available, final, failed = self.written.wait_for(offset + CHUNK, WAIT_SECONDS)
+                if failed or self._abandoned.is_set():
+                    raise _Abandoned()
+                end = min(available, offset + CHUNK) if final is None else min(final, offset + CHUNK)
+                if end <= offset and final is None:
+                    continue
+                if end > offset:
+                    data = _read_part(self._source, offset, end - offset)
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.pwrite(self._target, view, offset + len(data) - len(view)):]
+                    start_writeback(self._target, offset, len(data))  # the final fsync then has little to do
+                    self.progress.advance("push", len(data))
+                    offset = end
+                if final is not None and offset >= final:
+                    break
+            os.fsync(self._target)
+            self._copied = offset
+        except _Abandoned:
+            pass
+        except (PushError, PushUnverified) as exc:
+            self._error = exc
+        except OSError as exc:
+            self._error = PushError(f"{self.folder}: cannot write the copy ({exc.strerror or exc})")
+        finally:
+            self.progress.finish("push")
+
+    def _close(self) -> None:
+        for name in ("_source", "_target"):
+            fd = getattr(self, name)
+            setattr(self, name, None)
+            if fd is not None:
+                os.close(fd)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
