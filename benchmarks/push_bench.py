@@ -98,7 +98,7 @@ def generate_campaign(root: Path, total: int) -> None:
         run.artifact(folder / "model.safetensors", "safetensors")
         with run.predictions() as stream:
             for position, example in enumerate(ids):
-                stream.write(example, "positive" if (position * (index + 3)) % 7 else "negative")
+                stream.write(example, ("positive", "negative", "neutral")[(position + index) % 3])
         run.complete()
     campaign.decision("continue", after="pilot")
     campaign.close("positive", "r16 matches the control", accepted=list(RUNS[:2]), error_analysis="# none\n",
