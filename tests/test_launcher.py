@@ -21,10 +21,9 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 
 
 def context(package_dir):
-    from itera_verify import package
+    from itera_verify.package import RunContext, discover
 
-    found = package.discover(package_dir)
-    return package.RunContext(found) if hasattr(package, "RunContext") else found  # the run context, issue 24
+    return RunContext(discover(package_dir))
 
 
 def test_sigterm_during_the_reloads_and_during_the_seal_meet_one_handler(package_dir, tmp_path, monkeypatch):
