@@ -59,9 +59,9 @@ def child(folder: str, trace: bool) -> None:
     import tracemalloc
 
     from itera_verify.package import readers
-    from itera_verify.package import discover
+    from itera_verify.package import RunContext, discover
 
-    package = discover(folder)
+    package = RunContext(discover(folder))
     rss_before = peak_rss_bytes()
     started = time.perf_counter()
     eval_ids = readers.read_eval_ids(package, "eval_ids.txt")
