@@ -356,15 +356,14 @@ class RunContext:
     folder patterns, and the reload results once the reload phase ran (None when it was skipped)."""
 
     inventory: Inventory
-    documents: Documents = field(default=None, repr=False)  # type: ignore[assignment]  # built over inventory
+    documents: Documents = field(init=False, repr=False)  # built over the inventory, one per context
     settings: dict[str, Any] = field(default_factory=dict)
     hf_cache: Path | None = None
     tmp_patterns: tuple[str, ...] = ()
     reloads: list | None = None
 
     def __post_init__(self) -> None:
-        if self.documents is None:
-            self.documents = Documents(self.inventory)
+        self.documents = Documents(self.inventory)
 
 
 def discover(root: str | os.PathLike) -> Inventory:

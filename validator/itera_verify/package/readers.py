@@ -2,7 +2,7 @@
 
 They return facts (records, line errors, series, id coverage) and never findings: the structure rules turn
 the facts into IV103/IV104, the identity and stop rules into IV303/IV404/IV405. Each file is read once per
-package (memoised on the package object). Predictions are never held in memory: one pass, with state bounded
+package (memoised in ctx.documents' caches). Predictions are never held in memory: one pass, with state bounded
 by the number of eval ids, so a 2-million-line file costs what its id list costs. The lines themselves (JSONL
 parsed or validated, CSV rows, line errors) come from linerecords.py.
 """

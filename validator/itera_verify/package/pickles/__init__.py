@@ -191,8 +191,8 @@ SCAN_BUDGET_SETTING = "pickle_scan_budget"
 
 def scan_package(ctx) -> dict[str, ScanResult]:
     """Scan each candidate file of a package once (pickle extension or pickle-like first bytes); the results
-    stay on the package so the reload step refuses what the scan refused, without scanning twice. All the
-    files draw on one Budget: once it is spent, every file left is "cannot be scanned"."""
+    stay in ctx.documents' caches so the reload step refuses what the scan refused, without scanning twice. All
+    the files draw on one Budget: once it is spent, every file left is "cannot be scanned"."""
     results: dict[str, ScanResult] = ctx.documents.cache(SCAN_SETTING)
     units = ctx.settings.get(SCAN_BUDGET_SETTING)
     budget = Budget(units if units is not None else max(DEFAULT_UNITS, _package_bytes(ctx)))
