@@ -150,13 +150,13 @@ class FolderFollower:
         self.written, self.started, self.uploaded_at = written, time.monotonic(), _now()
         remove_stale_partials(self.destination)
         self.partial = partial_path(self.destination)
+        self._source = os.open(partial, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))  # kept open past the rename
         try:
             self._target = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
                                    0o644)
-        except OSError as exc:  # said by the push after the seal, which tries the folder again
-            self._error = PushError(f"{self.folder}: cannot write the copy ({exc.strerror or exc})")
+        except OSError:  # idle: the push after the seal tries the folder again and says why
+            self._close()
             return
-        self._source = os.open(partial, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))  # kept open past the rename
         self.state = "following"
         self._thread = threading.Thread(target=self._run, name="push-follow", daemon=True)
         self._thread.start()
