@@ -97,6 +97,20 @@ def _snapshot_weights(snapshot: Path, weights: str = WEIGHTS) -> list[str] | Non
     return [os.path.realpath(single)] if single.is_file() else None
 
 
+def _component_weights(ctx: RunContext, folder: str, weights: str) -> list[str] | None:
+    """_snapshot_weights for a folder of the package, read through ctx.documents (the reference's folder is in
+    the Hugging Face cache, outside the package)."""
+    index = f"{folder}/{weights}.index.json"
+    if ctx.inventory.is_file(index):
+        value = ctx.documents.json_value(index)
+        weight_map = value.get("weight_map") if isinstance(value, dict) else None
+        names = sorted({n for n in weight_map.values() if isinstance(n, str)}) if isinstance(weight_map, dict) \
+            else []
+        return [os.path.realpath(ctx.documents.path(f"{folder}/{name}")) for name in names] if names else None
+    single = f"{folder}/{weights}"
+    return [os.path.realpath(ctx.documents.path(single))] if ctx.inventory.is_file(single) else None
+
+
 def _snapshot(cache: Path, name: str, revision: str) -> Path | None:
     """The cached snapshot of ORG/NAME at a commit (or at the commit a cached ref names)."""
     if not HUB_ID.fullmatch(name) or "/" in revision or revision in ("", ".", ".."):
@@ -264,7 +278,7 @@ def _pipeline_as_base(ctx: RunContext, digests: Digests, rel: str, snapshot: Pat
         if not sub or "/" in sub:
             continue
         for weights in COMPONENT_WEIGHTS:
-            mine = _snapshot_weights(Path(ctx.documents.path(component)), weights)
+            mine = _component_weights(ctx, component, weights)
             theirs = _snapshot_weights(snapshot / sub, weights) if mine else None
             if mine and theirs:
                 model, original = read_weights(mine), read_weights(theirs)
