@@ -50,6 +50,21 @@ def test_the_current_TMPDIR_is_a_temporary_directory(package_dir, monkeypatch):
     assert [f.pointer for f in only(static_findings(package_dir), "IV201")] == ["/cache_dir"]
 
 
+def test_the_TMPDIR_that_counts_is_the_runs_snapshot_not_a_later_change(package_dir, monkeypatch):
+    from itera_verify.package import RunContext, discover
+    from itera_verify.rules import Selection, run_checks
+    from itera_verify.runtime.environment import Environment
+
+    monkeypatch.delenv("TMPDIR", raising=False)
+    rel = first_params(package_dir)
+    edit_json(package_dir, rel, lambda p: p.__setitem__("cache_dir", "/scratch/job-7/hf"))
+    refresh_hashes(package_dir)
+    ctx = RunContext(discover(package_dir), environment=Environment.read({"TMPDIR": "/scratch/job-7/"}))
+    monkeypatch.setenv("TMPDIR", "/elsewhere")  # read after the entry point: not this run's setting
+    found = only(run_checks(ctx, Selection(), "static"), "IV201")
+    assert [f.pointer for f in found] == ["/cache_dir"]
+
+
 def test_tmp_path_in_a_text_file_has_its_line(package_dir):
     rel = load_json(package_dir, "manifest.json")["decision"]["error_analysis"]
     text = (package_dir / rel).read_text()

@@ -70,3 +70,12 @@ def test_a_package_with_nothing_to_read_keeps_the_prior_and_says_so(tmp_path):
     rental = summary.rental_summary(context(tmp_path / "pkg"), now=datetime(2029, 12, 31, tzinfo=UTC))
     assert rental["rates"]["seal_bytes_per_second"] == summary.SEAL_BYTES_PER_SECOND
     assert rental["rates"]["seal_rate_source"].startswith("a prior")
+
+
+def test_the_rate_is_measured_at_the_seals_own_level_and_threads(package):
+    ctx = context(package)
+    ctx.settings["seal_level"], ctx.settings["seal_threads"] = 9, 1  # what verify(--level 9 --threads 1) sets
+    rental = summary.rental_summary(ctx, now=datetime(2029, 12, 31, tzinfo=UTC))
+    measured = ctx.settings["seal_rate"]
+    assert (measured.level, measured.workers) == (9, 1)
+    assert "zstd level 9, 1 thread)" in rental["rates"]["seal_rate_source"]

@@ -282,26 +282,26 @@ def _recheck(path: Path, size: int, workdir: str, extraction: Extraction, select
              "top_folder": extraction.top, "stream": "ok" if extraction.error is None else extraction.error.kind,
              "refused_members": len(extraction.refused), "rechecked": False}
     package_root = Path(workdir) / (extraction.top or "")
-    package, unwalkable = None, None
+    ctx, unwalkable = None, None
     try:
         if extraction.error is None and extraction.top is not None and not package_root.is_symlink() \
                 and package_root.is_dir():
-            package = RunContext(discover(package_root))
+            ctx = RunContext(discover(package_root), environment=environment)
     except (OSError, UsageError) as exc:  # e.g. names nested past PATH_MAX: hostile, not checkable
         unwalkable = str(exc)[:300]
-    if package is None:
+    if ctx is None:
         report = Report(package=str(path), mode="audit", reloaded=False, strict=selection.strict)
         report.audit = facts
         return report, unwalkable
-    package.hf_cache = resolve_hf_cache(hf_cache, environment)
-    package.tmp_patterns = tuple(tmp_patterns)
+    ctx.hf_cache = resolve_hf_cache(hf_cache, environment)
+    ctx.tmp_patterns = tuple(tmp_patterns)
     if tariffs is not None:
-        package.settings["tariffs"] = tariffs
-    package.settings[SCAN_BUDGET_SETTING] = scan_budget  # the pickle scan's work is bounded by --max-size
-    findings, reloads = check_package(package, selection, reload=reload, device=device or "cpu", timeout=timeout,
-                                      jobs=jobs, progress=progress, processes=check_processes(package),
+        ctx.settings["tariffs"] = tariffs
+    ctx.settings[SCAN_BUDGET_SETTING] = scan_budget  # the pickle scan's work is bounded by --max-size
+    findings, reloads = check_package(ctx, selection, reload=reload, device=device or "cpu", timeout=timeout,
+                                      jobs=jobs, progress=progress, processes=check_processes(ctx),
                                       isolation=isolation, environment=environment)
-    report = build_report(package, findings, reloads, selection, mode="audit", reloaded=reload, device=device)
+    report = build_report(ctx, findings, reloads, selection, mode="audit", reloaded=reload, device=device)
     report.package = str(path)  # the archive, never the temporary folder
     report.audit = {**facts, "rechecked": True}
     return report, None

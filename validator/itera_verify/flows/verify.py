@@ -15,62 +15,62 @@ from ..rules import Selection, StartedChecks, all_rules, run_checks
 from ..report import summary
 
 
-def default_archive_path(package: RunContext, campaign_id: str, output: str | os.PathLike | None) -> Path:
+def default_archive_path(ctx: RunContext, campaign_id: str, output: str | os.PathLike | None) -> Path:
     """-o FILE.tar.zst, -o FOLDER/ (created), or `<campaign_id>.tar.zst` beside the package (seal/destination.py)."""
     from ..seal.destination import archive_destination
 
-    return archive_destination(package.inventory.root, campaign_id, output, create=True)
+    return archive_destination(ctx.inventory.root, campaign_id, output, create=True)
 
 
 PARALLEL_MIN_FILES = 1000
 PARALLEL_MIN_BYTES = 64 << 20
 
 
-def check_processes(package: RunContext) -> int:
+def check_processes(ctx: RunContext) -> int:
     """Processes for the static checks: one per core, up to the number of families worth a share (three), on a
     package big enough that a fork (milliseconds) is noise beside the checks (seconds on 20,000 files). The
     callers use it where nothing else keeps the cores busy (not beside a seal)."""
     from ..archive import worker_count
 
     cores = worker_count(0)  # every core this process may use
-    scanned = sum(entry.size for rel, entry in package.inventory.files.items() if not rel.endswith(".safetensors"))
-    big = len(package.inventory.files) >= PARALLEL_MIN_FILES or scanned >= PARALLEL_MIN_BYTES
+    scanned = sum(entry.size for rel, entry in ctx.inventory.files.items() if not rel.endswith(".safetensors"))
+    big = len(ctx.inventory.files) >= PARALLEL_MIN_FILES or scanned >= PARALLEL_MIN_BYTES
     return min(cores, 3) if big else 1
 
 
-def check_package(package: RunContext, selection: Selection, *, reload: bool, device: str, timeout: float,
+def check_package(ctx: RunContext, selection: Selection, *, reload: bool, device: str, timeout: float,
                   jobs: int, progress: Progress, processes: int = 1,
                   started: StartedChecks | None = None, isolation: str = "auto",
                   prestarted=None, environment=None) -> tuple[list[Finding], list]:
     """Static checks (in `processes` processes, or those `started` already), then (optionally) the reloads and
     the rules over their facts."""
-    findings = started.result() if started is not None else run_checks(package, selection, "static",
+    findings = started.result() if started is not None else run_checks(ctx, selection, "static",
                                                                        processes=processes)
     reloads: list = []
     if reload:
         from ..reload import run_reloads
 
-        reloads = run_reloads(package, device=device, timeout=timeout, jobs=jobs, progress=progress,
+        reloads = run_reloads(ctx, device=device, timeout=timeout, jobs=jobs, progress=progress,
                               isolation=isolation, prestarted=prestarted, environment=environment)
-        package.reloads = reloads
-        findings += run_checks(package, selection, "reload")
+        ctx.reloads = reloads
+        findings += run_checks(ctx, selection, "reload")
     return findings, reloads
 
 
-def build_report(package: RunContext, findings: list[Finding], reloads: list, selection: Selection, *,
+def build_report(ctx: RunContext, findings: list[Finding], reloads: list, selection: Selection, *,
                  mode: str, reloaded: bool, device: str | None) -> Report:
-    report = Report(package=str(package.inventory.root), mode=mode, findings=findings, reloads=reloads,
+    report = Report(package=str(ctx.inventory.root), mode=mode, findings=findings, reloads=reloads,
                     reloaded=reloaded, strict=selection.strict, device=device)
-    campaign_id = package.documents.manifest.get("campaign_id")
+    campaign_id = ctx.documents.manifest.get("campaign_id")
     report.campaign_id = campaign_id if isinstance(campaign_id, str) else None
     report.rules = {code: {"severity": selection.severity(code).value, "title": rule.title, "family": rule.family}
                     for code, rule in all_rules().items() if selection.enabled(code)}
     blocking = [f for f in findings if selection.blocks(f)]
-    report.budget = summary.budget_summary(package, blocking)
-    report.plan = summary.plan_summary(package)
-    report.runs = summary.runs_summary(package, findings)
-    report.curves = summary.metric_curves(package)
-    report.named_metrics = summary.named_metrics(package)
+    report.budget = summary.budget_summary(ctx, blocking)
+    report.plan = summary.plan_summary(ctx)
+    report.runs = summary.runs_summary(ctx, findings)
+    report.curves = summary.metric_curves(ctx)
+    report.named_metrics = summary.named_metrics(ctx)
     return report
 
 
@@ -99,25 +99,26 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
         from ..reload import resolve_device
 
         resolved_device = resolve_device(device)  # --device cuda without a GPU fails before any work
-    package = RunContext(discover(path))
+    ctx = RunContext(discover(path), environment=options.environment)
     if deadline is not None:
-        package.settings["deadline"] = deadline
-    package.settings["push"] = pushing
-    rental = summary.rental_summary(package, push=package.settings["push"])
+        ctx.settings["deadline"] = deadline
+    ctx.settings["push"] = pushing
+    ctx.settings["seal_level"], ctx.settings["seal_threads"] = level, threads  # the rate is measured at these
+    rental = summary.rental_summary(ctx, push=ctx.settings["push"])
     if rental is not None and rental.get("warning"):
         progress.log(f"WARNING: {rental['warning']}")  # now, before the checks and the seal: time to act
     if push is not None:  # the overlapped upload measures its first parts against the same end
-        push.set_deadline(summary.rental_end(package)[0])
-    package.hf_cache = resolve_hf_cache(hf_cache, options.environment)
-    package.tmp_patterns = tuple(tmp_patterns)
+        push.set_deadline(summary.rental_end(ctx)[0])
+    ctx.hf_cache = resolve_hf_cache(hf_cache, options.environment)
+    ctx.tmp_patterns = tuple(tmp_patterns)
     if tariffs is not None:
-        package.settings["tariffs"] = tariffs
+        ctx.settings["tariffs"] = tariffs
     from ..seal import termination_unwinds
 
     if seal:  # an -o that cannot work is exit 2 before any check (seal/destination.py)
         from ..seal.destination import read_output
 
-        read_output(package.inventory.root, output)
+        read_output(ctx.inventory.root, output)
     seal_options = dict(output=output, overwrite=overwrite, level=level, threads=threads, progress=progress)
     with termination_unwinds():  # SIGTERM unwinds like Ctrl-C: a seal begun beside the checks is removed
         static_checks, sealing, prestarted, signer = None, None, None, None
@@ -125,24 +126,24 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
             if sign is not None:  # a key the agent does not hold stops the command before any work
                 from ..seal.sign import open_signer
 
-                signer = open_signer(sign, package)
+                signer = open_signer(sign, ctx)
             if seal:
                 # Beside a seal the checks run in one child process, forked before the seal's threads start:
                 # both cores are busy already, and the seal's threads then have this interpreter to themselves.
-                static_checks = StartedChecks(package, selection, "static", detached=True)
+                static_checks = StartedChecks(ctx, selection, "static", detached=True)
             if reload:  # the reload zygote imports its libraries while the static checks run (reload/runner.py)
                 from ..reload import prestart
 
-                prestarted = prestart(package, device=resolved_device, jobs=jobs, isolation=isolation,
+                prestarted = prestart(ctx, device=resolved_device, jobs=jobs, isolation=isolation,
                                       environment=options.environment)
             if seal:
-                sealing = start_sealing(package, follower=push, **seal_options)
-            findings, reloads = check_package(package, selection, reload=reload, device=resolved_device or "cpu",
+                sealing = start_sealing(ctx, follower=push, **seal_options)
+            findings, reloads = check_package(ctx, selection, reload=reload, device=resolved_device or "cpu",
                                               timeout=timeout, jobs=jobs, progress=progress,
-                                              processes=1 if static_checks is not None else check_processes(package),
+                                              processes=1 if static_checks is not None else check_processes(ctx),
                                               started=static_checks, isolation=isolation,
                                               prestarted=prestarted, environment=options.environment)
-            report = build_report(package, findings, reloads, selection, mode="verify", reloaded=reload,
+            report = build_report(ctx, findings, reloads, selection, mode="verify", reloaded=reload,
                                   device=resolved_device)
             report.configuration = options.configuration
             if not seal:
@@ -151,7 +152,7 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
                 report.seal_skipped = ("findings at error level"
                                        + (" (or warnings with --strict)" if selection.strict else ""))
             else:
-                seal_report(package, report, selection, sealing=sealing, signer=signer, **seal_options)
+                seal_report(ctx, report, selection, sealing=sealing, signer=signer, **seal_options)
         finally:
             if signer is not None:
                 signer.close()
@@ -165,7 +166,7 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
     return report
 
 
-def start_sealing(package: RunContext, *, output, overwrite: bool, level: int, threads: int, progress: Progress,
+def start_sealing(ctx: RunContext, *, output, overwrite: bool, level: int, threads: int, progress: Progress,
                   follower=None):
     """Begin the seal before the checks, on its own threads: reading, hashing and compressing the package
     overlaps the checks (which mostly run on one core), and the result is thrown away unless they pass. None
@@ -173,26 +174,26 @@ def start_sealing(package: RunContext, *, output, overwrite: bool, level: int, t
     seal_report then seals after the checks, and reports such a problem the way it always has."""
     from ..seal import SealRefused, Sealing
 
-    campaign_id = package.documents.manifest.get("campaign_id")
+    campaign_id = ctx.documents.manifest.get("campaign_id")
     if not isinstance(campaign_id, str):
         return None
     try:
-        sealing = Sealing(package, campaign_id, default_archive_path(package, campaign_id, output),
+        sealing = Sealing(ctx, campaign_id, default_archive_path(ctx, campaign_id, output),
                           overwrite=overwrite, level=level, threads=threads, progress=progress, follower=follower)
         return sealing.start()
     except (UsageError, SealRefused, OSError, ValueError):
         return None
 
 
-def seal_report(package: RunContext, report: Report, selection: Selection, *, output, overwrite: bool, level: int,
+def seal_report(ctx: RunContext, report: Report, selection: Selection, *, output, overwrite: bool, level: int,
                 threads: int, progress: Progress, sealing=None, signer=None) -> None:
     """Seal the package with the report inside; a file changed since the check turns into IV704 findings.
     `sealing`: a seal started beside the checks, finished here with the report; None seals now."""
     from ..rules.archive import seal_findings
     from ..seal import SealRefused, seal_package
 
-    campaign_id = report.campaign_id or package.inventory.root.resolve().name
-    destination = default_archive_path(package, campaign_id, output)
+    campaign_id = report.campaign_id or ctx.inventory.root.resolve().name
+    destination = default_archive_path(ctx, campaign_id, output)
     if sealing is not None and (sealing.campaign_id, sealing.destination) != (campaign_id, destination):
         sealing.cancel()
         sealing = None
@@ -205,7 +206,7 @@ def seal_report(package: RunContext, report: Report, selection: Selection, *, ou
         if sealing is not None:
             report.archive = sealing.finish(members, signer)
         else:
-            report.archive = seal_package(package, campaign_id, members, destination, overwrite=overwrite,
+            report.archive = seal_package(ctx, campaign_id, members, destination, overwrite=overwrite,
                                           level=level, threads=threads, progress=progress, signer=signer)
     except SealRefused as refused:
         report.sealed = False

@@ -61,19 +61,19 @@ def prove(root: str, artifact: str, *, device: str, timeout: float, hf_cache: st
     from ..runtime.hfcache import resolve_hf_cache
     from ..runtime.progress import NULL_PROGRESS
 
-    package = RunContext(discover(root))
-    package.hf_cache = resolve_hf_cache(hf_cache)
-    listed = next((a for a in package.documents.artifacts() if a.get("id") == artifact), None)
+    ctx = RunContext(discover(root))
+    ctx.hf_cache = resolve_hf_cache(hf_cache)
+    listed = next((a for a in ctx.documents.artifacts() if a.get("id") == artifact), None)
     if listed is None:
         return {"ok": False, "error": f"{artifact} is not an artifact of the package", "codes": []}
-    rel = package.inventory.normalise_ref(listed["path"]) if isinstance(listed.get("path"), str) else None
-    findings = [f for f in run_checks(package, Selection(select=STATIC_CODES), "static")
+    rel = ctx.inventory.normalise_ref(listed["path"]) if isinstance(listed.get("path"), str) else None
+    findings = [f for f in run_checks(ctx, Selection(select=STATIC_CODES), "static")
                 if _concerns(f, artifact, rel)]
     left = timeout - (time.monotonic() - started) - RESULT_SECONDS
-    reloads = run_reloads(package, device=device, timeout=max(1.0, left), jobs=1, progress=NULL_PROGRESS,
+    reloads = run_reloads(ctx, device=device, timeout=max(1.0, left), jobs=1, progress=NULL_PROGRESS,
                           only={artifact})
-    package.reloads = reloads
-    findings += [f for f in run_checks(package, Selection(select=RELOAD_CODES), "reload")
+    ctx.reloads = reloads
+    findings += [f for f in run_checks(ctx, Selection(select=RELOAD_CODES), "reload")
                  if _concerns(f, artifact, rel)]
     reload = reloads[0] if reloads else None
     result = {"ok": bool(reload is not None and reload.ok and not findings),

@@ -17,6 +17,7 @@ from typing import Any, BinaryIO, Iterator, Mapping
 
 from ..format.names import MANIFEST, RELOAD, STOPS  # noqa: F401  (the rules read them here)
 from ..model import UsageError
+from ..runtime.environment import Environment
 from .files import READ_FLAGS, open_binary, read_safetensors_header
 
 HASH_CHUNK = 1 << 20
@@ -361,6 +362,8 @@ class RunContext:
     hf_cache: Path | None = None
     tmp_patterns: tuple[str, ...] = ()
     reloads: list | None = None
+    # The run's environment, read once at the entry point (runtime/environment.py): TMPDIR for the path rules.
+    environment: Environment = field(default_factory=Environment.read)
 
     def __post_init__(self) -> None:
         self.documents = Documents(self.inventory)

@@ -30,7 +30,7 @@ from ..format.push import CHECKSUM_CRC64NVME, CHECKSUM_MD5, FOLLOW_PART_SIZE, pa
 from ..runtime.progress import NULL_PROGRESS, Progress
 from . import journal as journals
 from .deadline import DeadlineWatch
-from .multipart import _read_part
+from .multipart import PartBuffers
 from .store import PushError, PushUnverified, S3Location, explain, s3_destination
 
 WAIT_SECONDS = 0.5  # how often a waiting follower looks whether it was abandoned
@@ -183,6 +183,7 @@ class SealFollower:
     def _send_parts(self) -> None:
         self.progress.start("push", f"pushing {self.location.key.rsplit('/', 1)[-1]} while sealing", unit="B")
         number, offset, crc, acked = 1, 0, 0, [0]
+        self._buffers = PartBuffers(self.part_size)
         try:
             with ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="push-part") as pool:
                 running: set = set()
@@ -193,12 +194,14 @@ class SealFollower:
                     if final is None and available < offset + self.part_size:
                         continue
                     end = offset + self.part_size if final is None else min(offset + self.part_size, final)
-                    data = _read_part(self._fd, offset, end - offset)
+                    data = self._buffers.read(self._fd, offset, end - offset)
                     crc = self._crc64nvme(data, crc)
                     while len(running) >= self.jobs:
                         self._collect(wait(running, return_when=FIRST_COMPLETED).done, running, acked)
                     self.watch.begin()
-                    running.add(pool.submit(self._put, number, data))
+                    future = pool.submit(self._put, number, data)
+                    self._buffers.lend(future, data)
+                    running.add(future)
                     del data
                     number, offset = number + 1, end
                     if final is not None and offset >= final:
@@ -209,7 +212,7 @@ class SealFollower:
             self.progress.finish("push")
         self._sent = (offset, crc)
 
-    def _put(self, number: int, data: bytes):
+    def _put(self, number: int, data):
         from .multipart import _put_part, part_md5
 
         if self._abandoned.is_set():
@@ -223,6 +226,7 @@ class SealFollower:
         failures = []
         for future in finished:
             running.discard(future)
+            self._buffers.take_back(future)
             try:
                 self._record(future.result(), acked)
             except BaseException as exc:  # noqa: BLE001 - raised below, after the others are recorded

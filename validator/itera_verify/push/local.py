@@ -24,7 +24,7 @@ from ..archive.publish import fsync_folder, partial_path, remove_stale_partials
 from ..archive.writeback import start_writeback
 from ..runtime.progress import NULL_PROGRESS, Progress
 from .deadline import DeadlineWatch
-from .multipart import _read_part
+from .multipart import PartBuffers
 from .store import PushError, PushUnverified
 
 CHUNK = 8 << 20
@@ -218,7 +218,7 @@ class FolderFollower:
     # ---- the thread --------------------------------------------------------------------------------------
     def _run(self) -> None:
         self.progress.start("push", f"copying {self.destination.name} while sealing", unit="B")
-        offset = 0
+        offset, buffers = 0, PartBuffers(CHUNK)  # one buffer, written over: no fresh pages for every range
         try:
             while True:
                 available, final, failed = self.written.wait_for(offset + CHUNK, WAIT_SECONDS)
@@ -228,10 +228,11 @@ class FolderFollower:
                 if end <= offset and final is None:
                     continue
                 if end > offset:
-                    data = _read_part(self._source, offset, end - offset)
+                    data = buffers.read(self._source, offset, end - offset)
                     view = memoryview(data)
                     while view:
                         view = view[os.pwrite(self._target, view, offset + len(data) - len(view)):]
+                    buffers.take_back(data=data)
                     start_writeback(self._target, offset, len(data))  # the final fsync then has little to do
                     self.progress.advance("push", len(data))
                     offset = end

@@ -274,27 +274,27 @@ def _parallel(device: str, jobs: int, gpus: list[int]) -> tuple[int, int]:
     return parallel, max(1, (os.cpu_count() or 1) // parallel) if parallel > 1 else 0
 
 
-def prestart(package: RunContext, *, device: str, jobs: int, isolation: str = "auto",
+def prestart(ctx: RunContext, *, device: str, jobs: int, isolation: str = "auto",
              environment: Environment | None = None) -> Prestarted | None:
     """Start the run's zygote now; run_reloads(prestarted=...) uses it, close() ends it if it never is."""
-    if not can_fork(isolation) or not package.documents.artifacts():
+    if not can_fork(isolation) or not ctx.documents.artifacts():
         return None
-    root = os.path.realpath(package.inventory.root)
+    root = os.path.realpath(ctx.inventory.root)
     folders = []
-    for artifact in package.documents.artifacts():
-        rel = package.inventory.normalise_ref(artifact["path"]) if isinstance(artifact.get("path"), str) else None
-        real = os.path.realpath(package.inventory.abspath(rel)) if rel is not None else ""
+    for artifact in ctx.documents.artifacts():
+        rel = ctx.inventory.normalise_ref(artifact["path"]) if isinstance(artifact.get("path"), str) else None
+        real = os.path.realpath(ctx.inventory.abspath(rel)) if rel is not None else ""
         if real.startswith(root + os.sep) and os.path.isdir(real):
             folders.append({"path": real})
     _, threads = _parallel(device, jobs, visible_gpus() if device == "cuda" else [])
     children = Launcher(environment=environment)
-    hf_cache = os.path.abspath(package.hf_cache) if package.hf_cache else None
-    loaders = [reload_entry(package, artifact)[1] for artifact in package.documents.artifacts()]
+    hf_cache = os.path.abspath(ctx.hf_cache) if ctx.hf_cache else None
+    loaders = [reload_entry(ctx, artifact)[1] for artifact in ctx.documents.artifacts()]
     zygote = Zygote(children, zygote_env(threads, hf_cache, children.environment), model_types(folders), light(loaders))
     return Prestarted(children, zygote, isolation)
 
 
-def run_reloads(package: RunContext, *, device: str, timeout: float, jobs: int, progress,
+def run_reloads(ctx: RunContext, *, device: str, timeout: float, jobs: int, progress,
                 only: set[str] | None = None, prefetch: bool | None = None,
                 isolation: str = "auto", prestarted: Prestarted | None = None,
                 memory_limit: int | None = None, environment: Environment | None = None) -> list[ReloadResult]:
@@ -309,11 +309,11 @@ def run_reloads(package: RunContext, *, device: str, timeout: float, jobs: int, 
     zygote brings its own."""
     gpus = visible_gpus() if device == "cuda" else []
     parallel, threads = _parallel(device, jobs, gpus)  # one reload per GPU at a time
-    chosen = [a for a in package.documents.artifacts() if only is None or a.get("id") in only]
+    chosen = [a for a in ctx.documents.artifacts() if only is None or a.get("id") in only]
     children = prestarted.children if prestarted is not None else Launcher(environment=environment)
     # One host memory limit for every child, else each its own.
     limit = memory_limit or configured_limit(children.environment)
-    plans = [plan(package, artifact, device, threads, limit) for artifact in chosen]
+    plans = [plan(ctx, artifact, device, threads, limit) for artifact in chosen]
     results: list[ReloadResult | None] = [p if isinstance(p, ReloadResult) else None for p in plans]
     progress.start("reload", "reloading artifacts", total=len(plans), unit="artifacts")
     for _ in (r for r in results if r is not None):

@@ -287,7 +287,8 @@ def seal_rate(ctx) -> Measured | None:
     read."""
     if "seal_rate" not in ctx.settings:
         files = [(ctx.inventory.os_path(rel), entry.size) for rel, entry in ctx.inventory.files.items()]
-        ctx.settings["seal_rate"] = measure_seal(files)
+        ctx.settings["seal_rate"] = measure_seal(files, level=ctx.settings.get("seal_level", 3),
+                                                 threads=ctx.settings.get("seal_threads", 0))
     return ctx.settings["seal_rate"]
 
 

@@ -23,7 +23,7 @@ _WINDOWS_TMP_LONGEST = len(rb"\\AppData\\Local\\Temp")  # the longest text _WIND
 
 def tmp_prefixes(ctx: RunContext) -> list[str]:
     prefixes = list(STANDARD_TMP)
-    tmpdir = os.environ.get("TMPDIR", "").rstrip("/")
+    tmpdir = ctx.environment.tmpdir
     if tmpdir.startswith("/") and tmpdir.count("/") >= 1 and len(tmpdir) > 1:
         prefixes.append(tmpdir)
     prefixes += [p.rstrip("/") for p in ctx.tmp_patterns if p.rstrip("/")]

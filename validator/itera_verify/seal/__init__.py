@@ -55,11 +55,11 @@ __all__ = ["SealRefused", "Sealing", "Terminated", "plan_members", "seal_package
 
 
 # ---- safety around the destination ------------------------------------------------------------------------
-def _check_destination(package: RunContext, destination: Path, overwrite: bool) -> None:
+def _check_destination(ctx: RunContext, destination: Path, overwrite: bool) -> None:
     folder = destination.parent
     if not folder.is_dir():
         raise UsageError(f"{folder}: no such folder for the archive")
-    if inside_package(package.inventory.root, folder):  # the guard --report uses too
+    if inside_package(ctx.inventory.root, folder):  # the guard --report uses too
         raise UsageError(f"{destination}: the archive cannot be written inside the package folder")
     if destination.is_dir():
         raise UsageError(f"{destination}: is a folder")
@@ -85,16 +85,16 @@ class Sealing:
     `follower`: an object with begin(partial, written, name, bound, estimate), tap(bytes), sealed(path, sha256, size)
     and abandon() (push/follow.SealFollower): it reads the archive as it is written (module docstring)."""
 
-    def __init__(self, package: RunContext, campaign_id: str, destination: Path, *, overwrite: bool = False,
+    def __init__(self, ctx: RunContext, campaign_id: str, destination: Path, *, overwrite: bool = False,
                  level: int = 3, threads: int = 0, progress: Progress = NULL_PROGRESS, follower=None):
         destination = Path(destination)
         if not TOP_FOLDER.fullmatch(campaign_id):  # the only top folders the audit accepts
             raise UsageError(f"{campaign_id!r} cannot name the archive's top folder (use letters, digits, '.', "
                              "'_' and '-', not starting with a dot)")
-        _check_destination(package, destination, overwrite)
-        self.package, self.campaign_id, self.destination = package, campaign_id, destination
+        _check_destination(ctx, destination, overwrite)
+        self.package, self.campaign_id, self.destination = ctx, campaign_id, destination
         self.overwrite, self.level, self.threads, self.progress = overwrite, level, threads, progress
-        self.plan = plan_members(package)
+        self.plan = plan_members(ctx)
         self.partial = partial_path(destination)
         self.sums_partial = partial_path(destination, ".sha256")
         self.sig_partial = partial_path(destination, ARCHIVE_SIG_SUFFIX)
@@ -234,13 +234,13 @@ class Sealing:
         self.progress.abandon("seal", "stopped, nothing sealed")
 
 
-def seal_package(package: RunContext, campaign_id: str, members: dict[str, bytes], destination: Path, *,
+def seal_package(ctx: RunContext, campaign_id: str, members: dict[str, bytes], destination: Path, *,
                  overwrite: bool = False, level: int = 3, threads: int = 0,
                  progress: Progress = NULL_PROGRESS, signer: "Signers | None" = None) -> dict:
     """Seal `package` into `destination` in one go (SPEC §3). Returns the report's `archive` object.
     Raises SealRefused (findings) or UsageError (exit 2: destination exists, disk full, unreadable file)."""
     check_extra_members(members)  # before anything is written
-    sealing = Sealing(package, campaign_id, destination, overwrite=overwrite, level=level, threads=threads,
+    sealing = Sealing(ctx, campaign_id, destination, overwrite=overwrite, level=level, threads=threads,
                       progress=progress)
     with termination_unwinds():
         try:
