@@ -3,9 +3,11 @@ one termination handler for the reloads and the seal, one stop event every waite
 in the fork path, and one snapshot of the environment that the children start with and the report records."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -148,3 +150,41 @@ def test_the_api_applies_the_environment_its_config_carries(package_dir):
     report = verify(package_dir, config=Config(environment=Environment.read({"GITHUB_WORKSPACE": "/ws"})),
                     reload=False, seal=False)
     assert report.configuration["environment"] == {"GITHUB_WORKSPACE": "/ws"}
+
+
+def test_kill_tree_ends_a_process_and_the_child_it_started_in_its_own_session(tmp_path):
+    """A hung proof is killed with its reload child, which runs in its own session (record/proofs.py): killing the
+    proof alone left the child running."""
+    from itera_verify.runtime.launcher import kill_tree
+
+    pid_file = tmp_path / "child.pid"
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(300)\n")])
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    try:
+        kill_tree(parent.pid)
+        assert parent.wait(10) == -signal.SIGKILL
+        deadline = time.monotonic() + 10
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child)
+    finally:
+        for pid in (parent.pid, child):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for its (new) parent to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2:].split()[0] != b"Z"

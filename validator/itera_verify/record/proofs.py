@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..runtime.launcher import kill_tree
 from .checkpoints import set_proof
 from .errors import RecordError
 from .files import read_bytes
@@ -117,7 +118,7 @@ class Proofs:
                 code = proof.process.wait(proof.timeout + KILL_GRACE)
             except subprocess.TimeoutExpired:
                 proof.timed_out = True
-                proof.process.kill()
+                kill_tree(proof.process.pid)  # its reload child too, which runs in its own session
                 code = proof.process.wait()
             result = _read_result(proof, code)
             result["at"] = self.run.campaign.now()

@@ -284,6 +284,42 @@ def _sweep_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and everything below it, the children it started in their own sessions included (a
+    proof's reload child: killing the proof alone would orphan it, and a hung reload would keep its memory).
+    Each process is frozen (SIGSTOP) before its children are listed, so nothing starts another one unseen."""
+    tree, frontier = [], [pid]
+    while frontier:
+        for member in frontier:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(member, signal.SIGSTOP)
+        tree += frontier
+        below = _children_by_parent()
+        frontier = [child for member in frontier for child in below.get(member, ()) if child not in tree]
+    for member in tree:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(member, signal.SIGKILL)
+        if member != pid:
+            _sweep_group(member)  # a child that leads its own group: what it forked there goes too
+
+
+def _children_by_parent() -> dict[int, list[int]]:
+    """Every live process's children, from /proc (Linux); empty elsewhere (the process alone is killed)."""
+    children: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                    stat = fh.read()
+            except OSError:  # gone meanwhile
+                continue
+            fields = stat[stat.rindex(b")") + 2:].split()  # after the name, which may hold spaces
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    return children
+
+
 class _Spawned:
     """A Popen behind the Child protocol: exited without reaping (WNOWAIT: the child stays a zombie, so its
     pid and group id cannot be reused while its memory is read and its group swept)."""
