@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import os
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -232,6 +233,44 @@ class PartBuffers:
             self._free.append(buffer)
 
 
+class _PartBody(io.RawIOBase):
+    """A part's reused buffer as the request body, read in place. Given the buffer itself, botocore's signer
+    copies it into a BytesIO (a bytearray is not shared as bytes are): a fresh copy of every part."""
+
+    def __init__(self, buffer):
+        super().__init__()
+        self._view, self._position = memoryview(buffer).toreadonly(), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:  # one copy of each chunk the sender asks for, not two
+        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._position + size)
+        data = self._view[self._position:end].tobytes()
+        self._position = max(self._position, end)
+        return data
+
+    def readinto(self, target) -> int:
+        count = max(0, min(len(target), len(self._view) - self._position))
+        target[:count] = self._view[self._position:self._position + count]
+        self._position += count
+        return count
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: len(self._view)}[whence]
+        self._position = max(0, base + offset)
+        return self._position
+
+    def tell(self) -> int:
+        return self._position
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+
 def _send(s3, archive: Path, location: S3Location, journal: journals.Journal, journal_file: Path,
           listed: dict, *, jobs: int, progress: Progress, watch=None) -> Uploaded:
     size, part_size = journal.bytes, journal.part_size
@@ -322,7 +361,7 @@ def _put_part(s3, location: S3Location, journal: journals.Journal, number: int, 
     """One part with the check the store makes of it: its CRC64NVME in a CRC64NVME upload, else Content-MD5
     (`md5`: part_md5's)."""
     arguments = {"Bucket": location.bucket, "Key": location.key, "UploadId": journal.upload_id,
-                 "PartNumber": number, "Body": data}
+                 "PartNumber": number}
     if journal.checksum == CHECKSUM_CRC64NVME:
         arguments["ChecksumCRC64NVME"] = crc_base64(crc)
     if md5 is not None:
@@ -331,7 +370,7 @@ def _put_part(s3, location: S3Location, journal: journals.Journal, number: int, 
         raise AssertionError("a part without CRC64NVME is sent with its Content-MD5")
     for attempt in range(PART_ATTEMPTS):
         try:
-            response = s3.upload_part(**arguments)
+            response = s3.upload_part(**arguments, Body=_PartBody(data) if isinstance(data, bytearray) else data)
         except Exception as exc:  # noqa: BLE001 - classified below
             code = error_code(exc)
             if code in DIGEST_MISMATCH and attempt + 1 < PART_ATTEMPTS:
