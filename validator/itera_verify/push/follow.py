@@ -26,6 +26,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
+from ..archive.direct import open_direct
 from ..format.push import CHECKSUM_CRC64NVME, CHECKSUM_MD5, FOLLOW_PART_SIZE, part_size_for
 from ..runtime.progress import NULL_PROGRESS, Progress
 from . import journal as journals
@@ -77,7 +78,8 @@ class SealFollower:
         self.location = s3_destination(self.dest, name)
         self.part_size = part_size_for(bound, self.wanted_part_size)
         self.written, self.estimate, self.started, self.uploaded_at = written, estimate, time.monotonic(), _now()
-        self._fd = os.open(partial, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))  # kept open past the rename
+        # kept open past the rename; past the page cache, as the seal writes it (multipart.PartBuffers)
+        self._fd, self._direct = open_direct(partial, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         self.state = "following"
         self._thread = threading.Thread(target=self._run, name="push-follow", daemon=True)
         self._thread.start()
@@ -183,7 +185,7 @@ class SealFollower:
     def _send_parts(self) -> None:
         self.progress.start("push", f"pushing {self.location.key.rsplit('/', 1)[-1]} while sealing", unit="B")
         number, offset, crc, acked = 1, 0, 0, [0]
-        self._buffers = PartBuffers(self.part_size)
+        self._buffers = PartBuffers(self.part_size, self._direct)
         try:
             with ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="push-part") as pool:
                 running: set = set()

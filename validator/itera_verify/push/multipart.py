@@ -15,14 +15,17 @@ refuses the headers, or accepts them without echoing the algorithm (it ignores t
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import io
+import mmap
 import os
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..archive.direct import ALIGN, aligned_buffer, clear_direct, open_direct, round_up
 from ..format.push import CHECKSUM_CRC64NVME, CHECKSUM_MD5, METADATA_SHA256, part_size_for
 from ..runtime.progress import NULL_PROGRESS, Progress
 from . import journal as journals
@@ -198,38 +201,73 @@ def _read_part(fd: int, offset: int, length: int) -> bytes:
     return data
 
 
+_REUSED = (bytearray, mmap.mmap)  # PartBuffers' own buffers (bytes: a part of its own)
+
+
 class PartBuffers:
     """Whole parts are read into buffers used again and again, handed back when the store has taken the part: a
     part read into new memory costs the kernel a page fault per 4 KiB (a 1.85 GB archive: 470,000 faults and
     1.8 s of system time on the benchmark's machine, where boto3's upload_file took 20,000). At most `jobs + 1`
-    exist: `jobs` parts in flight and the one being read. The last, shorter part gets bytes of its own."""
+    exist: `jobs` parts in flight and the one being read. The last, shorter part gets bytes of its own.
 
-    def __init__(self, size: int):
+    `direct`: `fd` was opened with O_DIRECT (archive/direct.open_direct): the parts go from the device into
+    page-aligned buffers without filling the page cache, which on a VM costs like fresh memory (the archive
+    the seal wrote past the cache, read through it, cost ~2 s of system time per GB here). A file system that
+    refuses the first such read gets plain reads."""
+
+    def __init__(self, size: int, direct: bool = False):
         self.size, self._free, self._lent = size, [], {}
+        self.direct = direct and size % ALIGN == 0
 
     def read(self, fd: int, offset: int, length: int):
-        if length != self.size:
+        if length != self.size and not self.direct:
             return _read_part(fd, offset, length)
-        buffer = self._free.pop() if self._free else bytearray(self.size)
-        with memoryview(buffer) as view:
-            got = 0
-            while got < length:
-                count = os.preadv(fd, [view[got:]], offset + got)
-                if count == 0:
-                    self._free.append(buffer)
-                    raise PushError(f"the archive became shorter while it was read (at byte {offset + got})")
-                got += count
+        buffer = self._free.pop() if self._free else (aligned_buffer(self.size) if self.direct else
+                                                      bytearray(self.size))
+        try:
+            got = self._fill(fd, buffer, offset, length)
+        except BaseException:
+            self._free.append(buffer)
+            raise
+        if got < length:
+            self._free.append(buffer)
+            raise PushError(f"the archive became shorter while it was read (at byte {offset + got})")
+        if length != self.size:  # the last part (read whole blocks past its end: the file ends there)
+            with memoryview(buffer) as view:
+                data = bytes(view[:length])
+            self._free.append(buffer)
+            return data
         return buffer
+
+    def _fill(self, fd: int, buffer, offset: int, length: int) -> int:
+        want = round_up(length) if self.direct else length
+        got = 0
+        with memoryview(buffer) as view:
+            while got < length:
+                try:
+                    count = os.preadv(fd, [view[got:want]], offset + got)
+                except OSError as exc:
+                    if not (self.direct and exc.errno == errno.EINVAL):
+                        raise
+                    self.direct = clear_direct(fd)  # refused: plain reads from now on
+                    want = length
+                    continue
+                if count == 0:
+                    break
+                got += count
+                if self.direct and got % ALIGN and got < length:  # a short read mid-file: go on plainly
+                    self.direct, want = clear_direct(fd), length
+        return got
 
     def lend(self, future, data) -> None:
         """`data` is in flight until `future` is done."""
-        if isinstance(data, bytearray):
+        if isinstance(data, _REUSED):
             self._lent[future] = data
 
     def take_back(self, future=None, data=None) -> None:
         """The part of `future` is done (or `data` was never sent): its buffer can be read into again."""
         buffer = self._lent.pop(future, None) if future is not None else data
-        if isinstance(buffer, bytearray):
+        if isinstance(buffer, _REUSED):
             self._free.append(buffer)
 
 
@@ -280,8 +318,8 @@ def _send(s3, archive: Path, location: S3Location, journal: journals.Journal, jo
     # bytes this run sends, and those acknowledged: the deadline's prediction (deadline.py)
     sent = {"todo": size, "acked": 0, "watch": watch}
     progress.start("push", f"pushing {archive.name}", total=size, unit="B")
-    fd = os.open(archive, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    buffers = PartBuffers(part_size)
+    fd, direct = open_direct(archive, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    buffers = PartBuffers(part_size, direct)
     try:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="push-part") as pool:
             running: set = set()
@@ -370,7 +408,7 @@ def _put_part(s3, location: S3Location, journal: journals.Journal, number: int, 
         raise AssertionError("a part without CRC64NVME is sent with its Content-MD5")
     for attempt in range(PART_ATTEMPTS):
         try:
-            response = s3.upload_part(**arguments, Body=_PartBody(data) if isinstance(data, bytearray) else data)
+            response = s3.upload_part(**arguments, Body=_PartBody(data) if isinstance(data, _REUSED) else data)
         except Exception as exc:  # noqa: BLE001 - classified below
             code = error_code(exc)
             if code in DIGEST_MISMATCH and attempt + 1 < PART_ATTEMPTS:
