@@ -28,13 +28,15 @@ def context(package_dir):
     return RunContext(discover(package_dir))
 
 
-def test_sigterm_during_the_reloads_and_during_the_seal_meet_one_handler(package_dir, tmp_path, monkeypatch):
+def test_sigterm_during_the_reloads_and_during_the_seal_meet_one_handler(package_dir, tmp_path, monkeypatch,
+                                                                         hangup_disposition):
     """The reloads had their own handler (SIGTERM only, a plain KeyboardInterrupt, SIGHUP left fatal) beside
     the seal's: now both unwind through termination_unwinds, SIGTERM and SIGHUP alike."""
     from itera_verify import seal as seal_module
     from itera_verify.reload import runner
 
     handlers = {}
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a hangup the user does not ignore (not under nohup)
 
     def signalled_while(phase: str, signum: int):
         def hook(*args, **kwargs):
@@ -59,13 +61,33 @@ def test_sigterm_during_the_reloads_and_during_the_seal_meet_one_handler(package
     assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL  # put back afterwards
 
 
+@pytest.fixture
+def hangup_disposition():
+    """The test sets SIGHUP's disposition; whatever the run started with (nohup ignores it) is put back."""
+    before = signal.getsignal(signal.SIGHUP)
+    yield
+    signal.signal(signal.SIGHUP, before)
+
+
 def test_a_nested_block_puts_back_the_handler_it_found():
+    before = signal.getsignal(signal.SIGTERM)
     with termination_unwinds():
         outer = signal.getsignal(signal.SIGTERM)
         with termination_unwinds():
             pass
         assert signal.getsignal(signal.SIGTERM) is outer
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_hangup_ignored_by_nohup_stays_ignored_while_sigterm_still_unwinds(hangup_disposition):
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # what `nohup itera-verify ...` starts with
+    with termination_unwinds():
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGHUP)  # ignored: the seal goes on
+        with pytest.raises(Terminated):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
 
 
 def test_the_stop_event_ends_every_waiter_at_once():

@@ -68,6 +68,7 @@ def test_a_ctrl_c_landing_in_the_childs_after_fork_hooks_is_handed_to_the_parent
     code = textwrap.dedent("""
         import os, signal, sys
         from itera_verify.runtime.forked import Forked
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a shell's background job starts it ignored
         os.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), signal.SIGINT))
         try:
             value = Forked(lambda: 42).result()

@@ -55,8 +55,8 @@ class Terminated(KeyboardInterrupt):
 @contextmanager
 def termination_unwinds():
     """SIGTERM/SIGHUP raise Terminated in the main thread while this block runs (the reloads, the seal, the
-    audit's extraction); elsewhere, and off the main thread, it changes nothing. Nested blocks restore what
-    they found."""
+    audit's extraction); elsewhere, and off the main thread, it changes nothing, and a signal ignored when the
+    block begins (nohup) stays ignored. Nested blocks restore what they found."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -64,7 +64,9 @@ def termination_unwinds():
     def handler(signum, _frame):
         raise Terminated(f"signal {signum}")
 
-    previous = {sig: signal.signal(sig, handler) for sig in TERMINATIONS}
+    # A signal the user ignores stays ignored: under nohup a hangup must not end the seal.
+    previous = {sig: signal.signal(sig, handler) for sig in TERMINATIONS
+                if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         yield
     finally:
