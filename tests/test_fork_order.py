@@ -6,7 +6,7 @@ import os
 import threading
 
 import pytest
-from itera_verify.runtime.forked import ForkAfterThreads, Forked
+from itera_verify.runtime.launcher import ForkAfterThreads, Forked
 
 
 def hold_a_thread(name: str):

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from itera_verify import rules
-from itera_verify.runtime.forked import ChildLost, Forked
+from itera_verify.runtime.launcher import ChildLost, Forked
 from itera_verify.model import UsageError
 from itera_verify.package import RunContext, discover
 from itera_verify.rules import Selection, families, run_checks
@@ -67,7 +67,7 @@ def test_a_ctrl_c_landing_in_the_childs_after_fork_hooks_is_handed_to_the_parent
     # Made certain here: a hook in a fresh interpreter sends the child SIGINT from inside the hooks.
     code = textwrap.dedent("""
         import os, signal, sys
-        from itera_verify.runtime.forked import Forked
+        from itera_verify.runtime.launcher import Forked
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a shell's background job starts it ignored
         os.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), signal.SIGINT))
         try:

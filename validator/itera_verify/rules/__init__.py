@@ -16,7 +16,7 @@ from functools import lru_cache, partial
 from types import ModuleType
 from typing import Iterable
 
-from ..runtime.forked import ChildLost, Forked, can_fork
+from ..runtime.launcher import ChildLost, Forked, can_fork
 from ..model import Finding, Rule, Severity
 from ..package import RunContext
 
