@@ -26,3 +26,16 @@ def run_cli(*args, cwd=None, env=None, timeout=600) -> subprocess.CompletedProce
     full_env = {**base, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "itera_verify", *map(str, args)], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def torchrun_two(script: str, cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node 2 SCRIPT` from the venv, on a free port (other test sessions may run torchrun
+    too), its output captured; the caller checks the return code."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    torchrun = Path(__file__).resolve().parents[1] / ".venv/bin/torchrun"
+    return subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_port", port, script], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=timeout, check=False)

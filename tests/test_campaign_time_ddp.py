@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import torchrun_two
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,11 +77,7 @@ Path(f"rank{{rank}}.json").write_text(json.dumps({{"global_step": trainer.state.
 def test_two_ranks_stop_at_the_same_step_with_the_same_record_when_rank_0s_proof_fails(tmp_path):
     (tmp_path / "train.py").write_text(SCRIPT.format(root=str(ROOT)))
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT / "validator"))
-    with socket.socket() as probe:  # a free port: other test sessions may run torchrun too
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
-    done = subprocess.run([str(ROOT / ".venv/bin/torchrun"), "--nproc_per_node", "2", "--master_port", port,
-                           "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900, check=False)
+    done = torchrun_two("train.py", tmp_path, env, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     # Saved at step 2, proven while step 3 ran: both ranks stop at step 3, by the same decision, not 6 steps.

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import torchrun_two
 from tests.test_record_trainer import errors, verify
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,11 +53,7 @@ if trainer.is_world_process_zero():
 def test_a_two_process_ddp_run_writes_exactly_one_set_of_files(tmp_path, hf_cache):
     (tmp_path / "train.py").write_text(SCRIPT.format(root=str(ROOT)))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "validator"))
-    with socket.socket() as probe:  # a free port: other test sessions may run torchrun too
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
-    done = subprocess.run([str(ROOT / ".venv/bin/torchrun"), "--nproc_per_node", "2", "--master_port", port,
-                           "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
+    done = torchrun_two("train.py", tmp_path, env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     package = tmp_path / "pkg"
     manifest = json.loads((package / "manifest.json").read_text())

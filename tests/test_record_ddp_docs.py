@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from fixtures.hub import BASE_MODEL
+from tests.helpers import torchrun_two
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,15 +25,10 @@ def ddp_example() -> str:
 
 def torchrun(folder: Path, hf_cache: Path, ceiling: float) -> subprocess.CompletedProcess:
     (folder / "train.py").write_text(ddp_example())
-    with socket.socket() as probe:  # a free port: other test sessions may run torchrun too
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
     env = dict(os.environ, BASE_MODEL=BASE_MODEL, HF_HUB_CACHE=str(hf_cache), HF_HUB_OFFLINE="1",
                CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", CEILING=str(ceiling),
                PYTHONPATH=str(ROOT / "validator"))
-    return subprocess.run([str(ROOT / ".venv/bin/torchrun"), "--nproc_per_node", "2", "--master_port", port,
-                           "train.py"], cwd=folder, env=env, capture_output=True, text=True, timeout=600,
-                          check=False)
+    return torchrun_two("train.py", folder, env, timeout=600)
 
 
 @pytest.mark.slow
