@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ..archive.direct import open_direct
 from ..format.push import CHECKSUM_CRC64NVME, CHECKSUM_MD5, FOLLOW_PART_SIZE, part_size_for
+from ..runtime.launcher import join_thread
 from ..runtime.progress import NULL_PROGRESS, Progress
 from . import journal as journals
 from .deadline import DeadlineWatch
@@ -39,34 +40,74 @@ ABANDON_SECONDS = 15  # an abandoned follower aborts its upload within this, or 
 
 
 class _Abandoned(Exception):
-    """The seal did not publish: stop sending."""
+    """The seal did not publish: stop following."""
 
 
-class SealFollower:
-    """Follows one seal's archive to `dest` (`s3://bucket/prefix/`). States: idle (never attached: the caller
-    pushes after the seal instead), following, sealed (result() completes it), abandoned."""
+class Follower:
+    """What a seal's follower is, whatever its destination: the seal calls begin / tap / sealed / abandon, the
+    caller result(). States: idle (never attached: the caller pushes after the seal instead), following, sealed
+    (result() finishes it), abandoned. A subclass starts its thread with _follow() and lets go of what it holds
+    in _release()."""
 
-    def __init__(self, dest: str, *, endpoint_url: str | None = None, read_back: bool = False, jobs: int = 4,
-                 part_size: int | None = None, progress: Progress = NULL_PROGRESS,
-                 deadline: float | None = None, warn=None):
-        self.dest, self.endpoint_url, self.read_back, self.jobs = dest, endpoint_url, read_back, jobs
-        self.wanted_part_size, self.progress = part_size or FOLLOW_PART_SIZE, progress
+    def __init__(self, progress: Progress, deadline: float | None, warn) -> None:
+        self.progress = progress
         self.watch = DeadlineWatch(deadline, warn or progress.log)
         self.state = "idle"
-        self._lock = threading.RLock()  # sealed() also runs under it when an upload starts again
         self._abandoned = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._fd: int | None = None
-        self._crc = self._tapped = 0  # the read-back's CRC64NVME and byte count (tap)
-        self._sent: tuple[int, int] | None = None  # (bytes, CRC64NVME) of everything sent
         self._sealed: tuple[Path, str, int] | None = None
-        self._done: dict[int, str] = {}
-        self.s3 = self.journal = self.location = None
 
     def set_deadline(self, end) -> None:
         """The rental's end (a datetime with its zone, or None), once the workflow knows it (SPEC §7)."""
         self.watch.deadline = end.timestamp() if end is not None else None
+
+    def abandon(self) -> None:
+        """Nothing was sealed: stop (waits a bounded time), then let go (idempotent)."""
+        if self.state != "following":
+            return
+        self.state = "abandoned"
+        self._abandoned.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(ABANDON_SECONDS)
+        self._release()
+
+    def _follow(self) -> None:
+        self.state = "following"
+        self._thread = threading.Thread(target=self._run, name="push-follow", daemon=True)
+        self._thread.start()
+
+    def _finish_following(self) -> None:
+        """Wait for the thread (bounded waits: Ctrl-C still reaches this one), let go, raise what it met."""
+        try:
+            join_thread(self._thread)
+        finally:
+            self._release()
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        raise NotImplementedError
+
+
+class SealFollower(Follower):
+    """Follows one seal's archive to `dest` (`s3://bucket/prefix/`)."""
+
+    def __init__(self, dest: str, *, endpoint_url: str | None = None, read_back: bool = False, jobs: int = 4,
+                 part_size: int | None = None, progress: Progress = NULL_PROGRESS,
+                 deadline: float | None = None, warn=None):
+        super().__init__(progress, deadline, warn)
+        self.dest, self.endpoint_url, self.read_back, self.jobs = dest, endpoint_url, read_back, jobs
+        self.wanted_part_size = part_size or FOLLOW_PART_SIZE
+        self._lock = threading.RLock()  # sealed() also runs under it when an upload starts again
+        self._fd: int | None = None
+        self._crc = self._tapped = 0  # the read-back's CRC64NVME and byte count (tap)
+        self._sent: tuple[int, int] | None = None  # (bytes, CRC64NVME) of everything sent
+        self._done: dict[int, str] = {}
+        self.s3 = self.journal = self.location = None
 
     # ---- the seal's side ---------------------------------------------------------------------------------
     def begin(self, partial: Path, written, name: str, bound: int, estimate=None) -> None:
@@ -80,9 +121,7 @@ class SealFollower:
         self.written, self.estimate, self.started, self.uploaded_at = written, estimate, time.monotonic(), _now()
         # kept open past the rename; past the page cache, as the seal writes it (multipart.PartBuffers)
         self._fd, self._direct = open_direct(partial, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        self.state = "following"
-        self._thread = threading.Thread(target=self._run, name="push-follow", daemon=True)
-        self._thread.start()
+        self._follow()
 
     def tap(self, data) -> None:
         """Every byte of the archive, in order, as the seal's read-back hashes it."""
@@ -99,16 +138,6 @@ class SealFollower:
                 self.journal.bytes, self.journal.mtime_ns, self.journal.sha256 = size, stat.st_mtime_ns, sha256
                 self._save_journal()
 
-    def abandon(self) -> None:
-        """Nothing was sealed: stop and abort the upload (waits a bounded time; idempotent)."""
-        if self.state != "following":
-            return
-        self.state = "abandoned"
-        self._abandoned.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(ABANDON_SECONDS)
-        self._close_fd()
-
     # ---- the caller's side -------------------------------------------------------------------------------
     def result(self):
         """After sealed(): complete, verify, send the sidecars and the receipt. Returns push.PushResult; raises
@@ -118,13 +147,7 @@ class SealFollower:
 
         if self.state != "sealed":
             raise PushError(f"{self.dest}: nothing was sealed, nothing pushed")
-        try:
-            while self._thread.is_alive():  # bounded joins: Ctrl-C still reaches this thread
-                self._thread.join(WAIT_SECONDS)
-        finally:
-            self._close_fd()
-        if self._error is not None:
-            raise self._error  # PushError or PushUnverified; the journal (when written) lets `push` resume
+        self._finish_following()  # PushError or PushUnverified; the journal (when written) lets `push` resume
         archive, sha256, size = self._sealed
         sent_bytes, sent_crc = self._sent
         if (sent_bytes, sent_crc) != (size, self._crc) or self._tapped != size:
@@ -262,7 +285,8 @@ class SealFollower:
         except OSError:  # the journal only saves work on a resume; the push itself goes on
             pass
 
-    def _close_fd(self) -> None:
+    def _release(self) -> None:
+        """The archive's descriptor is closed; an abandoned upload is aborted by its thread (or the next push)."""
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)

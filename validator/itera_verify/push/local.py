@@ -16,20 +16,17 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
 import time
 from pathlib import Path
 
 from ..archive.publish import fsync_folder, partial_path, remove_stale_partials
 from ..archive.writeback import start_writeback
 from ..runtime.progress import NULL_PROGRESS, Progress
-from .deadline import DeadlineWatch
+from .follow import WAIT_SECONDS, Follower, _Abandoned, _now
 from .multipart import PartBuffers
 from .store import PushError, PushUnverified
 
 CHUNK = 8 << 20
-WAIT_SECONDS = 0.5  # how often a waiting follower looks whether it was abandoned
-ABANDON_SECONDS = 15
 
 
 def copy_verified(source: Path, folder: Path, expected_sha256: str | None = None,
@@ -109,33 +106,19 @@ def write_small(folder: Path, name: str, data: bytes) -> None:
         partial.unlink(missing_ok=True)
 
 
-class _Abandoned(Exception):
-    """The seal did not publish: stop copying."""
-
-
-class FolderFollower:
-    """Follows one seal's archive into a folder (`OUTDIR --push FOLDER`), with the interface of
-    push/follow.SealFollower: begin / tap / sealed / abandon from the seal, result() from the caller. States:
-    idle (never attached, or the folder is the archive's own: the caller pushes after the seal instead),
-    following, sealed, abandoned."""
+class FolderFollower(Follower):
+    """Follows one seal's archive into a folder (`OUTDIR --push FOLDER`). It stays idle, too, when the folder is
+    the archive's own: the caller pushes after the seal instead."""
 
     def __init__(self, dest, *, progress: Progress = NULL_PROGRESS, deadline: float | None = None, warn=None,
                  **_s3_options):
         from .store import folder_destination
 
-        self.folder, self.progress = folder_destination(dest), progress
-        self.watch = DeadlineWatch(deadline, warn or progress.log)  # the workflow sets the rental's end on it
-        self.state = "idle"
-        self._abandoned = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        super().__init__(progress, deadline, warn)
+        self.folder = folder_destination(dest)
         self._source = self._target = None  # file descriptors: the partial archive, the partial copy
         self._copied = 0
         self._crc, self._crc64nvme = 0, None
-        self._sealed: tuple[Path, str, int] | None = None
-
-    def set_deadline(self, end) -> None:
-        self.watch.deadline = end.timestamp() if end is not None else None
 
     # ---- the seal's side ---------------------------------------------------------------------------------
     def begin(self, partial: Path, written, name: str, bound: int, estimate=None) -> None:
@@ -157,9 +140,7 @@ class FolderFollower:
         except OSError:  # idle: the push after the seal tries the folder again and says why
             self._close()
             return
-        self.state = "following"
-        self._thread = threading.Thread(target=self._run, name="push-follow", daemon=True)
-        self._thread.start()
+        self._follow()
 
     def tap(self, data) -> None:
         if self._crc64nvme is not None:
@@ -170,17 +151,6 @@ class FolderFollower:
             self._sealed = (Path(path), sha256, size)
             self.state = "sealed"
 
-    def abandon(self) -> None:
-        """Nothing was sealed: stop and remove the partial copy (waits a bounded time; idempotent)."""
-        if self.state != "following":
-            return
-        self.state = "abandoned"
-        self._abandoned.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(ABANDON_SECONDS)
-        self._close()
-        self.partial.unlink(missing_ok=True)
-
     # ---- the caller's side -------------------------------------------------------------------------------
     def result(self):
         """After sealed(): the copy is synced, read back from the folder and compared with the SHA-256 the seal
@@ -190,13 +160,7 @@ class FolderFollower:
         if self.state != "sealed":
             raise PushError(f"{self.folder}: nothing was sealed, nothing copied")
         try:
-            try:
-                while self._thread.is_alive():  # bounded joins: Ctrl-C still reaches this thread
-                    self._thread.join(WAIT_SECONDS)
-            finally:
-                self._close()
-            if self._error is not None:
-                raise self._error
+            self._finish_following()
             archive, sha256, size = self._sealed
             if self._copied != size:
                 raise PushUnverified(f"{self.destination}: {self._copied} bytes copied, the archive has {size}")
@@ -249,6 +213,12 @@ class FolderFollower:
         finally:
             self.progress.finish("push")
 
+    def _release(self) -> None:
+        """The descriptors are closed; an abandoned copy's partial file is removed."""
+        self._close()
+        if self.state == "abandoned":
+            self.partial.unlink(missing_ok=True)
+
     def _close(self) -> None:
         for name in ("_source", "_target"):
             fd = getattr(self, name)
@@ -256,6 +226,3 @@ class FolderFollower:
             if fd is not None:
                 os.close(fd)
 
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
