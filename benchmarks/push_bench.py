@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import seal_bench  # noqa: E402 - the package builder and the measuring of seal_bench.py
-from tests.push_stores import ACCESS, SECRET, start_seaweedfs, store_env  # noqa: E402
+from tests.push_stores import ACCESS, SECRET, FaultProxy, start_seaweedfs, store_env  # noqa: E402
 
 BIN = Path(sys.executable).parent
 UPLOAD = """
@@ -155,21 +155,29 @@ def round_of(package: Path, out: Path, env: dict, endpoint: str, number: int, rc
     return results
 
 
-def bench(package: Path, title: str, rounds: int, rclone: bool, work: Path) -> list[str]:
+def bench(package: Path, title: str, rounds: int, rclone: bool, work: Path, link: float | None = None) -> list[str]:
     store = start_seaweedfs(work / "seaweedfs")
+    proxy = None
     try:
         store.client().create_bucket(Bucket="bench")
-        env = {**seal_bench.ENV, **store_env(store.endpoint), "PYTHONPATH": seal_bench.ENV["PYTHONPATH"]}
+        endpoint = store.endpoint
+        if link is not None:  # every command reaches the same store through one link of `link` bytes/s
+            proxy = FaultProxy(store.endpoint)
+            proxy.rate, endpoint = link, proxy.endpoint
+            title += f", over a {link / 1e6:.0f} MB/s link"
+        env = {**seal_bench.ENV, **store_env(endpoint), "PYTHONPATH": seal_bench.ENV["PYTHONPATH"]}
         out = work / "out"
         out.mkdir(exist_ok=True)
         results = []
         for number in range(rounds):
-            results.append(round_of(package, out, env, store.endpoint, number, rclone))
+            results.append(round_of(package, out, env, endpoint, number, rclone))
             print(f"{title} round {number + 1}: " + ", ".join(f"{name} {r['seconds']:.2f} s"
                                                               for name, r in results[-1].items()), flush=True)
         for old in out.glob("*"):
             old.unlink()
     finally:
+        if proxy is not None:
+            proxy.close()
         store.stop()
         shutil.rmtree(work / "seaweedfs", ignore_errors=True)
     files = [f for f in package.rglob("*") if f.is_file()]
@@ -215,10 +223,15 @@ def main() -> None:
     parser.add_argument("--small-size", default="0.25G", help="the small-file package's size")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-rclone", action="store_true", help="skip rclone copy (slow on large packages)")
+    parser.add_argument("--link", type=float, default=None, metavar="MB/s",
+                        help="reach the store through a loopback link of this many MB/s (tests/push_stores."
+                             "FaultProxy, one body at a time): a rental's uplink rather than a store on the same "
+                             "cores")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "itera-push-bench")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / f"push-{date.today()}.txt")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
+    link = args.link * 1e6 if args.link else None
     compileall.compile_dir(ROOT / "validator", quiet=1)
     lines = [f"push benchmark {date.today()}: one SeaweedFS on loopback; command order alternating per round",
              *seal_bench.machine(), f"uptime before: {uptime()}",
@@ -226,11 +239,11 @@ def main() -> None:
     if args.package in ("campaign", "both"):
         package = build_campaign(args.work, parse_size(args.size))
         lines += ["", *bench(package, "campaign package (3 runs, safetensors + optimizer.pt)", args.rounds,
-                             not args.no_rclone, args.work)]
+                             not args.no_rclone, args.work, link)]
     if args.package in ("small", "both"):
         package = seal_bench.build_package(args.work, parse_size(args.small_size) / seal_bench.GiB)
         lines += ["", *bench(package, "small-file package (seal_bench.py's builder)", args.rounds,
-                             not args.no_rclone, args.work)]
+                             not args.no_rclone, args.work, link)]
     lines += ["", f"uptime after: {uptime()}",
               "verify --push also runs every check, reads the archive back, and proves the remote copy equal "
               "(the store's CRC64NVME); the shell pair and rclone check nothing of the package."]

@@ -173,12 +173,20 @@ def _content_length(head: bytes) -> int:
 
 
 def _read_body(sock: socket.socket, rest: bytes, length: int) -> tuple[bytes, bytes] | None:
-    while len(rest) < length:
+    received = bytearray(rest)  # grown in place: `bytes +=` copies the whole body again for every chunk
+    while len(received) < length:
         chunk = sock.recv(1 << 20)
         if not chunk:
             return None
-        rest += chunk
-    return rest[:length], rest[length:]
+        received += chunk
+    return bytes(received[:length]), bytes(received[length:])
+
+
+def _expects_continue(head: bytes) -> bool:
+    """botocore sends a part's headers with `Expect: 100-continue` and waits up to a second for the interim
+    answer before the body (a store sends it at once): a proxy that never answers stalls every part."""
+    return any(line.partition(b":")[0].strip().lower() == b"expect" and b"100-continue" in line.lower()
+               for line in head.split(b"\r\n")[1:])
 
 
 class FaultProxy:
@@ -235,6 +243,8 @@ class FaultProxy:
                 if got is None:
                     return
                 head, rest = got
+                if _expects_continue(head) and not rest:
+                    client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
                 body_rest = _read_body(client, rest, _content_length(head))
                 if body_rest is None:
                     return
@@ -268,8 +278,8 @@ class FaultProxy:
             client.close()
 
     def _forward(self, head: bytes, body: bytes) -> bytes:
-        lines = [line for line in head.rstrip(b"\r\n").split(b"\r\n")
-                 if not line.lower().startswith(b"connection:")]
+        lines = [line for line in head.rstrip(b"\r\n").split(b"\r\n")  # the body goes whole: nothing to expect
+                 if not line.lower().startswith((b"connection:", b"expect:"))]
         request = b"\r\n".join(lines + [b"Connection: close"]) + b"\r\n\r\n" + body
         response = b""
         with socket.create_connection(self.upstream) as upstream:
@@ -279,7 +289,7 @@ class FaultProxy:
                 pass
             try:
                 while chunk := upstream.recv(1 << 20):
-                    response += chunk
+                    response += chunk  # an answer: small
             except ConnectionResetError:
                 pass
         answer_head, _, answer_body = response.partition(b"\r\n\r\n")

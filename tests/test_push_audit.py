@@ -58,13 +58,23 @@ def test_verify_push_in_the_json_report(seaweedfs, bucket, package_dir, tmp_path
     assert pushed["checksum"] == "crc64nvme-full-object" and pushed["key"].startswith("json/")
 
 
-def test_verify_push_without_credentials_stops_before_the_seal(seaweedfs, package_dir, tmp_path):
+@pytest.mark.parametrize("beside", [True, False], ids=["seal-beside-the-checks", "seal-after-the-checks"])
+def test_verify_push_without_credentials_stops_as_the_seal_starts(seaweedfs, package_dir, tmp_path, beside):
+    """The client is made once the seal's thread runs (its first frames overlap boto3's start), and where the
+    seal cannot start beside the checks (no campaign id yet) right after: either way exit 2 before the checks
+    and the reloads, nothing sealed, nothing left behind."""
+    if not beside:
+        manifest = package_dir / "manifest.json"
+        data = json.loads(manifest.read_text())
+        data.pop("campaign_id")
+        manifest.write_text(json.dumps(data))
     out = tmp_path / "out"
     out.mkdir()
     env = {k: v for k, v in store_env(seaweedfs.endpoint).items() if not k.startswith("AWS_ACCESS_KEY")}
-    result = run_cli(package_dir, "--no-reload", "-o", out, "--push", "s3://reviews/x/", env=env)
+    result = run_cli(package_dir, "-o", out, "--push", "s3://reviews/x/", "--verbose", env=env)
     assert result.returncode == 2
     assert "no AWS credentials found" in assert_one_line(result)
+    assert "reload" not in result.stderr.lower()  # the reloads never started
     assert list(out.iterdir()) == []  # nothing sealed for a push that could not run
 
 

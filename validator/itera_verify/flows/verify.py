@@ -136,6 +136,11 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
 
                 prestarted = prestart(ctx, device=resolved_device, jobs=jobs, isolation=isolation,
                                       environment=options.environment)
+            if push is not None:
+                # The store's client (boto3's import, the credentials, the endpoint) while the checks' child runs
+                # on the other core, before the seal's threads: PushError (exit 2) now, not after the checks, and
+                # the first part leaves as soon as the seal has written it.
+                push.connect()
             if seal:
                 sealing = start_sealing(ctx, follower=push, **seal_options)
             findings, reloads = check_package(ctx, selection, reload=reload, device=resolved_device or "cpu",
@@ -177,10 +182,14 @@ def start_sealing(ctx: RunContext, *, output, overwrite: bool, level: int, threa
     campaign_id = ctx.documents.manifest.get("campaign_id")
     if not isinstance(campaign_id, str):
         return None
+    from ..push import PushError
+
     try:
         sealing = Sealing(ctx, campaign_id, default_archive_path(ctx, campaign_id, output),
                           overwrite=overwrite, level=level, threads=threads, progress=progress, follower=follower)
         return sealing.start()
+    except PushError:  # the follower cannot reach its store: the command's error, not a seal to retry later
+        raise
     except (UsageError, SealRefused, OSError, ValueError):
         return None
 

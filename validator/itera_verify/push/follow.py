@@ -58,6 +58,11 @@ class Follower:
         self._error: BaseException | None = None
         self._sealed: tuple[Path, str, int] | None = None
 
+    def connect(self) -> None:
+        """Reach what the destination needs before any part is sent (credentials, an endpoint): PushError (exit
+        2) now, not after the seal. The workflow calls it once the checks' child is forked and before the seal's
+        threads start (flows/verify.py); begin() calls it too. Idempotent."""
+
     def set_deadline(self, end) -> None:
         """The rental's end (a datetime with its zone, or None), once the workflow knows it (SPEC §7)."""
         self.watch.deadline = end.timestamp() if end is not None else None
@@ -119,9 +124,16 @@ class SealFollower(Follower):
         self.location = s3_destination(self.dest, name)
         self.part_size = part_size_for(bound, self.wanted_part_size)
         self.written, self.estimate, self.started, self.uploaded_at = written, estimate, time.monotonic(), _now()
+        self.connect()  # made already by the workflow, before the seal's threads (connect)
         # kept open past the rename; past the page cache, as the seal writes it (multipart.PartBuffers)
         self._fd, self._direct = open_direct(partial, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         self._follow()
+
+    def connect(self) -> None:
+        from .store import client
+
+        if self.s3 is None:  # no credentials, a bad endpoint: PushError, before anything is sent
+            self.s3 = client(self.endpoint_url, self.jobs)
 
     def tap(self, data) -> None:
         """Every byte of the archive, in order, as the seal's read-back hashes it."""
@@ -168,11 +180,9 @@ class SealFollower(Follower):
     # ---- the thread --------------------------------------------------------------------------------------
     def _run(self) -> None:
         from .multipart import RESTARTS, _abort, _abort_strays, _ChecksumRefused, _create, _UploadGone
-        from .store import client
 
         try:
-            self.s3 = client(self.endpoint_url, self.jobs)
-            endpoint = self.s3.meta.endpoint_url
+            endpoint = self.s3.meta.endpoint_url  # connect() made the client before this thread started
             _abort_strays(self.s3, self.location, keep=None)
             modes, restarts = [CHECKSUM_CRC64NVME, CHECKSUM_MD5], 0
             while True:

@@ -115,14 +115,16 @@ class Sealing:
         try:
             self._output = _open_output(self.partial)
             self._writer = ArchiveWriter(self._output, level=self.level, threads=self.threads, written=self.written)
+            self._thread = threading.Thread(target=self._write_package, name="seal", daemon=True)
+            self._thread.start()
+            # The follower second (it reads the file from its first byte whenever it begins): what it still
+            # has to set up then overlaps the seal's first frames.
             if self.follower is not None:  # a bound on the archive's size (headers, padding, SEAL/): its part size
                 tar = sum(entry.size + 1536 for entry in self.plan)
                 writer = self._writer  # the final size, guessed from the ratio so far (the deadline's prediction)
                 self.follower.begin(self.partial, self.written, self.destination.name,
                                     tar + tar // 64 + (64 << 20),
                                     lambda: writer.output.bytes * tar // max(writer.tar_bytes, 1))
-            self._thread = threading.Thread(target=self._write_package, name="seal", daemon=True)
-            self._thread.start()
         except OSError as exc:
             self.cancel()
             raise UsageError(f"{self.destination}: cannot write the archive ({exc.strerror or exc})") from exc
