@@ -53,7 +53,8 @@ lint: install
 test: lint
 	$(PY) -m pytest -n $(JOBS) -q
 
-# Everything but the multi-process fixtures and the slow tests, for the edit-test loop; `make test` runs all.
+# Everything but the multi-process fixtures and the slow tests (over ~5 s each), for the edit-test loop: about a
+# third of `make test` (benchmarks/results/test-lanes-*.txt); `make test` runs all.
 test-fast: lint
 	$(PY) -m pytest -n $(JOBS) -q -m "not slow and not multiprocess"
 

@@ -212,6 +212,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.multiprocess)
 
 
+# What keeps `make test-fast` a third of `make test`: a test not marked slow that runs longer than this is named at
+# the end of the run (marked slow, or made faster, it stops being named).
+FAST_LANE_BUDGET_SECONDS = 10.0
+_OVER_BUDGET: list[tuple[float, str]] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and report.duration > FAST_LANE_BUDGET_SECONDS and "slow" not in report.keywords \
+            and "multiprocess" not in report.keywords:
+        _OVER_BUDGET.append((report.duration, report.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _OVER_BUDGET:
+        terminalreporter.write_sep("-", f"not marked slow, over {FAST_LANE_BUDGET_SECONDS:.0f} s")
+        for seconds, nodeid in sorted(_OVER_BUDGET, reverse=True):
+            terminalreporter.write_line(f"{seconds:6.1f} s  {nodeid}")
+
+
 # The object stores the push tests start on loopback (tests/push_stores.py), one of each per test module that asks,
 # stopped at its end; `proxy` stands between the client and SeaweedFS to plant faults.
 @pytest.fixture(scope="module")

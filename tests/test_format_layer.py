@@ -1,6 +1,7 @@
 """The format layer's readers (validator/itera_verify/format/): one reading per fact, shared by every stage."""
 from __future__ import annotations
 
+import pytest
 import json
 
 import numpy as np
@@ -83,6 +84,7 @@ def test_an_id_with_a_trailing_newline_is_refused_by_the_recorder(tmp_path):
         open_campaign(tmp_path / "pkg", "campaign\n", "Q?", "toy", "v1", ["q-0"])
 
 
+@pytest.mark.slow
 def test_a_config_json_nested_past_the_limit_is_one_clear_reload_failure(package_dir, hf_cache):
     # Every JSON file of a package the tool reads goes through one bounded reader (package/jsonread.py): a
     # config.json nested 100,000 deep was a RecursionError crash of the reload child.

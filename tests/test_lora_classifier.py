@@ -6,6 +6,7 @@ the adapter holds is still IV504. Everything here is real: the base, its tokeniz
 """
 from __future__ import annotations
 
+import pytest
 import json
 from pathlib import Path
 
@@ -60,6 +61,7 @@ def test_lora_classification_campaign_passes_with_zero_findings(built_classifier
     assert (adapter["num_labels"], adapter["num_labels_from"]) == (3, "adapter classifier.weight")
 
 
+@pytest.mark.slow
 def test_adapter_without_its_head_is_IV504_naming_the_keys(classifier_dir, built_classifier):
     assert drop_head(classifier_dir / ADAPTER / "adapter_model.safetensors") == [
         "base_model.model.classifier.bias", "base_model.model.classifier.weight"]
@@ -70,6 +72,7 @@ def test_adapter_without_its_head_is_IV504_naming_the_keys(classifier_dir, built
     assert "in neither the checkpoint nor the adapter" in findings[0].message
 
 
+@pytest.mark.slow
 def test_trainer_checkpoint_of_the_lora_run_reloads_and_its_optimizer_fits(classifier_dir, built_classifier):
     results, findings = reload(classifier_dir, built_classifier["hf_cache"], "lora-r8-resume")
     assert findings == []
@@ -90,12 +93,14 @@ def test_trainer_checkpoint_without_the_head_is_IV504(classifier_dir, built_clas
     assert "classifier.weight" in findings[0].message
 
 
+@pytest.mark.slow
 def test_num_labels_in_reload_json_that_agrees_with_the_adapter_passes(classifier_dir, built_classifier):
     edit_json(classifier_dir, "reload.json", lambda doc: doc["artifacts"]["lora-r8-adapter"].update(num_labels=3))
     results, findings = reload(classifier_dir, built_classifier["hf_cache"], "lora-r8-adapter")
     assert findings == [] and results["lora-r8-adapter"].ok
 
 
+@pytest.mark.slow
 def test_num_labels_in_reload_json_against_the_adapters_head_is_IV504(classifier_dir, built_classifier):
     edit_json(classifier_dir, "reload.json", lambda doc: doc["artifacts"]["lora-r8-adapter"].update(num_labels=5))
     _, findings = reload(classifier_dir, built_classifier["hf_cache"], "lora-r8-adapter")
@@ -103,6 +108,7 @@ def test_num_labels_in_reload_json_against_the_adapters_head_is_IV504(classifier
     assert "num_labels is 5, but the adapter's classifier.weight has 3 rows" in findings[0].message
 
 
+@pytest.mark.slow
 def test_num_labels_in_reload_json_sizes_a_head_the_adapter_does_not_hold(classifier_dir, built_classifier):
     """Without the head in the adapter, num_labels cannot make missing keys acceptable: still IV504."""
     drop_head(classifier_dir / ADAPTER / "adapter_model.safetensors")

@@ -4,6 +4,7 @@ index_shard_requirement), and the rules do not say it again (before: static IV50
 model folder, which the static checks do not judge, still gets the reload's IV504, all its missing shards in one."""
 from __future__ import annotations
 
+import pytest
 import json
 from pathlib import Path
 
@@ -38,6 +39,7 @@ def findings_for(package_dir: Path, hf_cache, artifact: str):
     return static, reloaded, package.reloads[0]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_missing_a_shard_is_one_IV507_said_by_the_static_phase(package_dir, hf_cache):
     lose_a_shard(package_dir / CHECKPOINT)
     static, reloaded, result = findings_for(package_dir, hf_cache, "control-resume")
@@ -48,6 +50,7 @@ def test_a_checkpoint_missing_a_shard_is_one_IV507_said_by_the_static_phase(pack
     assert reloaded == [], [(f.code, f.message) for f in reloaded]
 
 
+@pytest.mark.slow
 def test_a_delivered_model_missing_a_shard_is_one_IV504_from_the_reload(package_dir, hf_cache):
     lose_a_shard(package_dir / MODEL)
     static, reloaded, _ = findings_for(package_dir, hf_cache, "control-model")

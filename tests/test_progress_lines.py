@@ -2,6 +2,7 @@
 docs/integration.md promises; -v adds what it says; a run that seals nothing never says "sealing … done"."""
 from __future__ import annotations
 
+import pytest
 import io
 import re
 
@@ -27,6 +28,7 @@ def test_passing_run_says_sealing_done(package_dir, tmp_path):
     assert SEAL_DONE.search(result.stderr) and "nothing sealed" not in result.stderr
 
 
+@pytest.mark.slow
 def test_reload_progress_names_each_artifact_and_the_time_left(package_dir, hf_cache):
     result = run_cli(package_dir, "--no-seal", "--hf-cache", hf_cache)
     assert result.returncode == 0, result.stderr
@@ -39,6 +41,7 @@ def test_reload_progress_names_each_artifact_and_the_time_left(package_dir, hf_c
     assert "finite output" not in result.stdout and "elapsed" not in result.stdout
 
 
+@pytest.mark.slow
 def test_verbose_adds_each_reloads_time_its_forward_pass_and_the_elapsed_time(package_dir, hf_cache):
     result = run_cli(package_dir, "--no-seal", "-v", "--hf-cache", hf_cache)
     assert result.returncode == 0, result.stderr

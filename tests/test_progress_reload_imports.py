@@ -3,6 +3,7 @@ torch, transformers and peft are said ("importing … once, for the reload proce
 is paced from the end of that wait, not spread over every artifact (it was 4-6x too high)."""
 from __future__ import annotations
 
+import pytest
 import io
 import re
 import time
@@ -38,6 +39,7 @@ def test_a_short_wait_is_not_a_line():
     assert "ready after" not in stream.getvalue()
 
 
+@pytest.mark.slow
 def test_the_command_line_says_it_imports_before_the_first_artifact(package_dir, hf_cache):
     result = run_cli(package_dir, "--no-seal", "--hf-cache", hf_cache, "--select", "IV5")  # the reload's codes
     assert result.returncode == 0, result.stdout + result.stderr

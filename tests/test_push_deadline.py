@@ -49,6 +49,7 @@ def push_watching_stderr(archive, dest, env, *extra):
     return lines, time.monotonic() - started, stdout, code
 
 
+@pytest.mark.slow
 def test_a_push_that_will_not_finish_before_the_deadline_says_so_at_once(seaweedfs, slow_link, tmp_path):
     archive = make_archive(tmp_path / "out", size=30 * MiB)  # 6 parts of 5 MiB at 4 MiB/s: about 7.5 s
     lines, took, stdout, code = push_watching_stderr(
@@ -66,6 +67,7 @@ def test_a_push_that_will_not_finish_before_the_deadline_says_so_at_once(seaweed
     assert 1 * MiB < deadline["bytes_per_second"] < 8 * MiB  # the link's 4 MiB/s, measured
 
 
+@pytest.mark.slow
 def test_a_push_that_fits_says_nothing(seaweedfs, slow_link, tmp_path):
     archive = make_archive(tmp_path / "out", size=12 * MiB)
     lines, _, stdout, code = push_watching_stderr(

@@ -27,6 +27,7 @@ def bulky(package_dir, size: int = 24 * MiB):
 SLOW_SEAL = ("--level", "19", "--threads", "1", "--part-size", "5M")
 
 
+@pytest.mark.slow
 def test_verify_push_sends_parts_while_sealing_and_completes_after_the_read_back(seaweedfs, proxy, package_dir,
                                                                                   tmp_path):
     seaweedfs.client().create_bucket(Bucket="overlap")
@@ -91,6 +92,7 @@ def test_a_package_that_fails_its_checks_aborts_the_upload_begun_beside_the_seal
     assert not client.list_multipart_uploads(Bucket="refused").get("Uploads")  # aborted
 
 
+@pytest.mark.slow
 def test_a_store_full_during_the_overlapped_push_is_one_line_exit_2_and_no_receipt(seaweedfs, proxy, package_dir,
                                                                                  tmp_path):
     seaweedfs.client().create_bucket(Bucket="full")

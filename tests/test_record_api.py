@@ -38,6 +38,7 @@ def finish(campaign, run, accepted=("control",)):
                           observed_hours=2)
 
 
+@pytest.mark.slow
 def test_importing_itera_verify_and_record_imports_no_training_library():
     code = ("import sys, itera_verify, itera_verify.record, itera_verify.integrations\n"
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "

@@ -107,6 +107,7 @@ def test_the_recorded_lightning_campaign_verifies_clean_with_its_weights_reloade
     assert {"loss", "train_loss", "val_acc"} <= names
 
 
+@pytest.mark.slow
 def test_the_kept_checkpoints_are_registered_as_lightning_resume_artifacts(tmp_path, hf_cache):
     from itera_verify.record import open_campaign
 

@@ -157,6 +157,7 @@ def floored(hf_cache, tmp_path_factory) -> dict:
     return {"package": work / "pkg", "manifest": manifest, "steps": trainer.state.global_step}
 
 
+@pytest.mark.slow
 def test_the_recorded_campaign_verifies_clean_with_reloads(recorded, hf_cache):
     report = verify(recorded["package"], hf_cache)
     assert errors(report) == []

@@ -96,6 +96,7 @@ def test_a_large_invalid_unread_document_is_IV104_without_position(package_dir):
     assert finding.code == "IV104" and finding.line is None and "too large" in finding.message
 
 
+@pytest.mark.slow
 def test_the_package_keeps_no_large_documents_at_once(tmp_path):
     for i in range(3):
         (tmp_path / f"d{i}.json").write_bytes(nested_empties(3 * KEEP_VALUES // 2))

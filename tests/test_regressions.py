@@ -31,6 +31,7 @@ def test_infinite_hours_in_the_manifest_still_give_standard_json(package_dir):
     assert report["tool"] == "itera-verify"
 
 
+@pytest.mark.slow
 def test_reference_with_a_nul_byte_is_IV205_not_a_crash(package_dir):
     edit_manifest(package_dir, lambda m: m["artifacts"][0].__setitem__("path", "artifacts/control\u0000-model"))
     result = run_cli(package_dir, "--no-seal", "--select", "IV2,IV5")

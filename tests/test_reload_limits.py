@@ -101,6 +101,7 @@ def test_a_sharded_state_whose_config_declares_far_more_is_IV504_before_the_mode
     assert [f.code for f in findings if f.artifact == "dcp-model"] == ["IV504"]
 
 
+@pytest.mark.slow
 def test_a_clean_model_and_adapter_reload_under_their_limits_and_the_report_records_them(package_dir, hf_cache):
     results, findings = reload(package_dir, hf_cache, "control-model", "lora-r16-adapter")
     assert all(r.ok for r in results.values()), {a: r.error for a, r in results.items()}
@@ -116,6 +117,7 @@ def test_a_clean_model_and_adapter_reload_under_their_limits_and_the_report_reco
 
 # --- a child that needs more than its limit: stopped and reported ------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("isolation", ["fork", "spawn"])
 def test_a_model_whose_real_weights_exceed_a_low_configured_limit_is_stopped_at_it(package_dir, hf_cache,
                                                                                    monkeypatch, isolation):
@@ -210,6 +212,7 @@ def resident_bytes_of_a_fork(children, started, tmp_path) -> int | None:
 
 # --- the whole command line on a sealed archive ---------------------------------------------------------------
 
+@pytest.mark.slow
 def test_audit_reload_of_a_sealed_archive_with_the_planted_config_is_IV504_quickly(built, tmp_path):
     from itera_verify import verify
 

@@ -2,6 +2,7 @@
 any reload (--no-reload, the CI gate), and the reload does not report the same missing file a second time."""
 from __future__ import annotations
 
+import pytest
 import hashlib
 import json
 import shutil
@@ -189,6 +190,7 @@ def test_a_recorded_world_size_beyond_the_rank_files_is_found_without_reload(pac
     assert finding.code == "IV508" and finding.path == f"{CHECKPOINT}/rng_state_1.pth"
 
 
+@pytest.mark.slow
 def test_the_reload_reports_a_missing_rank_file_once_under_the_same_requirement(package_dir, hf_cache):
     from itera_verify.flows.verify import verify
     from itera_verify.rules import Selection
@@ -205,6 +207,7 @@ def test_the_reload_reports_a_missing_rank_file_once_under_the_same_requirement(
     assert [p.get("requirement") for p in problems] == ["rng:missing"], problems  # the reload saw it too
 
 
+@pytest.mark.slow
 def test_reload_does_not_report_the_missing_optimizer_a_second_time(package_dir, hf_cache):
     from itera_verify.flows.verify import verify
     from itera_verify.rules import Selection
@@ -271,6 +274,7 @@ def test_torch_resume_as_an_ordered_dict_is_read(package_dir):
     assert "has no `scheduler`" in finding.message
 
 
+@pytest.mark.slow
 def test_reload_does_not_repeat_a_missing_key_but_reports_what_only_it_sees(package_dir, hf_cache):
     from itera_verify.flows.verify import verify
     from itera_verify.rules import Selection

@@ -108,6 +108,7 @@ def test_each_forked_child_is_its_own_session_with_its_folder_and_its_job_on_its
 
 # --- through the runner -----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_fork_and_spawn_prove_the_same_of_every_artifact(package_dir, hf_cache):
     forked, forked_findings = reload(package_dir, hf_cache, isolation="fork")
     spawned, spawned_findings = reload(package_dir, hf_cache, isolation="spawn")
@@ -153,6 +154,7 @@ HANG_IN_A_FORKED_CHILD = """
 """
 
 
+@pytest.mark.slow
 def test_a_zygote_killed_mid_reload_takes_its_child_and_the_next_artifact_still_reloads(package_dir, hf_cache,
                                                                                        monkeypatch, tmp_path):
     with_hook(monkeypatch, tmp_path, HANG_IN_A_FORKED_CHILD)
@@ -184,6 +186,7 @@ def test_a_zygote_killed_mid_reload_takes_its_child_and_the_next_artifact_still_
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(") ")[1][:1]
 
 
+@pytest.mark.slow
 def test_the_command_line_takes_isolation_spawn_and_fork(package_dir, hf_cache):
     from tests.helpers import run_cli
 
@@ -235,6 +238,7 @@ def test_a_zygote_never_used_is_killed_at_once_while_it_still_imports(package_di
 
 # --- a light zygote: no modelling library where no loader needs one ---------------------------------------
 
+@pytest.mark.slow
 def test_a_light_zygote_preloads_no_modelling_library_and_a_full_one_does(monkeypatch, tmp_path):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     seen = {}
