@@ -10,7 +10,7 @@ import pytest
 
 from itera_verify.package import RunContext, discover
 from itera_verify.report import summary
-from itera_verify.seal.rate import SAMPLE_BYTES, measure
+from itera_verify.seal.rate import SAMPLE_BYTES, measure, measure_package
 
 DEADLINE = "2030-01-01T00:00:00Z"
 
@@ -24,9 +24,11 @@ def package(tmp_path):
     return root
 
 
-def context(root, deadline: str = DEADLINE) -> RunContext:
+def context(root, deadline: str = DEADLINE, **seal) -> RunContext:
+    """What the workflow sets up before the report looks: the deadline, and the seal's rate measured here."""
     ctx = RunContext(discover(root))
     ctx.settings["deadline"] = deadline
+    ctx.settings["seal_rate"] = measure_package(ctx, **seal)
     return ctx
 
 
@@ -73,9 +75,24 @@ def test_a_package_with_nothing_to_read_keeps_the_prior_and_says_so(tmp_path):
 
 
 def test_the_rate_is_measured_at_the_seals_own_level_and_threads(package):
-    ctx = context(package)
-    ctx.settings["seal_level"], ctx.settings["seal_threads"] = 9, 1  # what verify(--level 9 --threads 1) sets
+    ctx = context(package, level=9, threads=1)
     rental = summary.rental_summary(ctx, now=datetime(2029, 12, 31, tzinfo=UTC))
     measured = ctx.settings["seal_rate"]
     assert (measured.level, measured.workers) == (9, 1)
     assert "zstd level 9, 1 thread)" in rental["rates"]["seal_rate_source"]
+
+
+def test_the_workflow_measures_the_rate_once_and_the_report_only_reads_it(package, monkeypatch):
+    """verify() measures at its --level and --threads before the checks; the report's rental reads that."""
+    from itera_verify.flows.verify import verify
+    from itera_verify.seal import rate
+
+    calls = []
+    real = rate.measure_package
+    monkeypatch.setattr(rate, "measure_package", lambda ctx, **seal: calls.append(seal) or real(ctx, **seal))
+    report = verify(package, reload=False, seal=False, level=9, threads=1, deadline=DEADLINE)
+    assert calls == [{"level": 9, "threads": 1}]
+    assert "zstd level 9, 1 thread)" in report.plan["rental"]["rates"]["seal_rate_source"]
+    ctx = RunContext(discover(package))
+    ctx.settings["deadline"] = DEADLINE  # no rate measured: the report keeps the prior and reads no file
+    assert summary.rental_summary(ctx)["rates"]["seal_rate_source"].startswith("a prior")

@@ -103,7 +103,10 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
     if deadline is not None:
         ctx.settings["deadline"] = deadline
     ctx.settings["push"] = pushing
-    ctx.settings["seal_level"], ctx.settings["seal_threads"] = level, threads  # the rate is measured at these
+    if summary.rental_end(ctx)[0] is not None:  # the seal's rate, measured here once, at its settings
+        from ..seal.rate import measure_package
+
+        ctx.settings["seal_rate"] = measure_package(ctx, level=level, threads=threads)
     rental = summary.rental_summary(ctx, push=ctx.settings["push"])
     if rental is not None and rental.get("warning"):
         progress.log(f"WARNING: {rental['warning']}")  # now, before the checks and the seal: time to act

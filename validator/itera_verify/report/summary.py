@@ -18,7 +18,6 @@ from ..format.values import spoken_duration
 from ..format.money import cost_per_accepted, fmt_usd, lots, money, other_expenses, rental_usd, total_usd
 from ..package.budget import lots_window_hours
 from ..seal.rate import Measured
-from ..seal.rate import measure as measure_seal
 
 
 # ---------------------------------------------------------------------------------------------- budget
@@ -282,26 +281,17 @@ def rental_end(ctx) -> tuple[datetime | None, str | None]:
     return (min(ends), "plan.lots[].started_at + days") if ends else (None, None)
 
 
-def seal_rate(ctx) -> Measured | None:
-    """The seal's rate measured on this package, here, once (kept in ctx.settings); None when nothing could be
-    read."""
-    if "seal_rate" not in ctx.settings:
-        files = [(ctx.inventory.os_path(rel), entry.size) for rel, entry in ctx.inventory.files.items()]
-        ctx.settings["seal_rate"] = measure_seal(files, level=ctx.settings.get("seal_level", 3),
-                                                 threads=ctx.settings.get("seal_threads", 0))
-    return ctx.settings["seal_rate"]
-
-
 def rental_summary(ctx, *, now: datetime | None = None, push: bool = False,
                    measured: Measured | None = None) -> dict[str, Any] | None:
     """The rental's end and whether the seal (and the push) fit before it, from the package's size and the
-    seal's rate measured here (`measured`, default seal_rate(ctx)); None when nothing says when the rental ends."""
+    seal's rate the workflow measured here (`measured`, default ctx.settings["seal_rate"]: flows/verify.py, with
+    seal/rate.measure_package), else the prior; None when nothing says when the rental ends. Reads nothing."""
     end, source = rental_end(ctx)
     if end is None:
         return None
     now = now or datetime.now(UTC)
     size = sum(entry.size for entry in ctx.inventory.files.values())
-    measured = measured or seal_rate(ctx)
+    measured = measured or ctx.settings.get("seal_rate")
     rate = measured.bytes_per_second if measured is not None else SEAL_BYTES_PER_SECOND
     rate_words = measured.words() if measured is not None else "a prior: nothing here could be read to measure it"
     seal = size / rate
