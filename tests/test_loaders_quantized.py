@@ -53,6 +53,7 @@ def test_4bit_model_whose_scale_is_nan_is_IV504_once_dequantized(reloaded):
     assert "c_attn.weight" in finding.message
 
 
+@pytest.mark.slow
 def test_4bit_model_without_bitsandbytes_is_IV505_naming_the_extra(package, tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", hide(tmp_path / "hidden", "bitsandbytes"))
     results, findings = reload_package(package)

@@ -85,6 +85,7 @@ def test_trainer_checkpoint_of_the_lora_run_reloads_and_its_optimizer_fits(class
     assert sorted(facts["rng_restored"]) == ["cpu", "numpy", "python"]
 
 
+@pytest.mark.slow
 def test_trainer_checkpoint_without_the_head_is_IV504(classifier_dir, built_classifier):
     drop_head(classifier_dir / CHECKPOINT / "adapter_model.safetensors")
     results, findings = reload(classifier_dir, built_classifier["hf_cache"], "lora-r8-resume")

@@ -74,6 +74,7 @@ def assert_within_limit(result) -> None:
     ("gpt2", "vocab_size", 20_000_000),
     ("llama", "intermediate_size", 3_000_000),
 ])
+@pytest.mark.slow
 def test_a_config_declaring_far_more_than_its_weight_files_is_IV504_before_the_model_is_built(
         package_dir, hf_cache, kind, field, value):
     folder = package_dir / MODEL
