@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import seal_bench  # noqa: E402 - the package builder and the measuring of seal_bench.py
-from tests.push_stores import ACCESS, SECRET, FaultProxy, start_seaweedfs, store_env  # noqa: E402
+from tests.push_stores import ACCESS, SECRET, start_seaweedfs, store_env  # noqa: E402
 
 BIN = Path(sys.executable).parent
 UPLOAD = """
@@ -56,6 +56,17 @@ s3 = boto3.client("s3", config=Config(s3={"addressing_style": "path"}))
 s3.upload_file(sys.argv[1], "bench", sys.argv[2])
 """
 RUNS = ("control", "lora-r16", "lora-r64")
+# The throttled link runs in a process of its own: the bodies it holds would otherwise count in the peak memory
+# of every command forked from this one (a forked child's RSS starts as its parent's).
+LINK = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from tests.push_stores import FaultProxy
+proxy = FaultProxy(sys.argv[2])
+proxy.rate = float(sys.argv[3])
+print(proxy.endpoint, flush=True)
+sys.stdin.read()
+"""
 
 
 # ---- the campaign package ----------------------------------------------------------------------------------
@@ -162,8 +173,9 @@ def bench(package: Path, title: str, rounds: int, rclone: bool, work: Path, link
         store.client().create_bucket(Bucket="bench")
         endpoint = store.endpoint
         if link is not None:  # every command reaches the same store through one link of `link` bytes/s
-            proxy = FaultProxy(store.endpoint)
-            proxy.rate, endpoint = link, proxy.endpoint
+            proxy = subprocess.Popen([sys.executable, "-c", LINK, str(ROOT), store.endpoint, str(link)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            endpoint = proxy.stdout.readline().strip()
             title += f", over a {link / 1e6:.0f} MB/s link"
         env = {**seal_bench.ENV, **store_env(endpoint), "PYTHONPATH": seal_bench.ENV["PYTHONPATH"]}
         out = work / "out"
@@ -177,7 +189,8 @@ def bench(package: Path, title: str, rounds: int, rclone: bool, work: Path, link
             old.unlink()
     finally:
         if proxy is not None:
-            proxy.close()
+            proxy.stdin.close()
+            proxy.wait(10)
         store.stop()
         shutil.rmtree(work / "seaweedfs", ignore_errors=True)
     files = [f for f in package.rglob("*") if f.is_file()]
