@@ -60,9 +60,9 @@ def test_verify_push_in_the_json_report(seaweedfs, bucket, package_dir, tmp_path
 
 @pytest.mark.parametrize("beside", [True, False], ids=["seal-beside-the-checks", "seal-after-the-checks"])
 def test_verify_push_without_credentials_stops_as_the_seal_starts(seaweedfs, package_dir, tmp_path, beside):
-    """The client is made once the seal's thread runs (its first frames overlap boto3's start), and where the
-    seal cannot start beside the checks (no campaign id yet) right after: either way exit 2 before the checks
-    and the reloads, nothing sealed, nothing left behind."""
+    """The client is made once the checks' child is forked, before the seal's threads, whether the seal then
+    starts beside the checks or cannot (no campaign id yet): either way exit 2 before the checks and the
+    reloads, nothing sealed, nothing left behind."""
     if not beside:
         manifest = package_dir / "manifest.json"
         data = json.loads(manifest.read_text())
@@ -76,6 +76,23 @@ def test_verify_push_without_credentials_stops_as_the_seal_starts(seaweedfs, pac
     assert "no AWS credentials found" in assert_one_line(result)
     assert "reload" not in result.stderr.lower()  # the reloads never started
     assert list(out.iterdir()) == []  # nothing sealed for a push that could not run
+
+
+def test_verify_push_with_an_awscrt_that_cannot_be_imported_stops_before_the_seal(seaweedfs, bucket, package_dir,
+                                                                                  tmp_path):
+    """An awscrt that is there but does not import (a wheel for another system, half uninstalled): the CRC64NVME
+    of every part needs it, so exit 2 in one line before the seal, not a traceback after it."""
+    broken = tmp_path / "broken" / "awscrt"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('libaws-c-common.so: cannot open shared object file')\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**store_env(seaweedfs.endpoint), "PYTHONPATH": str(broken.parent)}
+    result = run_cli(package_dir, "--no-reload", "-o", out, "--push", f"s3://{bucket}/broken-crt/", env=env)
+    assert result.returncode == 2, result.stderr
+    assert "needs awscrt" in assert_one_line(result)
+    assert list(out.iterdir()) == []  # nothing sealed for a push that could not run
+    assert "Contents" not in seaweedfs.client().list_objects_v2(Bucket=bucket, Prefix="broken-crt/")
 
 
 def test_audit_from_the_bucket_streams_the_archive(seaweedfs, bucket, pushed, tmp_path):

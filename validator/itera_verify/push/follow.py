@@ -134,6 +134,10 @@ class SealFollower(Follower):
 
         if self.s3 is None:  # no credentials, a bad endpoint: PushError, before anything is sent
             self.s3 = client(self.endpoint_url, self.jobs)
+        try:  # every part's CRC64NVME; botocore has imported a sound awscrt already, a broken one fails here
+            import awscrt.checksums  # noqa: F401
+        except ImportError:
+            raise PushError("pushing to S3 needs awscrt: pip install 'itera-verify[push]'") from None
 
     def tap(self, data) -> None:
         """Every byte of the archive, in order, as the seal's read-back hashes it."""
