@@ -87,6 +87,8 @@ def test_a_package_that_fails_its_checks_aborts_the_upload_begun_beside_the_seal
                      "--endpoint-url", proxy.endpoint, env=store_env(seaweedfs.endpoint))
     assert result.returncode == 1 and "IV105" in result.stdout, result.stdout[-3000:] + result.stderr
     assert list(out.iterdir()) == []  # no archive, no receipt, no journal
+    assert "while sealing: done" not in result.stderr  # the upload begun beside the seal is never said done
+    assert "while sealing: stopped, nothing sealed: the upload is aborted" in result.stderr
     client = seaweedfs.client()
     assert "Contents" not in client.list_objects_v2(Bucket="refused")
     assert not client.list_multipart_uploads(Bucket="refused").get("Uploads")  # aborted

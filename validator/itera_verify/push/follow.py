@@ -247,8 +247,11 @@ class SealFollower(Follower):
                         break
                 while running:
                     self._collect(wait(running, return_when=FIRST_COMPLETED).done, running, acked)
+        except _Abandoned:  # the seal did not publish: never "done"
+            self.progress.abandon("push", "stopped, nothing sealed: the upload is aborted")
+            raise
         finally:
-            self.progress.finish("push")
+            self.progress.finish("push")  # a no-op once abandoned
         self._sent = (offset, crc)
 
     def _put(self, number: int, data):
