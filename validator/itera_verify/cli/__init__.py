@@ -296,10 +296,10 @@ def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, r
         _refuse_reports_inside(targets, outdir, "package")
         selection = _selection(config, select, ignore, strict)
         follower = None
-        if push_dest:  # no credentials or no such folder: said before the checks and the seal, not after
+        if push_dest:  # no such folder, no s3:// address: said now (credentials: before the seal, follow.connect)
             from ..push import check_destination
 
-            check_destination(push_dest, endpoint_url)
+            check_destination(push_dest)
         with _make_progress(quiet, verbose) as progress:
             if push_dest:  # an S3 upload overlaps the seal (push/follow.py)
                 from ..push import seal_follower

@@ -103,7 +103,8 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
     if deadline is not None:
         ctx.settings["deadline"] = deadline
     ctx.settings["push"] = pushing
-    if summary.rental_end(ctx)[0] is not None:  # the seal's rate, measured here once, at its settings
+    rental_end = summary.rental_end(ctx)[0]
+    if rental_end is not None:  # the seal's rate, measured here once, at its settings
         from ..seal.rate import measure_package
 
         ctx.settings["seal_rate"] = measure_package(ctx, level=level, threads=threads)
@@ -111,7 +112,7 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
     if rental is not None and rental.get("warning"):
         progress.log(f"WARNING: {rental['warning']}")  # now, before the checks and the seal: time to act
     if push is not None:  # the overlapped upload measures its first parts against the same end
-        push.set_deadline(summary.rental_end(ctx)[0])
+        push.set_deadline(rental_end)
     ctx.hf_cache = resolve_hf_cache(hf_cache, options.environment)
     ctx.tmp_patterns = tuple(tmp_patterns)
     if tariffs is not None:
@@ -185,14 +186,10 @@ def start_sealing(ctx: RunContext, *, output, overwrite: bool, level: int, threa
     campaign_id = ctx.documents.manifest.get("campaign_id")
     if not isinstance(campaign_id, str):
         return None
-    from ..push import PushError
-
     try:
         sealing = Sealing(ctx, campaign_id, default_archive_path(ctx, campaign_id, output),
                           overwrite=overwrite, level=level, threads=threads, progress=progress, follower=follower)
         return sealing.start()
-    except PushError:  # the follower cannot reach its store: the command's error, not a seal to retry later
-        raise
     except (UsageError, SealRefused, OSError, ValueError):
         return None
 

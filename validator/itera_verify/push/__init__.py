@@ -85,21 +85,14 @@ def seal_follower(dest, **options):
     return SealFollower(str(dest), **options)
 
 
-def check_destination(dest, endpoint_url: str | None = None) -> None:
-    """Before anything else, what costs nothing to check: a folder that is not there, an s3:// address that
-    cannot be one, boto3 or awscrt missing are PushError now rather than after the seal's hours. The
-    credentials and the endpoint are the follower's connect(), once the checks' child is forked (making a client
-    imports boto3 and reads the S3 service model, ~0.35 s that the checks then overlap)."""
-    from importlib.util import find_spec
-
+def check_destination(dest) -> None:
+    """Before anything else, what costs nothing to check: a folder that is not there, an s3:// address that cannot
+    be one. The libraries, the credentials and the endpoint are the follower's connect(), once the checks' child is
+    forked (making a client imports boto3 and reads the S3 service model, ~0.35 s that the checks then overlap)."""
     from .store import folder_destination, parse_s3
 
     if is_s3(str(dest)):
         parse_s3(str(dest))
-        if find_spec("boto3") is None:
-            raise PushError("pushing to S3 needs boto3: pip install 'itera-verify[push]'")
-        if find_spec("awscrt") is None:  # the CRC64NVME of every part, and of the archive as the seal reads it
-            raise PushError("pushing to S3 needs awscrt: pip install 'itera-verify[push]'")
     else:
         folder_destination(dest)
 

@@ -118,7 +118,7 @@ class SealFollower(Follower):
     def begin(self, partial: Path, written, name: str, bound: int, estimate=None) -> None:
         """The seal opened `partial` (to be published as `name`); `written` counts its final bytes; `bound` is
         at least the archive's size (it chooses the part size); `estimate()` guesses the final size meanwhile."""
-        from .multipart import crc64nvme  # awscrt: missing is said before the seal (check_destination)
+        from .multipart import crc64nvme  # awscrt: missing is said before the seal (connect)
 
         self._crc64nvme = crc64nvme
         self.location = s3_destination(self.dest, name)
@@ -130,14 +130,11 @@ class SealFollower(Follower):
         self._follow()
 
     def connect(self) -> None:
-        from .store import client
+        from .store import client, require_awscrt
 
-        if self.s3 is None:  # no credentials, a bad endpoint: PushError, before anything is sent
+        if self.s3 is None:  # no boto3, no credentials, a bad endpoint: PushError, before anything is sent
             self.s3 = client(self.endpoint_url, self.jobs)
-        try:  # every part's CRC64NVME; botocore has imported a sound awscrt already, a broken one fails here
-            import awscrt.checksums  # noqa: F401
-        except ImportError:
-            raise PushError("pushing to S3 needs awscrt: pip install 'itera-verify[push]'") from None
+        require_awscrt()
 
     def tap(self, data) -> None:
         """Every byte of the archive, in order, as the seal's read-back hashes it."""

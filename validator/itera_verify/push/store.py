@@ -96,6 +96,15 @@ def _new_client(endpoint_url: str | None, pool: int):
         raise PushError(f"--endpoint-url {endpoint_url}: {exc}") from None
 
 
+def require_awscrt() -> None:
+    """awscrt computes every part's CRC64NVME and the archive's as the seal reads it back: PushError when it is
+    missing or does not import (botocore has imported a sound one by the time a client exists)."""
+    try:
+        import awscrt.checksums  # noqa: F401
+    except ImportError:
+        raise PushError("pushing to S3 needs awscrt: pip install 'itera-verify[push]'") from None
+
+
 def _endpoint_from_environment() -> bool:
     return bool(os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
 
