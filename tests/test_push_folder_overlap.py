@@ -79,6 +79,8 @@ def test_a_package_that_fails_its_checks_leaves_nothing_in_the_folder(package_di
     result = run_cli(package_dir, "--no-reload", "-o", out, "--push", share, *SLOW_SEAL)
     assert result.returncode == 1 and "IV105" in result.stdout, result.stdout[-3000:] + result.stderr
     assert list(out.iterdir()) == [] and list(share.iterdir()) == []  # no archive, no copy, no partial
+    assert "while sealing: done" not in result.stderr  # the copy begun beside the seal is never said done
+    assert "while sealing: stopped, nothing sealed: the partial copy is removed" in result.stderr
 
 
 def test_a_run_killed_mid_copy_is_delivered_verified_by_the_next_run(package_dir, tmp_path):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from contextlib import contextmanager
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
@@ -91,6 +92,21 @@ class Follower:
         if self._error is not None:
             raise self._error
 
+    @contextmanager
+    def _shown(self, description: str):
+        """The transfer's progress line: finished when it ends, said stopped (never "done") when the seal did not
+        publish and the transfer raised _Abandoned."""
+        self.progress.start("push", description, unit="B")
+        try:
+            yield
+        except _Abandoned:
+            self.progress.abandon("push", f"stopped, nothing sealed: {self.ABANDONED}")
+            raise
+        finally:
+            self.progress.finish("push")  # a no-op once abandoned
+
+    ABANDONED = ""  # what is undone when the seal does not publish, in words
+
     def _run(self) -> None:
         raise NotImplementedError
 
@@ -100,6 +116,8 @@ class Follower:
 
 class SealFollower(Follower):
     """Follows one seal's archive to `dest` (`s3://bucket/prefix/`)."""
+
+    ABANDONED = "the upload is aborted"
 
     def __init__(self, dest: str, *, endpoint_url: str | None = None, read_back: bool = False, jobs: int = 4,
                  part_size: int | None = None, progress: Progress = NULL_PROGRESS,
@@ -217,10 +235,9 @@ class SealFollower(Follower):
                 _abort(self.s3, self.location, self.journal.upload_id)
 
     def _send_parts(self) -> None:
-        self.progress.start("push", f"pushing {self.location.key.rsplit('/', 1)[-1]} while sealing", unit="B")
         number, offset, crc, acked = 1, 0, 0, [0]
         self._buffers = PartBuffers(self.part_size, self._direct)
-        try:
+        with self._shown(f"pushing {self.location.key.rsplit('/', 1)[-1]} while sealing"):
             with ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="push-part") as pool:
                 running: set = set()
                 while True:
@@ -244,11 +261,6 @@ class SealFollower(Follower):
                         break
                 while running:
                     self._collect(wait(running, return_when=FIRST_COMPLETED).done, running, acked)
-        except _Abandoned:  # the seal did not publish: never "done"
-            self.progress.abandon("push", "stopped, nothing sealed: the upload is aborted")
-            raise
-        finally:
-            self.progress.finish("push")  # a no-op once abandoned
         self._sent = (offset, crc)
 
     def _put(self, number: int, data):

@@ -110,6 +110,8 @@ class FolderFollower(Follower):
     """Follows one seal's archive into a folder (`OUTDIR --push FOLDER`). It stays idle, too, when the folder is
     the archive's own: the caller pushes after the seal instead."""
 
+    ABANDONED = "the partial copy is removed"
+
     def __init__(self, dest, *, progress: Progress = NULL_PROGRESS, deadline: float | None = None, warn=None,
                  **_s3_options):
         from .store import folder_destination
@@ -181,9 +183,18 @@ class FolderFollower(Follower):
 
     # ---- the thread --------------------------------------------------------------------------------------
     def _run(self) -> None:
-        self.progress.start("push", f"copying {self.destination.name} while sealing", unit="B")
-        offset, buffers = 0, PartBuffers(CHUNK)  # one buffer, written over: no fresh pages for every range
         try:
+            self._copy()
+        except _Abandoned:
+            pass
+        except (PushError, PushUnverified) as exc:
+            self._error = exc
+        except OSError as exc:
+            self._error = PushError(f"{self.folder}: cannot write the copy ({exc.strerror or exc})")
+
+    def _copy(self) -> None:
+        offset, buffers = 0, PartBuffers(CHUNK)  # one buffer, written over: no fresh pages for every range
+        with self._shown(f"copying {self.destination.name} while sealing"):
             while True:
                 available, final, failed = self.written.wait_for(offset + CHUNK, WAIT_SECONDS)
                 if failed or self._abandoned.is_set():
@@ -204,14 +215,6 @@ class FolderFollower(Follower):
                     break
             os.fsync(self._target)
             self._copied = offset
-        except _Abandoned:
-            pass
-        except (PushError, PushUnverified) as exc:
-            self._error = exc
-        except OSError as exc:
-            self._error = PushError(f"{self.folder}: cannot write the copy ({exc.strerror or exc})")
-        finally:
-            self.progress.finish("push")
 
     def _release(self) -> None:
         """The descriptors are closed; an abandoned copy's partial file is removed."""
