@@ -78,11 +78,13 @@ def test_verify_push_without_credentials_stops_as_the_seal_starts(seaweedfs, pac
     assert list(out.iterdir()) == []  # nothing sealed for a push that could not run
 
 
-def test_verify_push_with_an_awscrt_that_cannot_be_imported_stops_before_the_seal(seaweedfs, bucket, package_dir,
-                                                                                  tmp_path):
-    """An awscrt that is there but does not import (a wheel for another system, half uninstalled): the CRC64NVME
-    of every part needs it, so exit 2 in one line before the seal, not a traceback after it."""
-    broken = tmp_path / "broken" / "awscrt"
+@pytest.mark.parametrize("library", ["awscrt", "boto3"])
+def test_verify_push_with_a_library_that_cannot_be_imported_stops_before_the_seal(seaweedfs, bucket, package_dir,
+                                                                                  tmp_path, library):
+    """An awscrt or boto3 that is there but does not import (a wheel for another system, half uninstalled): the
+    client and the CRC64NVME of every part need them, so exit 2 in one line before the seal (the follower's
+    connect), not a traceback after it."""
+    broken = tmp_path / "broken" / library
     broken.mkdir(parents=True)
     (broken / "__init__.py").write_text("raise ImportError('libaws-c-common.so: cannot open shared object file')\n")
     out = tmp_path / "out"
@@ -90,7 +92,7 @@ def test_verify_push_with_an_awscrt_that_cannot_be_imported_stops_before_the_sea
     env = {**store_env(seaweedfs.endpoint), "PYTHONPATH": str(broken.parent)}
     result = run_cli(package_dir, "--no-reload", "-o", out, "--push", f"s3://{bucket}/broken-crt/", env=env)
     assert result.returncode == 2, result.stderr
-    assert "needs awscrt" in assert_one_line(result)
+    assert f"needs {library}" in assert_one_line(result)
     assert list(out.iterdir()) == []  # nothing sealed for a push that could not run
     assert "Contents" not in seaweedfs.client().list_objects_v2(Bucket=bucket, Prefix="broken-crt/")
 
