@@ -5,8 +5,6 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from jsonschema import Draft202012Validator
-from referencing import Registry, Resource
 
 NAMES = ("manifest", "stops", "reload", "params", "report")
 
@@ -18,8 +16,12 @@ def schema_dir() -> Path:
     return Path(__file__).resolve().parents[3] / "schemas"  # editable install: the repository's schemas/
 
 
+# jsonschema and referencing are imported where used: beside a seal only the checks' child needs them, and the
+# command's start (before the seal's first frame) does not wait for them.
 @lru_cache(maxsize=None)
-def _registry() -> Registry:
+def _registry():
+    from referencing import Registry, Resource
+
     resources = []
     for name in NAMES:
         schema = json.loads((schema_dir() / f"{name}.schema.json").read_text(encoding="utf-8"))
@@ -29,6 +31,8 @@ def _registry() -> Registry:
 
 
 @lru_cache(maxsize=None)
-def validator(name: str) -> Draft202012Validator:
+def validator(name: str):
+    from jsonschema import Draft202012Validator
+
     schema = json.loads((schema_dir() / f"{name}.schema.json").read_text(encoding="utf-8"))
     return Draft202012Validator(schema, registry=_registry())

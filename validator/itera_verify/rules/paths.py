@@ -6,8 +6,6 @@ import os
 import re
 from typing import Any, Iterator
 
-import yaml
-
 from ..package.jsonpos import line_of, pointer_lines
 from ..package.layout import references
 from ..format import names
@@ -113,6 +111,8 @@ def _document_values(ctx: RunContext, rel: str, suffix: str, matcher: TmpMatcher
             return  # most documents name no path at all: skip walking their values
         value = doc.value
     else:
+        import yaml  # only for a YAML document (rules/structure.py says why here)
+
         try:
             text = ctx.documents.read_bytes(rel).decode("utf-8")
             value = yaml.safe_load(text)

@@ -7,9 +7,6 @@ import math
 from pathlib import PurePosixPath
 from typing import Iterator
 
-import yaml
-from jsonschema.exceptions import best_match
-
 from ..format.layouts import WEIGHT_INDEXES
 from ..package.jsonpos import line_of, pointer_lines
 from ..package.jsonread import validate
@@ -265,6 +262,8 @@ def _eval_ids(ctx: RunContext):
 
 
 def _yaml(ctx: RunContext, rel: str) -> Iterator[Finding]:
+    import yaml  # here, not at import: beside a seal the checks' child pays it, not the command's start
+
     try:
         text = ctx.documents.read_bytes(rel).decode("utf-8")
         yaml.safe_load(text)
@@ -282,6 +281,8 @@ def _schema(ctx: RunContext, rel: str, schema: str) -> Iterator[Finding]:
     doc = ctx.documents.document(rel)
     if doc is None or not doc.ok or doc.value in ({}, [], None):
         return  # IV103/IV104 already say why
+    from jsonschema.exceptions import best_match  # as yaml in _yaml
+
     lines: dict | None = None
     for error in sorted(validator(schema).iter_errors(doc.value), key=lambda e: list(e.absolute_path)):
         if error.context:
