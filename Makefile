@@ -64,6 +64,7 @@ fuzz: install
 bench: install
 	$(PY) benchmarks/reload_bench.py
 	$(PY) benchmarks/seal_bench.py
+	$(PY) benchmarks/push_bench.py --package campaign
 
 gpu-check: install
 	bash scripts/gpu-check.sh
