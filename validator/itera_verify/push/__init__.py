@@ -218,32 +218,79 @@ def finish_s3(s3, archive: Path, location: S3Location, uploaded, sha256: str, si
               overlapped: bool = False) -> PushResult:
     """After the upload completed: prove the object equal, send the sidecars, then the receipt (last). An
     upload that overlapped the seal (or resumes one) began before the SHA-256 was known: it goes into a tag
-    instead of the metadata (a store without tagging keeps it only in `.sha256` and the receipt)."""
+    instead of the metadata (a store without tagging keeps it only in `.sha256` and the receipt). The tag is set
+    before the object is proven equal, so the proof covers the object as it stays."""
     size = archive.stat().st_size
-    verified_by, in_metadata = _verify_object(s3, location, size=size, sha256=sha256, crc=uploaded.crc64nvme,
-                                              returned_crc=uploaded.store_crc64nvme, etag=uploaded.etag,
-                                              version_id=uploaded.version_id, read_back=read_back, jobs=jobs)
     prefix = location.key[:-len(archive.name)]
-    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="push-sidecar") as pool:  # round trips side by side
-        tagging = pool.submit(_tag_sha256, s3, location, sha256, uploaded.version_id) if not in_metadata else None
-        sent = [pool.submit(_put_small, s3, S3Location(location.bucket, prefix + name), data)
-                for name, data in sidecars]
-        for future in sent:
-            future.result()
-        tagged = tagging.result() if tagging is not None else None
-    receipt = _receipt(f"s3://{location.bucket}/{location.key[:-len(archive.name)]}", location.key,
+    tagged, to_send = None, sidecars
+    if not _sha256_in_metadata(s3, location, uploaded.version_id):
+        # `.sha256` first (it always leads the sidecars): the store's tagging is tried on it before the archive
+        name, data = sidecars[0]
+        checksum_file = S3Location(location.bucket, prefix + name)
+        _put_small(s3, checksum_file, data)
+        tagged = _tags_kept_apart(s3, checksum_file, data, sha256) and \
+            _tag_sha256(s3, location, sha256, uploaded.version_id)
+        to_send = sidecars[1:]
+    verified_by = _verify_object(s3, location, size=size, sha256=sha256, crc=uploaded.crc64nvme,
+                                 returned_crc=uploaded.store_crc64nvme, etag=uploaded.etag,
+                                 version_id=uploaded.version_id, read_back=read_back, jobs=jobs)
+    if to_send:
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="push-sidecar") as pool:  # side by side
+            for future in [pool.submit(_put_small, s3, S3Location(location.bucket, prefix + name), data)
+                           for name, data in to_send]:
+                future.result()
+    receipt = _receipt(f"s3://{location.bucket}/{prefix}", location.key,
                        version_id=uploaded.version_id, etag=uploaded.etag, size=size, sha256=sha256,
                        crc=uploaded.crc64nvme, checksum=uploaded.checksum, uploaded_at=uploaded_at, started=started,
                        verified_by=verified_by, sidecars=sidecars, endpoint=endpoint)
     path, data = _write_receipt_here(archive, receipt)
-    _put_small(s3, S3Location(location.bucket, location.key[:-len(archive.name)] + path.name), data)
+    _put_small(s3, S3Location(location.bucket, prefix + path.name), data)
     return PushResult(receipt, path, parts=uploaded.parts, parts_reused=uploaded.parts_reused,
                       overlapped=overlapped, sha256_tagged=tagged)
 
 
+def _sha256_in_metadata(s3, location: S3Location, version_id: str | None) -> bool:
+    """Whether the object's metadata holds the SHA-256 (an upload created once it was known)."""
+    from .store import explain
+
+    arguments = {"Bucket": location.bucket, "Key": location.key}
+    if version_id:
+        arguments["VersionId"] = version_id
+    try:
+        head = s3.head_object(**arguments)
+    except Exception as exc:  # noqa: BLE001 - one line
+        raise explain(exc, "checking the uploaded object", location.url) from None
+    return METADATA_SHA256 in {k.lower() for k in (head.get("Metadata") or {})}
+
+
+def _tags_kept_apart(s3, sidecar: S3Location, data: bytes, sha256: str) -> bool:
+    """Whether the store keeps a tag apart from the object's bytes, tried on the `.sha256` sidecar just sent:
+    `rclone serve s3` stores a PutObjectTagging request's XML as the object itself, and tagging the archive there
+    would replace it with 191 bytes. The sidecar is sent again when the tagging changed it."""
+    from .store import explain
+
+    tagging = {"TagSet": [{"Key": METADATA_SHA256, "Value": sha256}]}
+    try:
+        s3.put_object_tagging(Bucket=sidecar.bucket, Key=sidecar.key, Tagging=tagging)
+        accepted = True
+    except Exception:  # noqa: BLE001 - a store without tags: the .sha256 and the receipt carry the SHA-256
+        accepted = False
+    try:
+        body = s3.get_object(Bucket=sidecar.bucket, Key=sidecar.key)["Body"]
+        try:
+            unchanged = body.read() == data
+        finally:
+            body.close()
+    except Exception as exc:  # noqa: BLE001 - one line
+        raise explain(exc, f"reading {sidecar.key.rsplit('/', 1)[-1]} back", sidecar.url) from None
+    if not unchanged:
+        _put_small(s3, sidecar, data)
+    return accepted and unchanged
+
+
 def _tag_sha256(s3, location: S3Location, sha256: str, version_id: str | None) -> bool:
     """The archive's SHA-256 as the object's tag (tags, unlike metadata, can be set after the upload); False
-    where the store keeps no tags."""
+    where the store refuses it (the object is proven equal after this either way)."""
     arguments = {"Bucket": location.bucket, "Key": location.key,
                  "Tagging": {"TagSet": [{"Key": METADATA_SHA256, "Value": sha256}]}}
     if version_id:
@@ -256,9 +303,8 @@ def _tag_sha256(s3, location: S3Location, sha256: str, version_id: str | None) -
 
 
 def _verify_object(s3, location: S3Location, *, size: int, sha256: str, crc: int, returned_crc: str | None,
-                   etag: str, version_id: str | None, read_back: bool, jobs: int) -> tuple[str, bool]:
-    """How the object was proven equal to the archive, and whether its metadata holds the SHA-256;
-    PushUnverified when it is not equal."""
+                   etag: str, version_id: str | None, read_back: bool, jobs: int) -> str:
+    """How the object was proven equal to the archive; PushUnverified when it is not equal."""
     from .multipart import crc_base64
     from .ranged import read_back_sha256
     from .store import explain
@@ -288,7 +334,7 @@ def _verify_object(s3, location: S3Location, *, size: int, sha256: str, crc: int
             raise PushUnverified(f"{location.url}: the object reads back as sha256 {got} ({count} bytes), the "
                                  f"archive is {sha256} ({size} bytes)")
         ways.append(VERIFIED_BY_READ_BACK)
-    return "; ".join(ways), METADATA_SHA256 in metadata
+    return "; ".join(ways)
 
 
 def _put_small(s3, location: S3Location, data: bytes) -> None:
