@@ -153,6 +153,35 @@ def test_unreachable_store_is_one_line_exit_2(tmp_path):
     assert not archive.with_name(archive.name + ".receipt.json").exists()
 
 
+def test_an_unreachable_store_after_the_seal_names_the_push_that_sends_the_archive(package_dir, tmp_path):
+    """`verify --push` keeps what it sealed when the store cannot be reached; running the same command again
+    would refuse the archive it wrote, so the line names `itera-verify push`, not "the same command"."""
+    from tests.helpers import run_cli
+    from tests.push_stores import free_port
+
+    out = tmp_path / "out"
+    out.mkdir()
+    result = run_cli(package_dir, "--no-reload", "-o", out, "--push", "s3://deliveries/late/",
+                     env=store_env(f"http://127.0.0.1:{free_port()}"), timeout=240)
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr
+    line = assert_one_line(result)
+    archive = next(out.glob("*.tar.zst"))
+    assert "cannot be reached" in line and "run the same command again" not in line, line
+    assert line.endswith(f"the archive is sealed: `itera-verify push {archive} s3://deliveries/late/` sends it, "
+                         "resuming what reached the store"), line
+    assert "NOT pushed to s3://deliveries/late/" in result.stdout
+    assert not archive.with_name(archive.name + ".receipt.json").exists()
+
+
+def test_an_endpoint_from_the_environment_that_is_no_url_is_said_so(tmp_path):
+    archive = make_archive(tmp_path / "out", size=1 * MiB)
+    result = push(archive, "s3://deliveries/", store_env("notaurl"))
+    assert result.returncode == 2
+    line = assert_one_line(result)
+    assert "the endpoint from the AWS environment or config" in line and "notaurl" in line, line
+    assert "--endpoint-url" not in line, line  # the flag was not given: it is not named (it said "--endpoint-url None")
+
+
 def test_no_such_bucket_is_one_line_exit_2(seaweedfs, tmp_path):
     archive = make_archive(tmp_path / "out", size=1 * MiB)
     result = push(archive, "s3://never-made/", store_env(seaweedfs.endpoint))

@@ -127,6 +127,9 @@ def test_a_store_full_during_the_overlapped_push_is_one_line_exit_2_and_no_recei
     line = assert_one_line(result)
     assert "it is full or over quota" in line and "InsufficientStorage" in line, line
     archive = next(out.glob("*.tar.zst"))  # the seal itself is kept: the archive is the work
+    # The same command would refuse the archive it sealed: the line names the one that sends it.
+    assert f"the archive is sealed: `itera-verify push {archive} s3://full/f/ --endpoint-url {proxy.endpoint}` " \
+           "sends it" in line, line
     assert not archive.with_name(archive.name + ".receipt.json").exists()
     assert "Contents" not in seaweedfs.client().list_objects_v2(Bucket="full")
     # The journal names the published archive and the one part the store took: a later push resumes from it.

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -332,7 +333,19 @@ def _push_sealed(report: Report, dest, **options):
     """--push: the sealed archive, once sealed; the receipt (or the error) goes into the report's archive."""
     if not dest or not report.sealed or not isinstance(report.archive, dict) or not report.archive.get("path"):
         return None
-    result, failure = _push_archive(Path(report.archive["path"]), dest, jobs=4, **options)
+    from ..push.store import RESUME
+
+    archive = Path(report.archive["path"])
+    result, failure = _push_archive(archive, dest, jobs=4, **options)
+    if failure is not None:  # the seal stands: the same command would refuse its archive, `push` sends it
+        code, line = failure
+        again = ["itera-verify", "push", str(archive), str(dest)]
+        if options.get("endpoint_url"):
+            again += ["--endpoint-url", options["endpoint_url"]]
+        if options.get("read_back"):
+            again.append("--read-back")
+        failure = (code, line.removesuffix(f"; {RESUME}") + f"; the archive is sealed: `{shlex.join(again)}` sends "
+                                                            "it, resuming what reached the store")
     report.archive["push"] = result.to_json() if result else {"destination": dest, "error": failure[1]}
     return failure
 

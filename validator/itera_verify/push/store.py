@@ -93,7 +93,10 @@ def _new_client(endpoint_url: str | None, pool: int):
         return session.client("s3", endpoint_url=endpoint_url or None, config=config,
                                region_name=session.region_name or "us-east-1")
     except ValueError as exc:  # botocore: "Invalid endpoint: ..."
-        raise PushError(f"--endpoint-url {endpoint_url}: {exc}") from None
+        source = (f"--endpoint-url {endpoint_url}" if endpoint_url else
+                  "the endpoint from the AWS environment or config (AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, "
+                  "endpoint_url)")
+        raise PushError(f"{source}: {exc}") from None
 
 
 def require_awscrt() -> None:
@@ -118,6 +121,9 @@ DIGEST_MISMATCH = {"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch", 
 DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled", "AccountProblem",
           "ExpiredToken", "InvalidToken", "Forbidden", "403"}
 FULL = {"QuotaExceeded", "EntityTooLarge", "InsufficientStorage", "StorageFull", "507"}
+
+
+RESUME = "run the same command again to resume"  # what `push` says after a lost connection
 
 
 def error_code(exc) -> str:
@@ -153,8 +159,7 @@ def explain(exc, what: str, where: str) -> PushError:
     if code in FULL:
         return PushError(f"{where}: the store refused the data while {what} ({code}: it is full or over quota)")
     if is_connection_error(exc):
-        return PushError(f"{where}: the store cannot be reached while {what} ({_first_line(exc)}); run the same "
-                         "command again to resume")
+        return PushError(f"{where}: the store cannot be reached while {what} ({_first_line(exc)}); {RESUME}")
     if code:
         message = (getattr(exc, "response", {}).get("Error") or {}).get("Message") or ""
         return PushError(f"{where}: the store answered {code} while {what}" + (f" ({message})" if message else ""))
