@@ -101,6 +101,23 @@ def test_cli_audit_of_the_clean_archive_exits_0_with_json_facts(sealed):
     document = json.loads(result.stdout)
     assert document["mode"] == "audit" and document["verdict"] == "pass"
     assert document["audit"]["members"] > 20
+    assert document["audit"]["sha256_named_by"] == {"by": sealed.name + ".sha256", "equal": True}
+
+
+def test_the_audit_says_what_names_the_archives_sha256_or_that_nothing_does(sealed, tmp_path):
+    """An archive without its `.sha256` (sent alone, or from a bucket holding nothing beside it) is audited all
+    the same, but the reviewer is told that nothing vouched for its SHA-256."""
+    named = run_cli("audit", sealed)
+    assert named.returncode == 0 and f"(named by {sealed.name}.sha256)" in named.stdout, named.stdout
+    alone = tmp_path / sealed.name
+    shutil.copy(sealed, alone)
+    result = run_cli("audit", alone)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "(nothing beside the archive names it: compare it with the SHA-256 the sender published)" in result.stdout
+    assert json.loads(run_cli("audit", alone, "--format", "json").stdout)["audit"]["sha256_named_by"] is None
+    (tmp_path / (sealed.name + ".sha256")).write_text(f"{'0' * 64}  {sealed.name}\n")
+    result = run_cli("audit", alone)
+    assert result.returncode == 1 and f"(NOT the one named by {sealed.name}.sha256)" in result.stdout, result.stdout
 
 
 def test_audit_of_a_missing_archive_exits_2(tmp_path):

@@ -106,6 +106,9 @@ def test_audit_from_the_bucket_streams_the_archive(seaweedfs, bucket, pushed, tm
     report = json.loads(result.stdout)
     assert report["verdict"] == "pass" and report["archive"]["path"] == f"s3://{bucket}/{pushed}"
     assert report["audit"]["rechecked"] and report["package"] == f"s3://{bucket}/{pushed}"
+    name = pushed.rsplit("/", 1)[-1]
+    assert report["audit"]["sha256_named_by"] == {
+        "by": f"the object's sha256 metadata, {name}.sha256, {name}.receipt.json", "equal": True}
     assert not list(tmp_path.rglob("*.tar.zst"))  # no local copy of the archive, anywhere
 
 

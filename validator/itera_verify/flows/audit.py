@@ -118,6 +118,10 @@ def audit(archive, *, config: Config | None = None, reload: bool = False, max_si
     if remote is not None:  # the object, never its name alone
         report.package = report.audit["archive"] = remote.url
     report.audit["archive_sha256"] = archive_sha256
+    # What beside the archive (`.sha256`; from a bucket also the object's metadata or tag and the receipt) names its
+    # SHA-256: a reviewer sees when nothing does, and must then compare it with what the sender published.
+    report.audit["sha256_named_by"] = ({"by": facts.detached[0], "equal": facts.detached[1]}
+                                       if facts.detached is not None else None)
     comparison = _compare_record(extraction, report)
     report.audit["comparison"] = comparison
     # A pass recorded for content the re-check fails is a contradiction unless the tool's own rule levels say a

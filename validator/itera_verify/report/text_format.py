@@ -201,12 +201,25 @@ def _seal_rate(rates) -> str:
     return f" at {rate / 2**20:.0f} MiB/s ({'measured here' if measured else 'a prior'})"
 
 
+def _named_by(report: Report) -> str:
+    """Audit: what beside the archive names this SHA-256 (flows/audit.py), or that nothing does."""
+    audit = report.audit if isinstance(report.audit, dict) else {}
+    if "sha256_named_by" not in audit:
+        return ""  # not an audit, or one that could not read the archive
+    named = audit["sha256_named_by"]
+    if not isinstance(named, dict):
+        return " (nothing beside the archive names it: compare it with the SHA-256 the sender published)"
+    if named.get("equal") is True:
+        return f" (named by {clean(named.get('by'))})"
+    return f" (NOT the one named by {clean(named.get('by'))})"
+
+
 def _archive(console: Console, report: Report) -> None:
     archive = report.archive if isinstance(report.archive, dict) else None
     if archive:
         console.print(Text("Archive", style="bold"))
         console.print(f"  {clean(archive.get('path'))} ({human_bytes(archive.get('bytes'))})", soft_wrap=True)
-        console.print(f"  sha256 {clean(archive.get('sha256'))}", soft_wrap=True)
+        console.print(f"  sha256 {clean(archive.get('sha256'))}{_named_by(report)}", soft_wrap=True)
         if signer_line(report):
             console.print(f"  {signer_line(report)}", soft_wrap=True)
     elif report.seal_skipped:
