@@ -118,6 +118,14 @@ def test_the_audit_says_what_names_the_archives_sha256_or_that_nothing_does(seal
     (tmp_path / (sealed.name + ".sha256")).write_text(f"{'0' * 64}  {sealed.name}\n")
     result = run_cli("audit", alone)
     assert result.returncode == 1 and f"(NOT the one named by {sealed.name}.sha256)" in result.stdout, result.stdout
+    # An archive that cannot be read whole was not compared: it is not said to have nothing beside it.
+    shutil.copy(sealed.with_name(sealed.name + ".sha256"), tmp_path)
+    with open(alone, "r+b") as fh:
+        fh.truncate(alone.stat().st_size // 2)
+    result = run_cli("audit", alone, "--format", "json")
+    report = json.loads(result.stdout)
+    assert result.returncode == 1 and "sha256_named_by" not in report["audit"], report["audit"]
+    assert "names it" not in run_cli("audit", alone).stdout
 
 
 def test_audit_of_a_missing_archive_exits_2(tmp_path):

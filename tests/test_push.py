@@ -167,8 +167,7 @@ def test_an_unreachable_store_after_the_seal_names_the_push_that_sends_the_archi
     line = assert_one_line(result)
     archive = next(out.glob("*.tar.zst"))
     assert "cannot be reached" in line and "run the same command again" not in line, line
-    assert line.endswith(f"the archive is sealed: `itera-verify push {archive} s3://deliveries/late/` sends it, "
-                         "resuming what reached the store"), line
+    assert line.endswith(f"the archive is sealed: `itera-verify push {archive} s3://deliveries/late/` sends it"), line
     assert "NOT pushed to s3://deliveries/late/" in result.stdout
     assert not archive.with_name(archive.name + ".receipt.json").exists()
 
@@ -180,6 +179,13 @@ def test_an_endpoint_from_the_environment_that_is_no_url_is_said_so(tmp_path):
     line = assert_one_line(result)
     assert "the endpoint from the AWS environment or config" in line and "notaurl" in line, line
     assert "--endpoint-url" not in line, line  # the flag was not given: it is not named (it said "--endpoint-url None")
+
+
+@pytest.mark.parametrize("size, words", [("1M", "below 5 MiB"), ("6G", "above 5 GiB"), ("abc", "not a number")])
+def test_a_part_size_s3_cannot_take_is_a_usage_error(tmp_path, size, words):
+    archive = make_archive(tmp_path / "out", size=1 * MiB)
+    result = push(archive, "s3://deliveries/", store_env("http://127.0.0.1:9"), "--part-size", size)
+    assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
 def test_no_such_bucket_is_one_line_exit_2(seaweedfs, tmp_path):

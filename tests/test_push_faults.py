@@ -103,6 +103,9 @@ def test_connection_cut_is_one_line_exit_2_then_resumes(seaweedfs, proxy, tmp_pa
     assert result.returncode == 2
     line = assert_one_line(result)
     assert "cannot be reached while sending part 2" in line and "run the same command again to resume" in line
+    # The progress line never says "done" for parts that did not all reach the store.
+    assert f"pushing {archive.name}: stopped: the parts the store took are kept" in result.stderr, result.stderr
+    assert f"pushing {archive.name}: done" not in result.stderr
     assert not receipt_of(archive).exists()
     assert list(json.loads(journal_of(archive).read_text())["parts"]) == ["1"]
     proxy.cut_from = None

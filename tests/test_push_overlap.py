@@ -54,6 +54,9 @@ def test_verify_push_sends_parts_while_sealing_and_completes_after_the_read_back
     assert "sha256" not in head["Metadata"] and pushed["sha256_tagged"] is True
     tags = client.get_object_tagging(Bucket="overlap", Key=pushed["key"])["TagSet"]
     assert {"Key": "sha256", "Value": pushed["sha256"]} in tags
+    # The tagging was tried on .sha256 first: there the tag names the archive's SHA-256, not the sidecar's own.
+    sidecar_tags = client.get_object_tagging(Bucket="overlap", Key=pushed["key"] + ".sha256")["TagSet"]
+    assert sidecar_tags == [{"Key": "archive-sha256", "Value": pushed["sha256"]}]
     for sidecar in (".sha256", ".receipt.json"):
         assert object_bytes(seaweedfs, "overlap", pushed["key"] + sidecar) == \
             archive.with_name(archive.name + sidecar).read_bytes()

@@ -179,9 +179,13 @@ def _byte_count(ctx, param, value):
     digits = text.rstrip("KMG")
     if not digits.isdigit() or text[len(digits):] not in units:
         raise click.BadParameter(f"{value!r} is not a number of bytes (e.g. 67108864, 64M)")
+    from ..format.push import MAX_PART_SIZE, MIN_PART_SIZE
+
     count = int(digits) * units[text[len(digits):]]
-    if count < 5 << 20:
+    if count < MIN_PART_SIZE:
         raise click.BadParameter(f"{value} is below 5 MiB, the smallest part S3 accepts")
+    if count > MAX_PART_SIZE:
+        raise click.BadParameter(f"{value} is above 5 GiB, the largest part S3 accepts")
     return count
 
 
@@ -345,7 +349,7 @@ def _push_sealed(report: Report, dest, **options):
         if options.get("read_back"):
             again.append("--read-back")
         failure = (code, line.removesuffix(f"; {RESUME}") + f"; the archive is sealed: `{shlex.join(again)}` sends "
-                                                            "it, resuming what reached the store")
+                                                            "it")
     report.archive["push"] = result.to_json() if result else {"destination": dest, "error": failure[1]}
     return failure
 

@@ -97,8 +97,9 @@ def audit(archive, *, config: Config | None = None, reload: bool = False, max_si
                                               jobs=jobs, progress=progress, isolation=isolation,
                                               tmp_patterns=tmp_patterns, tariffs=tariffs, scan_budget=limit,
                                               environment=options.environment)
+                detached = _detached_checksum(path, extraction, remote)
                 facts = AuditFacts(path.name, limit, extraction, seal_scans=_scan_seal_files(extraction),
-                                   detached=_detached_checksum(path, extraction, remote), unwalkable=unwalkable)
+                                   detached=None if detached is NOT_COMPARED else detached, unwalkable=unwalkable)
                 # The top folder is the manifest's campaign_id (the seal names it so): compared once re-checked.
                 facts.rechecked, facts.campaign_id = bool(report.audit.get("rechecked")), report.campaign_id
                 facts.collisions = extraction_collisions(path, extraction.top)
@@ -120,8 +121,8 @@ def audit(archive, *, config: Config | None = None, reload: bool = False, max_si
     report.audit["archive_sha256"] = archive_sha256
     # What beside the archive (`.sha256`; from a bucket also the object's metadata or tag and the receipt) names its
     # SHA-256: a reviewer sees when nothing does, and must then compare it with what the sender published.
-    report.audit["sha256_named_by"] = ({"by": facts.detached[0], "equal": facts.detached[1]}
-                                       if facts.detached is not None else None)
+    if detached is not NOT_COMPARED:  # an archive that could not be read whole is reported on its own
+        report.audit["sha256_named_by"] = {"by": detached[0], "equal": detached[1]} if detached is not None else None
     comparison = _compare_record(extraction, report)
     report.audit["comparison"] = comparison
     # A pass recorded for content the re-check fails is a contradiction unless the tool's own rule levels say a
@@ -318,18 +319,24 @@ def _scan_seal_files(extraction: Extraction) -> dict:
     return {rel: scan_file(side) for rel, side in extraction.seal_side.items()}
 
 
+NOT_COMPARED = ("", False)  # _detached_checksum: the archive was not read whole, or `.sha256` not at all
+
+
 def _detached_checksum(path: Path, extraction: Extraction, remote=None) -> tuple[str, bool] | None:
     """`<archive>.sha256` beside the archive, when there is one: whether it names this archive's bytes. From a
-    bucket: the object's sha256 metadata, `.sha256` and receipt there (push/remote.py)."""
+    bucket: the object's sha256 metadata, `.sha256` and receipt there (push/remote.py). None when nothing beside
+    names a SHA-256; NOT_COMPARED when the comparison could not be made (no finding comes of it)."""
+    if extraction.error is not None:  # a failed stream is reported on its own
+        return NOT_COMPARED
     if remote is not None:
-        return None if extraction.error is not None else remote.detached(extraction.archive_sha256)
+        return remote.detached(extraction.archive_sha256)
     beside = path.with_name(path.name + ".sha256")
     try:
         recorded = beside.read_text(encoding="utf-8", errors="replace").split()[:1]
+    except FileNotFoundError:
+        return None
     except OSError:
-        return None
-    if extraction.error is not None:  # a failed stream is reported on its own
-        return None
+        return NOT_COMPARED
     return beside.name, bool(recorded) and recorded[0].lower().lstrip("\\") == extraction.archive_sha256
 
 

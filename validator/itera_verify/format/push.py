@@ -16,6 +16,10 @@ RECEIPT_FORMAT = "itera-push-receipt/1"
 # The object's user metadata (x-amz-meta-sha256): the archive's SHA-256, which no store computes for a multipart
 # object; the audit from a bucket compares it with the bytes it streams.
 METADATA_SHA256 = "sha256"
+# The tag an upload whose SHA-256 came too late for its metadata tries first on its `.sha256` sidecar, to learn
+# whether the store keeps tags apart from the bytes (push/__init__.py): the archive's SHA-256, under a key that
+# says so (a `sha256` tag on the sidecar would name the sidecar's own bytes).
+PROBE_TAG = "archive-sha256"
 
 RECEIPT_FIELDS = ("format", "destination", "key", "version_id", "etag", "bytes", "sha256", "crc64nvme",
                   "checksum", "uploaded_at", "seconds", "verified_by", "sidecars")
@@ -30,6 +34,7 @@ VERIFIED_BY_STORE_CRC = "crc64nvme returned by the store"
 VERIFIED_BY_READ_BACK = "read back and hashed (sha256)"
 
 MIN_PART_SIZE = 5 << 20  # S3: every part but the last
+MAX_PART_SIZE = 5 << 30  # S3: the largest part
 MAX_PARTS = 10_000
 DEFAULT_PART_SIZE = 32 << 20
 # A push that overlaps the seal (push/follow.py) sends a part once its bytes are written: what is left after the

@@ -22,8 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..format.push import (CHECKSUM_LOCAL, CHECKSUM_SUFFIX, DEFAULT_PART_SIZE, METADATA_SHA256, RECEIPT_FORMAT,
-                           SIGNATURE_SUFFIX, VERIFIED_BY_READ_BACK, VERIFIED_BY_STORE_CRC, receipt_name)
+from ..format.push import (CHECKSUM_LOCAL, CHECKSUM_SUFFIX, DEFAULT_PART_SIZE, METADATA_SHA256, PROBE_TAG,
+                           RECEIPT_FORMAT, SIGNATURE_SUFFIX, VERIFIED_BY_READ_BACK, VERIFIED_BY_STORE_CRC,
+                           receipt_name)
 from ..runtime.progress import NULL_PROGRESS, Progress
 from .store import PushError, PushUnverified, S3Location, is_s3
 
@@ -217,23 +218,25 @@ def finish_s3(s3, archive: Path, location: S3Location, uploaded, sha256: str, si
               jobs: int, started: float, uploaded_at: str, endpoint: str | None,
               overlapped: bool = False) -> PushResult:
     """After the upload completed: prove the object equal, send the sidecars, then the receipt (last). An
-    upload that overlapped the seal (or resumes one) began before the SHA-256 was known: it goes into a tag
-    instead of the metadata (a store without tagging keeps it only in `.sha256` and the receipt). The tag is set
-    before the object is proven equal, so the proof covers the object as it stays."""
+    upload that overlapped the seal (or resumes one) began before the SHA-256 was known: once the object is
+    proven equal it goes into a tag instead of the metadata, where the store keeps tags apart from the bytes
+    (tried on `.sha256` first; a store without such tags keeps it only in `.sha256` and the receipt), and the
+    object's size, and CRC64NVME where the store returns one, are checked again after the tagging."""
     size = archive.stat().st_size
     prefix = location.key[:-len(archive.name)]
+    verified_by, in_metadata = _verify_object(s3, location, size=size, sha256=sha256, crc=uploaded.crc64nvme,
+                                              returned_crc=uploaded.store_crc64nvme, etag=uploaded.etag,
+                                              version_id=uploaded.version_id, read_back=read_back, jobs=jobs)
     tagged, to_send = None, sidecars
-    if not _sha256_in_metadata(s3, location, uploaded.version_id):
-        # `.sha256` first (it always leads the sidecars): the store's tagging is tried on it before the archive
+    if not in_metadata:  # `.sha256` (it always leads the sidecars) first: the store's tagging is tried on it
         name, data = sidecars[0]
         checksum_file = S3Location(location.bucket, prefix + name)
         _put_small(s3, checksum_file, data)
+        to_send = sidecars[1:]
         tagged = _tags_kept_apart(s3, checksum_file, data, sha256) and \
             _tag_sha256(s3, location, sha256, uploaded.version_id)
-        to_send = sidecars[1:]
-    verified_by = _verify_object(s3, location, size=size, sha256=sha256, crc=uploaded.crc64nvme,
-                                 returned_crc=uploaded.store_crc64nvme, etag=uploaded.etag,
-                                 version_id=uploaded.version_id, read_back=read_back, jobs=jobs)
+        if tagged:
+            _still_equal(s3, location, size=size, crc=uploaded.crc64nvme, version_id=uploaded.version_id)
     if to_send:
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="push-sidecar") as pool:  # side by side
             for future in [pool.submit(_put_small, s3, S3Location(location.bucket, prefix + name), data)
@@ -249,27 +252,13 @@ def finish_s3(s3, archive: Path, location: S3Location, uploaded, sha256: str, si
                       overlapped=overlapped, sha256_tagged=tagged)
 
 
-def _sha256_in_metadata(s3, location: S3Location, version_id: str | None) -> bool:
-    """Whether the object's metadata holds the SHA-256 (an upload created once it was known)."""
-    from .store import explain
-
-    arguments = {"Bucket": location.bucket, "Key": location.key}
-    if version_id:
-        arguments["VersionId"] = version_id
-    try:
-        head = s3.head_object(**arguments)
-    except Exception as exc:  # noqa: BLE001 - one line
-        raise explain(exc, "checking the uploaded object", location.url) from None
-    return METADATA_SHA256 in {k.lower() for k in (head.get("Metadata") or {})}
-
-
 def _tags_kept_apart(s3, sidecar: S3Location, data: bytes, sha256: str) -> bool:
     """Whether the store keeps a tag apart from the object's bytes, tried on the `.sha256` sidecar just sent:
     `rclone serve s3` stores a PutObjectTagging request's XML as the object itself, and tagging the archive there
     would replace it with 191 bytes. The sidecar is sent again when the tagging changed it."""
     from .store import explain
 
-    tagging = {"TagSet": [{"Key": METADATA_SHA256, "Value": sha256}]}
+    tagging = {"TagSet": [{"Key": PROBE_TAG, "Value": sha256}]}
     try:
         s3.put_object_tagging(Bucket=sidecar.bucket, Key=sidecar.key, Tagging=tagging)
         accepted = True
@@ -290,7 +279,7 @@ def _tags_kept_apart(s3, sidecar: S3Location, data: bytes, sha256: str) -> bool:
 
 def _tag_sha256(s3, location: S3Location, sha256: str, version_id: str | None) -> bool:
     """The archive's SHA-256 as the object's tag (tags, unlike metadata, can be set after the upload); False
-    where the store refuses it (the object is proven equal after this either way)."""
+    where the store refuses it."""
     arguments = {"Bucket": location.bucket, "Key": location.key,
                  "Tagging": {"TagSet": [{"Key": METADATA_SHA256, "Value": sha256}]}}
     if version_id:
@@ -302,9 +291,29 @@ def _tag_sha256(s3, location: S3Location, sha256: str, version_id: str | None) -
     return True
 
 
+def _still_equal(s3, location: S3Location, *, size: int, crc: int, version_id: str | None) -> None:
+    """After the tagging: the object still has the archive's size, and its CRC64NVME where the store returns one
+    (a store that took the tag into the bytes would not); PushUnverified otherwise."""
+    from .multipart import crc_base64
+    from .store import explain
+
+    arguments = {"Bucket": location.bucket, "Key": location.key, "ChecksumMode": "ENABLED"}
+    if version_id:
+        arguments["VersionId"] = version_id
+    try:
+        head = s3.head_object(**arguments)
+    except Exception as exc:  # noqa: BLE001 - one line
+        raise explain(exc, "checking the tagged object", location.url) from None
+    stored = head.get("ChecksumCRC64NVME")
+    if head.get("ContentLength") != size or (stored and stored != crc_base64(crc)):
+        raise PushUnverified(f"{location.url}: the object changed when its sha256 tag was set "
+                             f"({head.get('ContentLength')} bytes, CRC64NVME {stored or 'none'})")
+
+
 def _verify_object(s3, location: S3Location, *, size: int, sha256: str, crc: int, returned_crc: str | None,
-                   etag: str, version_id: str | None, read_back: bool, jobs: int) -> str:
-    """How the object was proven equal to the archive; PushUnverified when it is not equal."""
+                   etag: str, version_id: str | None, read_back: bool, jobs: int) -> tuple[str, bool]:
+    """How the object was proven equal to the archive, and whether its metadata holds the SHA-256;
+    PushUnverified when it is not equal."""
     from .multipart import crc_base64
     from .ranged import read_back_sha256
     from .store import explain
@@ -334,7 +343,7 @@ def _verify_object(s3, location: S3Location, *, size: int, sha256: str, crc: int
             raise PushUnverified(f"{location.url}: the object reads back as sha256 {got} ({count} bytes), the "
                                  f"archive is {sha256} ({size} bytes)")
         ways.append(VERIFIED_BY_READ_BACK)
-    return "; ".join(ways)
+    return "; ".join(ways), METADATA_SHA256 in metadata
 
 
 def _put_small(s3, location: S3Location, data: bytes) -> None:

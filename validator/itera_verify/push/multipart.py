@@ -351,9 +351,12 @@ def _send(s3, archive: Path, location: S3Location, journal: journals.Journal, jo
             while running:
                 _collect(wait(running, return_when=FIRST_COMPLETED).done, running, journal, journal_file, done,
                          progress, sent, buffers)
+    except BaseException:  # never "done" for parts that did not all reach the store; the journal keeps those that did
+        progress.abandon("push", "stopped: the parts the store took are kept for the next run")
+        raise
     finally:
         os.close(fd)
-        progress.finish("push")
+        progress.finish("push")  # a no-op once abandoned
     if digest.hexdigest() != journal.sha256:
         _abort(s3, location, journal.upload_id)
         journals.remove(journal_file)
