@@ -194,8 +194,8 @@ def round_of(package: Path, out: Path, env: dict, endpoint: str, number: int, rc
 
 
 def split_cores() -> tuple[set[int], set[int]] | None:
-    """(the store's cores, the commands' cores): the later half for the store and the link, the rest for the
-    commands; None on a single core."""
+    """(the store's cores, the commands' cores): the later half for the store and the link (the larger one on an
+    odd count), the rest for the commands; None on a single core."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         return None
@@ -209,17 +209,18 @@ def bench(package: Path, title: str, rounds: int, rclone: bool, work: Path, link
     another machine does; otherwise all share every core."""
     everywhere = os.sched_getaffinity(0)
     cores = split_cores() if split else None
-    if cores is not None:  # the store's process and the link's inherit these; the commands the others
-        os.sched_setaffinity(0, cores[0])
+    if cores is not None:
         title += f", the store on core(s) {','.join(map(str, sorted(cores[0])))} and the commands on " \
                  f"{','.join(map(str, sorted(cores[1])))}"
     elif split:
         title += ", one core: shared"
     else:
         title += ", the store sharing every core with the commands"
-    store = start_seaweedfs(work / "seaweedfs")
-    proxy = None
+    store = proxy = None
     try:
+        if cores is not None:  # the store's process and the link's inherit these; the commands the others
+            os.sched_setaffinity(0, cores[0])
+        store = start_seaweedfs(work / "seaweedfs")
         store.client().create_bucket(Bucket="bench")
         endpoint = store.endpoint
         if link is not None:  # every command reaches the same store through one link of `link` bytes/s
@@ -244,7 +245,8 @@ def bench(package: Path, title: str, rounds: int, rclone: bool, work: Path, link
         if proxy is not None:
             proxy.stdin.close()
             proxy.wait(10)
-        store.stop()
+        if store is not None:
+            store.stop()
         shutil.rmtree(work / "seaweedfs", ignore_errors=True)
     files = [f for f in package.rglob("*") if f.is_file()]
     lines = [f"{title}: {sum(f.stat().st_size for f in files) / seal_bench.MiB:.0f} MiB ({len(files)} files), "
