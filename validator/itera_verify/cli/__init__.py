@@ -196,10 +196,12 @@ def _warn(message: str) -> None:
 
 def _push_archive(archive, dest, *, endpoint_url, read_back, jobs, part_size, quiet, verbose, follower=None,
                   deadline=None):
-    """The push shared by `push` and `verify --push`: (result, None) or (None, (exit code, one line)).
-    `follower`: the upload that overlapped the seal, completed here when it followed this archive."""
+    """The push shared by `push` and `verify --push`: (result, None) or (None, (exit code, one line, whether
+    pushing the same archive to the same DEST later can succeed)). `follower`: the upload that overlapped the seal,
+    completed here when it followed this archive."""
     from ..format.push import DEFAULT_PART_SIZE
     from ..push import PushError, PushUnverified, push
+    from ..push.store import DestinationRefused
 
     try:
         if follower is not None and follower.state == "sealed":
@@ -209,9 +211,9 @@ def _push_archive(archive, dest, *, endpoint_url, read_back, jobs, part_size, qu
                         part_size=part_size or DEFAULT_PART_SIZE, progress=progress, deadline=deadline,
                         warn=_warn), None
     except PushUnverified as exc:
-        return None, (1, f"itera-verify: push not verified: {exc}")
-    except PushError as exc:
-        return None, (2, f"itera-verify: error: {exc}")
+        return None, (1, f"itera-verify: push not verified: {exc}", True)
+    except PushError as exc:  # a destination refused as given: pushing the archive there again cannot help
+        return None, (2, f"itera-verify: error: {exc}", not isinstance(exc, DestinationRefused))
 
 
 def push_line(result) -> str:
@@ -341,15 +343,15 @@ def _push_sealed(report: Report, dest, **options):
 
     archive = Path(report.archive["path"])
     result, failure = _push_archive(archive, dest, jobs=4, **options)
-    if failure is not None:  # the seal stands: the same command would refuse its archive, `push` sends it
-        code, line = failure
+    if failure is not None and failure[2]:  # the seal stands: the same command would refuse it, `push` sends it
+        code, line, _ = failure
         again = ["itera-verify", "push", str(archive), str(dest)]
         if options.get("endpoint_url"):
             again += ["--endpoint-url", options["endpoint_url"]]
         if options.get("read_back"):
             again.append("--read-back")
         failure = (code, line.removesuffix(f"; {RESUME}") + f"; the archive is sealed: `{shlex.join(again)}` sends "
-                                                            "it")
+                                                            "it", True)
     report.archive["push"] = result.to_json() if result else {"destination": dest, "error": failure[1]}
     return failure
 

@@ -24,7 +24,7 @@ from ..archive.writeback import start_writeback
 from ..runtime.progress import NULL_PROGRESS, Progress
 from .follow import WAIT_SECONDS, Follower, _Abandoned, _now
 from .multipart import PartBuffers
-from .store import PushError, PushUnverified
+from .store import DestinationRefused, PushError, PushUnverified
 
 CHUNK = 8 << 20
 
@@ -39,7 +39,7 @@ def copy_verified(source: Path, folder: Path, expected_sha256: str | None = None
 
     destination = folder / source.name
     if destination.resolve() == source.resolve():
-        raise PushError(f"{folder}: is the archive's own folder (give another destination)")
+        raise DestinationRefused(f"{folder}: is the archive's own folder (give another destination)")
     remove_stale_partials(destination)
     partial = partial_path(destination)
     written, crc, total = hashlib.sha256(), 0, 0

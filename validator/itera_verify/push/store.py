@@ -18,6 +18,10 @@ class PushError(UsageError):
     """The push could not run or could not finish (exit 2): no credentials, an unreachable store, access denied."""
 
 
+class DestinationRefused(PushError):
+    """DEST cannot take this archive as given (the archive's own folder): pushing again there cannot help."""
+
+
 class PushUnverified(Exception):
     """The remote copy differs from the archive, or could not be proven equal (exit 1). No receipt is written."""
 
