@@ -141,3 +141,33 @@ def test_part_changed_every_time_is_exit_1_with_no_receipt(seaweedfs, proxy, tmp
     assert "reached the store changed 3 times" in assert_one_line(result)
     assert not receipt_of(archive).exists()
     assert "Contents" not in seaweedfs.client().list_objects_v2(Bucket=bucket)
+
+
+def test_a_push_run_again_after_it_succeeded_sends_nothing_and_one_changed_since_is_sent_again(seaweedfs, proxy,
+                                                                                               tmp_path):
+    """The object already there is this archive (its size, its sha256 metadata, and the store's CRC64NVME of the
+    whole object equal the archive's): no part is sent, the object is proven as a push does, the receipt is
+    written again. An object of the same size and the same sha256 metadata but other bytes is replaced."""
+    bucket = make_bucket(seaweedfs, "twice")
+    archive = make_archive(tmp_path / "out", size=12 * MiB)
+    env = store_env(proxy.endpoint)
+    first = push(archive, f"s3://{bucket}/", env, "--part-size", "5M", "--format", "json")
+    assert first.returncode == 0, first.stderr
+    seen = proxy.parts_seen
+    again = push(archive, f"s3://{bucket}/", env, "--part-size", "5M")
+    assert again.returncode == 0, again.stderr
+    assert proxy.parts_seen == seen and "it was there already, nothing sent" in again.stdout, again.stdout
+    assert "verified: crc64nvme returned by the store" in again.stdout
+    assert json.loads(receipt_of(archive).read_text())["sha256"] == json.loads(first.stdout)["push"]["sha256"]
+    # The same size and the same sha256 metadata over other bytes (the store's CRC64NVME names those): sent again.
+    other = bytearray(archive.read_bytes())
+    other[len(other) // 2] ^= 1
+    sha256 = json.loads(first.stdout)["push"]["sha256"]
+    seaweedfs.client().put_object(Bucket=bucket, Key=archive.name, Body=bytes(other), Metadata={"sha256": sha256},
+                                  ChecksumAlgorithm="CRC64NVME")
+    head = seaweedfs.client().head_object(Bucket=bucket, Key=archive.name, ChecksumMode="ENABLED")
+    assert head["ContentLength"] == archive.stat().st_size and head["ChecksumCRC64NVME"]  # only the CRC differs
+    third = push(archive, f"s3://{bucket}/", env, "--part-size", "5M", "--format", "json")
+    assert third.returncode == 0, third.stderr
+    assert json.loads(third.stdout)["push"]["parts"] == 3 and proxy.parts_seen - seen == 3
+    assert object_bytes(seaweedfs, bucket, archive.name) == archive.read_bytes()

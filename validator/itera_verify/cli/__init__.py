@@ -220,7 +220,7 @@ def push_line(result) -> str:
     receipt = result.receipt
     where = receipt["destination"].rstrip("/") + "/" + receipt["key"].rsplit("/", 1)[-1]
     resumed = (f"; resumed ({result.parts_reused} of {result.parts} parts were already there)"
-               if result.parts_reused else "")
+               if result.parts_reused else "; it was there already, nothing sent" if result.parts == 0 else "")
     return (f"pushed to {where} ({receipt['bytes']} bytes, verified: {receipt['verified_by']}; "
             f"checksum {receipt['checksum']}){resumed}; receipt {result.receipt_path}")
 

@@ -89,6 +89,10 @@ def upload(s3, archive: Path, location: S3Location, *, sha256: str, endpoint: st
                               started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     journal, listed = _resume(s3, location, journal_file, wanted)
     _abort_strays(s3, location, keep=journal.upload_id if journal else None)
+    if journal is None:  # nothing of this archive under way: maybe it was delivered whole already
+        delivered = _delivered(s3, archive, location, size=size, sha256=sha256, progress=progress)
+        if delivered is not None:
+            return delivered
     modes, restarts = [CHECKSUM_CRC64NVME, CHECKSUM_MD5], 0
     while True:
         if journal is None:
@@ -107,6 +111,42 @@ def upload(s3, archive: Path, location: S3Location, *, sha256: str, endpoint: st
             journal, restarts = None, restarts + 1
             if restarts > RESTARTS:
                 raise PushError(f"{where}: the store dropped the upload {restarts} times") from None
+
+
+def _delivered(s3, archive: Path, location: S3Location, *, size: int, sha256: str,
+               progress: Progress) -> Uploaded | None:
+    """The object already at `location` when it is this archive: its size, its recorded SHA-256 (metadata or tag)
+    and the store's CRC64NVME of the whole object equal the archive's (read here once, its SHA-256 also compared
+    with its `.sha256`). A push run again after it succeeded then sends nothing and proves the object as a push
+    does (finish_s3). None where any of it differs or is missing (a store without CRC64NVME: the push sends)."""
+    from .remote import sha256_tag
+
+    try:
+        head = s3.head_object(Bucket=location.bucket, Key=location.key, ChecksumMode="ENABLED")
+    except Exception:  # noqa: BLE001 - absent, or not readable: the upload says why if it cannot go on
+        return None
+    stored = head.get("ChecksumCRC64NVME")
+    if head.get("ContentLength") != size or not stored:
+        return None
+    metadata = {k.lower(): v for k, v in (head.get("Metadata") or {}).items()}
+    recorded = metadata.get(METADATA_SHA256) or sha256_tag(s3, location.bucket, location.key, head.get("VersionId"))
+    if recorded != sha256:
+        return None
+    progress.start("push", f"comparing {archive.name} with the object already at {location.url}", total=size,
+                   unit="B")
+    digest, crc = hashlib.sha256(), 0
+    try:
+        with open(archive, "rb") as source:
+            while chunk := source.read(8 << 20):
+                digest.update(chunk)
+                crc = crc64nvme(chunk, crc)
+                progress.advance("push", len(chunk))
+    finally:
+        progress.finish("push")
+    if digest.hexdigest() != sha256 or crc_base64(crc) != stored:
+        return None
+    return Uploaded(etag=_etag(head.get("ETag")), version_id=head.get("VersionId"), checksum=CHECKSUM_CRC64NVME,
+                    crc64nvme=crc, store_crc64nvme=stored, parts=0, parts_reused=0)
 
 
 def _resumed_part_size(old, archive: Path, stat, where: str, endpoint, sha256: str, part_size: int) -> int:

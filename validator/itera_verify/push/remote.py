@@ -100,12 +100,13 @@ def open_remote(url: str, endpoint_url: str | None = None, jobs: int = 4) -> Rem
             raise PushError(f"{url}: no such object") from None
         raise explain(exc, "reading the archive", url) from None
     metadata = {k.lower(): v for k, v in (head.get("Metadata") or {}).items()}
-    tag = None if metadata.get(METADATA_SHA256) else _tag(s3, location.bucket, location.key, head.get("VersionId"))
+    tag = None if metadata.get(METADATA_SHA256) else sha256_tag(s3, location.bucket, location.key,
+                                                                  head.get("VersionId"))
     return RemoteArchive(s3, location.bucket, location.key, int(head["ContentLength"]), head.get("ETag"),
                          head.get("VersionId"), metadata.get(METADATA_SHA256), jobs, tag)
 
 
-def _tag(s3, bucket: str, key: str, version_id: str | None) -> str | None:
+def sha256_tag(s3, bucket: str, key: str, version_id: str | None) -> str | None:
     """The object's sha256 tag, when the store keeps tags and the push set one."""
     arguments = {"Bucket": bucket, "Key": key, **({"VersionId": version_id} if version_id else {})}
     try:
