@@ -265,11 +265,7 @@ def _tags_kept_apart(s3, sidecar: S3Location, data: bytes, sha256: str) -> bool:
     except Exception:  # noqa: BLE001 - a store without tags: the .sha256 and the receipt carry the SHA-256
         accepted = False
     try:
-        body = s3.get_object(Bucket=sidecar.bucket, Key=sidecar.key)["Body"]
-        try:
-            unchanged = body.read() == data
-        finally:
-            body.close()
+        unchanged = _read_small(s3, sidecar) == data
     except Exception as exc:  # noqa: BLE001 - one line
         raise explain(exc, f"reading {sidecar.key.rsplit('/', 1)[-1]} back", sidecar.url) from None
     if not unchanged:
@@ -291,19 +287,25 @@ def _tag_sha256(s3, location: S3Location, sha256: str, version_id: str | None) -
     return True
 
 
-def _still_equal(s3, location: S3Location, *, size: int, crc: int, version_id: str | None) -> None:
-    """After the tagging: the object still has the archive's size, and its CRC64NVME where the store returns one
-    (a store that took the tag into the bytes would not); PushUnverified otherwise."""
-    from .multipart import crc_base64
+def _head(s3, location: S3Location, version_id: str | None, what: str) -> dict:
+    """The object's HEAD with its checksum (ChecksumMode), of `version_id` when the store versions it."""
     from .store import explain
 
     arguments = {"Bucket": location.bucket, "Key": location.key, "ChecksumMode": "ENABLED"}
     if version_id:
         arguments["VersionId"] = version_id
     try:
-        head = s3.head_object(**arguments)
+        return s3.head_object(**arguments)
     except Exception as exc:  # noqa: BLE001 - one line
-        raise explain(exc, "checking the tagged object", location.url) from None
+        raise explain(exc, what, location.url) from None
+
+
+def _still_equal(s3, location: S3Location, *, size: int, crc: int, version_id: str | None) -> None:
+    """After the tagging: the object still has the archive's size, and its CRC64NVME where the store returns one
+    (a store that took the tag into the bytes would not); PushUnverified otherwise."""
+    from .multipart import crc_base64
+
+    head = _head(s3, location, version_id, "checking the tagged object")
     stored = head.get("ChecksumCRC64NVME")
     if head.get("ContentLength") != size or (stored and stored != crc_base64(crc)):
         raise PushUnverified(f"{location.url}: the object changed when its sha256 tag was set "
@@ -316,15 +318,8 @@ def _verify_object(s3, location: S3Location, *, size: int, sha256: str, crc: int
     PushUnverified when it is not equal."""
     from .multipart import crc_base64
     from .ranged import read_back_sha256
-    from .store import explain
 
-    arguments = {"Bucket": location.bucket, "Key": location.key, "ChecksumMode": "ENABLED"}
-    if version_id:
-        arguments["VersionId"] = version_id
-    try:
-        head = s3.head_object(**arguments)
-    except Exception as exc:  # noqa: BLE001 - one line
-        raise explain(exc, "checking the uploaded object", location.url) from None
+    head = _head(s3, location, version_id, "checking the uploaded object")
     if head.get("ContentLength") != size:
         raise PushUnverified(f"{location.url}: the store holds {head.get('ContentLength')} bytes, the archive "
                              f"has {size}")
@@ -346,6 +341,15 @@ def _verify_object(s3, location: S3Location, *, size: int, sha256: str, crc: int
     return "; ".join(ways), METADATA_SHA256 in metadata
 
 
+def _read_small(s3, location: S3Location) -> bytes:
+    """A sidecar's bytes, whole (store errors are the caller's to explain)."""
+    body = s3.get_object(Bucket=location.bucket, Key=location.key)["Body"]
+    try:
+        return body.read()
+    finally:
+        body.close()
+
+
 def _put_small(s3, location: S3Location, data: bytes) -> None:
     """A sidecar: one PUT with Content-MD5, then read back whole and compared."""
     from .store import explain
@@ -356,11 +360,7 @@ def _put_small(s3, location: S3Location, data: bytes) -> None:
     for attempt in range(3):
         try:
             s3.put_object(Bucket=location.bucket, Key=location.key, Body=data, ContentMD5=md5)
-            body = s3.get_object(Bucket=location.bucket, Key=location.key)["Body"]
-            try:
-                back = body.read()
-            finally:
-                body.close()
+            back = _read_small(s3, location)
         except Exception as exc:  # noqa: BLE001 - one line
             if error_code(exc) in DIGEST_MISMATCH and attempt < 2:
                 continue  # changed in flight and refused by the store: send it again

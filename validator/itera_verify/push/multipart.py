@@ -119,7 +119,7 @@ def _delivered(s3, archive: Path, location: S3Location, *, size: int, sha256: st
     and the store's CRC64NVME of the whole object equal the archive's (read here once, its SHA-256 also compared
     with its `.sha256`). A push run again after it succeeded then sends nothing and proves the object as a push
     does (finish_s3). None where any of it differs or is missing (a store without CRC64NVME: the push sends)."""
-    from .remote import sha256_tag
+    from .remote import recorded_sha256
 
     try:
         head = s3.head_object(Bucket=location.bucket, Key=location.key, ChecksumMode="ENABLED")
@@ -128,9 +128,8 @@ def _delivered(s3, archive: Path, location: S3Location, *, size: int, sha256: st
     stored = head.get("ChecksumCRC64NVME")
     if head.get("ContentLength") != size or not stored:
         return None
-    metadata = {k.lower(): v for k, v in (head.get("Metadata") or {}).items()}
-    recorded = metadata.get(METADATA_SHA256) or sha256_tag(s3, location.bucket, location.key, head.get("VersionId"))
-    if recorded != sha256:
+    in_metadata, tag = recorded_sha256(s3, location, head)
+    if (in_metadata or tag) != sha256:
         return None
     progress.start("push", f"comparing {archive.name} with the object already at {location.url}", total=size,
                    unit="B")

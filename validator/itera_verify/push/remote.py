@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..format.push import CHECKSUM_SUFFIX, METADATA_SHA256, RECEIPT_SUFFIX
 from .ranged import RangedReader, read_back_sha256
-from .store import PushError, client, error_code, explain, parse_s3
+from .store import PushError, S3Location, client, error_code, explain, parse_s3
 
 SIDECAR_MAX = 1 << 20  # a checksum file or a receipt; anything larger is not one
 
@@ -99,14 +99,21 @@ def open_remote(url: str, endpoint_url: str | None = None, jobs: int = 4) -> Rem
         if error_code(exc) in ("404", "NoSuchKey", "NotFound"):
             raise PushError(f"{url}: no such object") from None
         raise explain(exc, "reading the archive", url) from None
-    metadata = {k.lower(): v for k, v in (head.get("Metadata") or {}).items()}
-    tag = None if metadata.get(METADATA_SHA256) else sha256_tag(s3, location.bucket, location.key,
-                                                                  head.get("VersionId"))
+    in_metadata, tag = recorded_sha256(s3, location, head)
     return RemoteArchive(s3, location.bucket, location.key, int(head["ContentLength"]), head.get("ETag"),
-                         head.get("VersionId"), metadata.get(METADATA_SHA256), jobs, tag)
+                         head.get("VersionId"), in_metadata, jobs, tag)
 
 
-def sha256_tag(s3, bucket: str, key: str, version_id: str | None) -> str | None:
+def recorded_sha256(s3, location: S3Location, head: dict) -> tuple[str | None, str | None]:
+    """The SHA-256 a push recorded on the object whose HEAD is `head`: (its sha256 metadata, its sha256 tag); the
+    tag is asked for only when the metadata holds none (an upload begun before the SHA-256 was known)."""
+    metadata = {k.lower(): v for k, v in (head.get("Metadata") or {}).items()}
+    in_metadata = metadata.get(METADATA_SHA256)
+    return in_metadata, None if in_metadata else _sha256_tag(s3, location.bucket, location.key,
+                                                             head.get("VersionId"))
+
+
+def _sha256_tag(s3, bucket: str, key: str, version_id: str | None) -> str | None:
     """The object's sha256 tag, when the store keeps tags and the push set one."""
     arguments = {"Bucket": bucket, "Key": key, **({"VersionId": version_id} if version_id else {})}
     try:
