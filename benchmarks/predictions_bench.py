@@ -59,9 +59,10 @@ def child(folder: str, trace: bool) -> None:
     import tracemalloc
 
     from itera_verify.package import readers
+    from itera_verify.flows.config import Config, settle
     from itera_verify.package import RunContext, discover
 
-    package = RunContext(discover(folder))
+    package = RunContext(discover(folder), settle(Config()))
     rss_before = peak_rss_bytes()
     started = time.perf_counter()
     eval_ids = readers.read_eval_ids(package, "eval_ids.txt")

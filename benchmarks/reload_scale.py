@@ -41,12 +41,12 @@ def build_midsize(folder: Path, layers: int = MIDSIZE["num_hidden_layers"]) -> i
 
 def tool_reload(package: Path, hf_cache: Path, device: str, only: set[str] | None, isolation: str) -> dict:
     """run_reloads as the tool runs it; its wall time and what each child reported."""
+    from itera_verify.flows.config import Config, settle
     from itera_verify.package import RunContext, discover
     from itera_verify.reload import run_reloads
     from itera_verify.runtime.progress import NULL_PROGRESS
 
-    target = RunContext(discover(package))
-    target.hf_cache = hf_cache
+    target = RunContext(discover(package), settle(Config(), hf_cache=hf_cache))
     started = time.perf_counter()
     results = run_reloads(target, device=device, timeout=900, jobs=1, progress=NULL_PROGRESS, only=only,
                           isolation=isolation)

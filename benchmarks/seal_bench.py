@@ -147,9 +147,10 @@ def measure(command, *, shell: bool = False, env: dict | None = None) -> dict:
 SEAL_ONLY = """
 import json, sys
 from pathlib import Path
+from itera_verify.flows.config import Config, settle
 from itera_verify.package import RunContext, discover
 from itera_verify.seal import seal_package
-package = RunContext(discover(sys.argv[1]))
+package = RunContext(discover(sys.argv[1]), settle(Config()))
 result = seal_package(package, "reviews-lora-2026-11", {"SEAL/verification.json": b"{}"}, Path(sys.argv[2]),
                       overwrite=True)
 print(json.dumps(result))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from filelock import FileLock
+from itera_verify import settle
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the `fixtures` builders live at the repository root
@@ -186,7 +187,7 @@ def sealed(built, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("sealed")
     shutil.copytree(built["package"], folder / "pkg", symlinks=True)
     campaign = json.loads((folder / "pkg" / "manifest.json").read_text())["campaign_id"]
-    report = verify(folder / "pkg", reload=False, output=folder / f"{campaign}.tar.zst")
+    report = verify(folder / "pkg", settle(reload=False, output=folder / f"{campaign}.tar.zst"))
     assert report.sealed, [f.to_json() for f in report.findings]
     return folder / f"{campaign}.tar.zst"
 

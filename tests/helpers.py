@@ -7,13 +7,21 @@ import sys
 from pathlib import Path
 
 
+def context(package_dir, **options):
+    """The run context of a package as the workflows build it: these options (RunOptions' names), settled
+    without a configuration file."""
+    from itera_verify.flows.config import Config, settle
+    from itera_verify.package import RunContext, discover
+
+    return RunContext(discover(package_dir), settle(Config(), **options))
+
+
 def static_findings(package_dir: Path, **selection):
     """Every static finding of a package, through the library: no subprocess, no reload."""
-    from itera_verify.package import RunContext, discover
-    from itera_verify.rules import Selection, run_checks
+    from itera_verify.flows.checks import run_checks
+    from itera_verify.rules import Selection
 
-    package = RunContext(discover(package_dir))
-    return run_checks(package, Selection(**selection), "static")
+    return run_checks(context(package_dir), Selection(**selection), "static")
 
 
 def codes(findings) -> set[str]:

@@ -17,7 +17,9 @@ import zstandard
 from itera_verify.archive import format_sums, parse_sums
 from itera_verify.flows.audit import audit, default_max_size
 from itera_verify.model import UsageError
+from itera_verify.runtime.environment import Environment
 from tests.helpers import run_cli
+from itera_verify import settle
 
 # Every audit here makes its private folder in the test's own temporary folder (conftest.private_tmp).
 pytestmark = pytest.mark.usefixtures("private_tmp")
@@ -79,7 +81,7 @@ def hostile_dir(tmp_path) -> Path:
 def audit_leaving_nothing_behind(archive: Path, **options):
     """Audit, and check nothing appeared beside the archive and the private folder was removed."""
     before = sorted(p.name for p in archive.parent.iterdir())
-    report = audit(archive, **options)
+    report = audit(archive, settle(reviewer=True, **options))
     assert sorted(p.name for p in archive.parent.iterdir()) == before
     assert list(Path(tempfile.gettempdir()).iterdir()) == []
     return report
@@ -320,7 +322,7 @@ def test_archive_of_many_frames_is_audited_in_parallel_and_a_flipped_byte_still_
     from itera_verify.archive.zstdframes import frame_table
 
     monkeypatch.setattr(writer, "FRAME_SPAN", 32 << 10)
-    report = verify(package_dir, reload=False, output=tmp_path / "a.tar.zst")
+    report = verify(package_dir, settle(reload=False, output=tmp_path / "a.tar.zst"))
     assert report.sealed and report.archive["frames"] > 5
     assert audit_leaving_nothing_behind(tmp_path / "a.tar.zst").verdict == "pass"
     with open(tmp_path / "a.tar.zst", "rb") as fh:
@@ -360,7 +362,7 @@ def _package_with_large_shard(built, folder: Path) -> Path:
                       metadata={"note": "20 MiB of tensor data"})
     from itera_verify import verify
 
-    report = verify(folder / "pkg", reload=False, output=folder / f"{CAMPAIGN}.tar.zst")
+    report = verify(folder / "pkg", settle(reload=False, output=folder / f"{CAMPAIGN}.tar.zst"))
     assert report.sealed, [f.to_json() for f in report.findings]
     return folder / f"{CAMPAIGN}.tar.zst"
 
@@ -395,12 +397,12 @@ def test_private_folder_goes_to_memory_only_when_nobody_chose_a_temporary_folder
     for name in ("TMPDIR", "TEMP", "TMP"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(tempfile, "tempdir", "/tmp")
-    assert audit_flow.scratch_folder(sealed) == "/dev/shm"  # our archive: every frame declares its size
+    assert audit_flow.scratch_folder(sealed, None, Environment.read()) == "/dev/shm"  # our archive: every frame declares its size
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    assert audit_flow.scratch_folder(sealed) is None  # the user's choice wins
+    assert audit_flow.scratch_folder(sealed, None, Environment.read()) is None  # the user's choice wins
     monkeypatch.delenv("TMPDIR")
     monkeypatch.setattr(audit_flow, "_available_memory", lambda: 1024)
-    assert audit_flow.scratch_folder(sealed) is None  # would not fit
+    assert audit_flow.scratch_folder(sealed, None, Environment.read()) is None  # would not fit
 
 
 def test_a_stream_without_declared_sizes_is_never_extracted_into_memory(tmp_path, monkeypatch):
@@ -413,5 +415,5 @@ def test_a_stream_without_declared_sizes_is_never_extracted_into_memory(tmp_path
     monkeypatch.setattr(tempfile, "tempdir", "/tmp")
     for name in ("TMPDIR", "TEMP", "TMP"):
         monkeypatch.delenv(name, raising=False)
-    assert audit_flow.scratch_folder(streamed) is None
+    assert audit_flow.scratch_folder(streamed, None, Environment.read()) is None
     assert audit_flow.declared_content_size(os.open(streamed, os.O_RDONLY)) is None

@@ -14,6 +14,7 @@ from itera_verify import verify
 from itera_verify.flows.audit import audit
 from itera_verify.rules import Selection
 from tests.helpers import run_cli
+from itera_verify import settle
 
 CAMPAIGN = "reviews-lora-2026-11"
 
@@ -22,7 +23,7 @@ def seal(built, folder: Path, selection: Selection | None = None, plant=None) ->
     shutil.copytree(built["package"], folder / "pkg", symlinks=True)
     if plant:
         plant(folder / "pkg")
-    report = verify(folder / "pkg", reload=False, output=folder / f"{CAMPAIGN}.tar.zst", selection=selection)
+    report = verify(folder / "pkg", settle(reload=False, output=folder / f"{CAMPAIGN}.tar.zst", selection=selection))
     assert report.sealed, [f.to_json() for f in report.findings]
     return folder / f"{CAMPAIGN}.tar.zst"
 

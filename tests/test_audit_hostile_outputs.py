@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from itera_verify.flows.audit import audit
-from itera_verify.package import RunContext, discover
 from itera_verify.seal import seal_package
-from tests.helpers import run_cli
+from tests.helpers import run_cli, context
 from tests.tar_forms import gnu_extract, payload_pickle
+from itera_verify import settle
 
 # Every audit here makes its private folder in the test's own temporary folder (conftest.private_tmp).
 pytestmark = pytest.mark.usefixtures("private_tmp")
@@ -33,7 +33,7 @@ def sealed_as_is(package: Path, archive: Path, record: bytes | None = None) -> P
     SEAL/verification.json: the archive is canonical, only its content and record are the sender's."""
     recorded = record if record is not None else json.dumps({"tool": "itera-verify", "version": "0.1.0",
                                                              "verdict": "pass", "findings": []}).encode()
-    seal_package(RunContext(discover(package)), CAMPAIGN, {"SEAL/verification.json": recorded}, archive)
+    seal_package(context(package), CAMPAIGN, {"SEAL/verification.json": recorded}, archive)
     return archive
 
 
@@ -123,7 +123,7 @@ def test_a_warning_the_reviewer_raised_to_error_is_explained_by_configuration(bu
     (tmp_path / "out").mkdir()
     from itera_verify import verify
 
-    sent = verify(pkg, reload=False, output=tmp_path / "out")
+    sent = verify(pkg, settle(reload=False, output=tmp_path / "out"))
     assert sent.sealed and "IV202" in {f.code for f in sent.findings}
     (tmp_path / "itera-verify.toml").write_text('levels = { IV202 = "error" }\n')
     result = run_cli("audit", tmp_path / "out" / f"{CAMPAIGN}.tar.zst", "--format", "json", cwd=tmp_path)
@@ -291,10 +291,10 @@ def iv512(report) -> list[str]:
 def test_a_20_MiB_model_equal_to_its_base_is_IV512_in_a_default_audit(built, tmp_path, big_weights):
     archive = with_models(built, tmp_path, {"big-model": (big_weights["a"], "control")},
                           base={"name": BIG_BASE, "revision": BIG_REVISION})
-    assert iv512(audit(archive, hf_cache=big_weights["hub"])) == ["artifacts/big-model.safetensors"]
+    assert iv512(audit(archive, settle(reviewer=True, hf_cache=big_weights["hub"]))) == ["artifacts/big-model.safetensors"]
 
 
 def test_two_different_20_MiB_models_are_not_called_equal_in_a_default_audit(built, tmp_path, big_weights):
     archive = with_models(built, tmp_path, {"big-model": (big_weights["a"], "control"),
                                             "other-model": (big_weights["b"], "lora-r16")})
-    assert iv512(audit(archive, hf_cache=big_weights["hub"])) == []
+    assert iv512(audit(archive, settle(reviewer=True, hf_cache=big_weights["hub"]))) == []

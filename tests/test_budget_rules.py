@@ -4,11 +4,11 @@ from __future__ import annotations
 import shutil
 
 from fixtures.edit import edit_manifest, refresh_hashes
-from itera_verify.package import RunContext, discover
-from itera_verify.rules import Selection, run_checks
+from itera_verify.rules import Selection
+from itera_verify.flows.checks import run_checks
 from itera_verify.package.budget import shipped_tariffs, tariffs
 from tests.handmade import write_tiny_package
-from tests.helpers import codes, static_findings
+from tests.helpers import codes, static_findings, context
 
 FAMILY = {f"IV6{n:02d}" for n in range(1, 12)}
 
@@ -64,8 +64,7 @@ def test_configured_tariffs_override_the_shipped_catalog(package_dir):
     edit_manifest(package_dir, lambda m: (m["plan"]["lots"][0].update(price_usd=41.47),
                                           m["plan"].update(rental_total_usd=41.47),
                                           m["decision"].pop("cost_per_accepted_usd")))
-    package = RunContext(discover(package_dir))
-    package.settings["tariffs"] = {"RTX 4090": {"3": 41.47}, "2x RTX 4090": {"3": 90}}
+    package = context(package_dir, tariffs={"RTX 4090": {"3": 41.47}, "2x RTX 4090": {"3": 90}})
     assert tariffs(package)["RTX 4090"] == {"3": 41.47, "7": 110, "30": 390}
     assert "IV602" not in codes(run_checks(package, Selection(), "static"))
 

@@ -20,6 +20,7 @@ import pytest
 from fixtures.artifacts import tiny_gpt2
 from fixtures.train import token_dataset, torch_threads
 from tests.test_record_trainer import EVAL_IDS, write_predictions
+from tests.helpers import context
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = [{"id": "nonfinite-loss", "kind": "nonfinite_loss", "metric": "loss"},
@@ -247,12 +248,10 @@ def test_a_deadline_the_seal_cannot_meet_is_warned_before_the_checks(campaign):
     assert json.loads(done.stdout)["plan"]["rental"]["source"] == "--deadline"
     assert cli(campaign["package"], "--deadline", "tomorrow").returncode == 2
     # One that ends before the seal would finish, at the rate the estimate uses, is said too.
-    from itera_verify.package import RunContext, discover
     from itera_verify.report import summary
 
-    package = RunContext(discover(campaign["package"]))
     now = datetime.now(UTC)
-    package.settings["deadline"] = (now + timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    package = context(campaign["package"], deadline=(now + timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ"))
     assert "warning" not in summary.rental_summary(package, now=now)
     from itera_verify.seal.rate import Measured
 
@@ -261,10 +260,10 @@ def test_a_deadline_the_seal_cannot_meet_is_warned_before_the_checks(campaign):
 
 
 def findings_of(package: Path) -> list:
-    from itera_verify.package import RunContext, discover
-    from itera_verify.rules import Selection, run_checks
+    from itera_verify.rules import Selection
+    from itera_verify.flows.checks import run_checks
 
-    return run_checks(RunContext(discover(package)), Selection(), "static")
+    return run_checks(context(package), Selection(), "static")
 
 
 def edit_manifest(package: Path, change) -> None:

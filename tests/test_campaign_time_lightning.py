@@ -19,6 +19,7 @@ import pytest
 
 from fixtures.train import torch_threads
 from tests.test_record_lightning import Classifier, loader
+from tests.helpers import context
 
 pl = pytest.importorskip("lightning.pytorch")
 
@@ -175,10 +176,10 @@ def test_a_hung_proof_is_killed_at_its_timeout_and_the_training_goes_on(campaign
 
 
 def test_the_hung_proof_is_IV413_naming_the_timeout(campaign):
-    from itera_verify.package import RunContext, discover
-    from itera_verify.rules import Selection, run_checks
+    from itera_verify.rules import Selection
+    from itera_verify.flows.checks import run_checks
 
-    found = [f for f in run_checks(RunContext(discover(campaign["package"])), Selection(select=("IV413",)), "static")]
+    found = [f for f in run_checks(context(campaign["package"]), Selection(select=("IV413",)), "static")]
     assert [f.run for f in found] == ["hung"] and "did not end within its timeout" in found[0].message
 
 

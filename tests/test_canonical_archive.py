@@ -22,7 +22,7 @@ from itera_verify.flows.audit import audit
 from itera_verify.model import UsageError
 from itera_verify.seal.plan import SEAL_LAYOUT
 from tests import tar_forms as tf
-from tests.helpers import run_cli
+from tests.helpers import run_cli, context
 
 pytestmark = [pytest.mark.skipif(not shutil.which("zstd") or not Path(tf.TAR).exists(), reason="GNU tar + zstd"),
               pytest.mark.usefixtures("private_tmp")]  # the audit's private folder in the test's own tmp
@@ -244,9 +244,8 @@ def test_the_writer_cannot_write_a_header_the_audit_would_refuse():
 
 
 def test_the_seal_refuses_a_campaign_id_no_audit_would_accept(package_dir, tmp_path):
-    from itera_verify.package import RunContext, discover
     from itera_verify.seal import Sealing
 
     for campaign in (".local", "a/b", "", "x" * 129):
         with pytest.raises(UsageError, match="top folder"):
-            Sealing(RunContext(discover(package_dir)), campaign, tmp_path / "a.tar.zst")
+            Sealing(context(package_dir), campaign, tmp_path / "a.tar.zst")

@@ -191,14 +191,14 @@ def test_the_documented_configuration_parses():
 def test_the_python_api_applies_the_configuration_file_the_command_line_applies(package_dir, tmp_path, monkeypatch):
     import json
 
-    from itera_verify import verify
+    from itera_verify import settle, verify
 
     folder = tmp_path / "work"
     source = write(folder / "itera-verify.toml", 'ignore = ["IV6"]\n[levels]\nIV303 = "warning"\n')
     drop_last_prediction(package_dir)  # IV303, lowered to a warning by the file
     cli = json.loads(verify_in(folder, package_dir, "--format", "json").stdout)
     monkeypatch.chdir(folder)
-    api = verify(package_dir, reload=False, seal=False)
+    api = verify(package_dir, settle(reload=False, seal=False))
     assert sorted((f["code"], f["severity"]) for f in cli["findings"]) == \
         sorted((f.code, f.severity.value) for f in api.findings)
     assert ("IV303", "warning") in {(f.code, f.severity.value) for f in api.findings}
@@ -207,7 +207,7 @@ def test_the_python_api_applies_the_configuration_file_the_command_line_applies(
     # Config() is the way to run without any file; the file's lowering then no longer applies.
     from itera_verify.flows.config import Config
 
-    bare = verify(package_dir, reload=False, seal=False, config=Config())
+    bare = verify(package_dir, settle(Config(), reload=False, seal=False))
     assert ("IV303", "error") in {(f.code, f.severity.value) for f in bare.findings}
     assert bare.configuration["applied"] is None
 

@@ -6,6 +6,7 @@ fixture is one static finding (--no-reload) that the reload reports under the sa
 the shared reading is compared with DeepSpeed's real engine.load_checkpoint and the Trainer's
 deepspeed_load_checkpoint on 2 gloo processes."""
 from __future__ import annotations
+from dataclasses import replace
 
 import json
 import shutil
@@ -13,12 +14,12 @@ from pathlib import Path
 
 import pytest
 from itera_verify.format import layouts
-from itera_verify.package import RunContext, discover
 from itera_verify.reload import run_reloads
 from itera_verify.rules import reload as reload_rules
 from itera_verify.runtime.progress import NULL_PROGRESS
 
 from fixtures.multigpu import ARTIFACTS, two_ranks
+from tests.helpers import context
 
 STEP = "global_step2"
 
@@ -67,11 +68,11 @@ CASES = [
 
 
 def static_and_reload(package_dir: Path, hf_cache: str, artifact: str):
-    package = RunContext(discover(package_dir))
+    package = context(package_dir)
     static = [f for f in reload_rules.check(package, phase="static") if f.artifact == artifact]
     package.hf_cache = Path(hf_cache)
-    package.reloads = run_reloads(package, device="cpu", timeout=300, jobs=1, progress=NULL_PROGRESS,
-                                  only={artifact})
+    package = replace(package, reloads=run_reloads(package, device="cpu", timeout=300, jobs=1, progress=NULL_PROGRESS,
+                                  only={artifact}))
     return package, static
 
 

@@ -21,6 +21,7 @@ from itera_verify.archive.direct import ALIGN, DirectWriter, open_direct
 from itera_verify.archive.parallel import FrameParallelExpanded
 from itera_verify.archive.publish import ReadBackMismatch, read_back
 from tests.test_archive_format import MEMBERS, read_file, sha, small_frames, write_file  # noqa: F401 (fixture)
+from tests.helpers import context
 
 
 # ---- helpers ---------------------------------------------------------------------------------------------
@@ -504,7 +505,6 @@ def test_a_seal_written_directly_extracts_and_its_checksums_pass(tmp_path, small
     if shutil.which("sha256sum") is None:
         pytest.skip("no sha256sum")
     from itera_verify import seal as seal_module
-    from itera_verify.package import RunContext, discover
     from itera_verify.seal import seal_package
 
     opened = []
@@ -526,7 +526,7 @@ def test_a_seal_written_directly_extracts_and_its_checksums_pass(tmp_path, small
     out.mkdir()
     destination = out / "x.tar.zst"
     campaign = "direct-io-campaign"
-    result = seal_package(RunContext(discover(package_dir)), campaign,
+    result = seal_package(context(package_dir), campaign,
                           {"SEAL/verification.json": b'{"verdict": "pass"}\n'},
                           destination, threads=2)
     assert result["frames"] > 10  # several frames: the read-back took the parallel, aligned path

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from itera_verify import verify
+from itera_verify import settle
 
 pytestmark = pytest.mark.usefixtures("private_tmp")
 
@@ -26,7 +27,7 @@ def miniconda_archive(built, tmp_path) -> Path:
     (package / "manifest.json").write_text(json.dumps(manifest, indent=2))
     out = tmp_path / "out"
     out.mkdir()
-    report = verify(package, reload=False, output=out / "miniconda3.tar.zst")
+    report = verify(package, settle(reload=False, output=out / "miniconda3.tar.zst"))
     assert report.sealed, [(f.code, f.message) for f in report.blocking()]
     return out / "miniconda3.tar.zst"
 

@@ -478,7 +478,7 @@ SIGNAL_TO_A_WORKER_THREAD = textwrap.dedent("""
     import os, signal, sys, threading
     sys.path.insert(0, sys.argv[3])
     from tests.fuzz.processes import reload_children, wait_until
-    from itera_verify import verify
+    from itera_verify import settle, verify
 
     def poke():  # the reloads stall; SIGTERM reaches the thread that waits for them, not the main thread
         children = wait_until(lambda: reload_children(sys.argv[4]), 120)
@@ -489,7 +489,7 @@ SIGNAL_TO_A_WORKER_THREAD = textwrap.dedent("""
 
     threading.Thread(target=poke, daemon=True).start()
     try:
-        verify(sys.argv[1], device="cpu", hf_cache=sys.argv[2], seal=False, timeout=300)
+        verify(sys.argv[1], settle(device="cpu", hf_cache=sys.argv[2], seal=False, timeout=300))
     except KeyboardInterrupt:
         print("interrupted")
 """)

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 from itera_verify.runtime.launcher import ForkAfterThreads, Forked
+from tests.helpers import context
 
 
 def hold_a_thread(name: str):
@@ -29,13 +30,13 @@ def test_a_fork_while_the_tools_threads_run_is_refused(name):
 
 
 def test_the_checks_run_in_this_process_when_a_fork_is_refused(package_dir):
-    from itera_verify.package import RunContext, discover
-    from itera_verify.rules import Selection, StartedChecks
+    from itera_verify.rules import Selection
+    from itera_verify.flows.checks import StartedChecks
 
-    expected = StartedChecks(RunContext(discover(package_dir)), Selection(), "static", detached=True).result()
+    expected = StartedChecks(context(package_dir), Selection(), "static", detached=True).result()
     release, thread = hold_a_thread("seal")
     try:
-        checks = StartedChecks(RunContext(discover(package_dir)), Selection(), "static", detached=True)
+        checks = StartedChecks(context(package_dir), Selection(), "static", detached=True)
         assert checks._forked == []  # nothing forked: the share runs here
         found = checks.result()
     finally:

@@ -1,5 +1,6 @@
 """The GPU path: every artifact reloads on cuda:0, dtypes from reload.json are honoured. Skipped without CUDA."""
 from __future__ import annotations
+from dataclasses import replace
 
 from pathlib import Path
 
@@ -7,20 +8,19 @@ import pytest
 import torch
 
 from fixtures.edit import edit_json
-from itera_verify.package import RunContext, discover
 from itera_verify.runtime.progress import NULL_PROGRESS
 from itera_verify.reload import resolve_device, run_reloads
 from itera_verify.rules import reload as reload_rules
+from tests.helpers import context
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 def reload_on_cuda(package_dir, hf_cache, *only):
-    package = RunContext(discover(package_dir))
-    package.hf_cache = Path(hf_cache)
-    package.reloads = run_reloads(package, device="cuda", timeout=300, jobs=4, progress=NULL_PROGRESS,
-                                  only=set(only) or None)
+    package = context(package_dir, hf_cache=Path(hf_cache))
+    package = replace(package, reloads=run_reloads(package, device="cuda", timeout=300, jobs=4, progress=NULL_PROGRESS,
+                                  only=set(only) or None))
     return {r.artifact: r for r in package.reloads}, list(reload_rules.check(package))
 
 

@@ -6,10 +6,10 @@ import json
 import pytest
 
 from itera_verify.model import UsageError
-from itera_verify.package import RunContext, discover
-from itera_verify.rules import Selection, run_checks
+from itera_verify.rules import Selection
+from itera_verify.flows.checks import run_checks
 from itera_verify.package.template import is_placeholder, write_template
-from tests.helpers import run_cli
+from tests.helpers import run_cli, context
 
 MY_FAMILIES = ("IV3", "IV4", "IV6")
 
@@ -72,7 +72,7 @@ def test_the_template_guide_says_it_is_one(tmp_path):
 def test_every_finding_on_a_fresh_template_points_at_a_placeholder(tmp_path):
     root = tmp_path / "fresh"
     write_template(root)
-    findings = run_checks(RunContext(discover(root)), Selection(), "static")
+    findings = run_checks(context(root), Selection(), "static")
     mine = [f for f in findings if f.code.startswith(MY_FAMILIES)]
     assert {"IV304", "IV306", "IV401", "IV607"} <= {f.code for f in mine}
     # Nothing is logged yet, so nothing is contradicted: the new run and stop rules stay quiet.
@@ -94,7 +94,7 @@ def test_filled_in_stop_rules_declaration_clears_IV401(tmp_path):
     manifest = json.loads((root / "manifest.json").read_text())
     manifest["stop_rules"]["declared_at"] = "2026-11-20T08:30:00Z"
     (root / "manifest.json").write_text(json.dumps(manifest))
-    codes = {f.code for f in run_checks(RunContext(discover(root)), Selection(), "static")}
+    codes = {f.code for f in run_checks(context(root), Selection(), "static")}
     assert "IV401" not in codes and "IV306" in codes
 
 
@@ -160,10 +160,10 @@ def _template_with_control_metrics(root, metric_name):
 
 def test_template_rule_watches_the_loss_the_trainer_logs(tmp_path):
     root = _template_with_control_metrics(tmp_path / "c", "loss")
-    assert not [f for f in run_checks(RunContext(discover(root)), Selection(), "static") if f.code == "IV410"]
+    assert not [f for f in run_checks(context(root), Selection(), "static") if f.code == "IV410"]
 
 
 def test_template_rule_with_a_run_logging_another_name_is_IV410(tmp_path):
     root = _template_with_control_metrics(tmp_path / "c", "train_loss")
-    (finding,) = [f for f in run_checks(RunContext(discover(root)), Selection(), "static") if f.code == "IV410"]
+    (finding,) = [f for f in run_checks(context(root), Selection(), "static") if f.code == "IV410"]
     assert finding.run == "control" and "never logs loss" in finding.message

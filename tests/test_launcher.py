@@ -18,14 +18,14 @@ from itera_verify.runtime.environment import Environment
 from itera_verify.runtime.launcher import (STOPPED, ForkAfterThreads, Forked, Launcher, Terminated,
                                            termination_unwinds, wait_until)
 from itera_verify.runtime.progress import NULL_PROGRESS
+from itera_verify import settle
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 
 
 def context(package_dir):
-    from itera_verify.package import RunContext, discover
 
-    return RunContext(discover(package_dir))
+    return context(package_dir)
 
 
 def test_sigterm_during_the_reloads_and_during_the_seal_meet_one_handler(package_dir, tmp_path, monkeypatch,
@@ -91,7 +91,7 @@ def test_a_hangup_ignored_by_nohup_stays_ignored_while_sigterm_still_unwinds(han
 
 
 def test_the_stop_event_ends_every_waiter_at_once():
-    launcher = Launcher()
+    launcher = Launcher(Environment.read())
     children = [launcher.spawn(SLEEPER) for _ in range(2)]
     ends: dict = {}
 
@@ -117,7 +117,7 @@ def test_the_stop_event_ends_every_waiter_at_once():
 
 
 def test_a_child_is_waited_for_with_a_timeout_and_reaped():
-    launcher = Launcher()
+    launcher = Launcher(Environment.read())
     end = launcher.wait(launcher.spawn(SLEEPER), 0.3)
     assert end.timed_out and not end.interrupted and end.code == -signal.SIGKILL and end.usage is not None
     end = launcher.wait(launcher.spawn([sys.executable, "-c", "raise SystemExit(3)"]), 60)
@@ -133,7 +133,7 @@ def test_the_fork_path_refuses_while_a_tool_thread_runs_and_a_spawn_does_not():
     try:
         with pytest.raises(ForkAfterThreads, match="seal"):
             Forked(os.getpid)
-        launcher = Launcher()
+        launcher = Launcher(Environment.read())
         assert launcher.wait(launcher.spawn([sys.executable, "-c", "pass"]), 60).code == 0
     finally:
         release.set()
@@ -150,7 +150,7 @@ def test_reload_children_start_with_the_runs_environment_not_the_live_one(monkey
                                  "ITERA_RELOAD_HOST_MEMORY": "2G", "HF_HOME": "/srv/hf"})
     monkeypatch.setenv("ITERA_PROBE", "changed later")
     monkeypatch.setenv("ITERA_RELOAD_HOST_MEMORY", "1M")
-    env = child_env({"hf_cache": "/cache"}, "/work", Launcher(environment=snapshot).environment)
+    env = child_env({"hf_cache": "/cache"}, "/work", Launcher(snapshot).environment)
     assert env["ITERA_PROBE"] == "at the start" and env["TMPDIR"] == "/work" and env["HF_HUB_OFFLINE"] == "1"
     assert configured_limit(snapshot) == 2 << 30
     assert str(resolve_hf_cache(None, snapshot)) == "/srv/hf/hub"
@@ -169,8 +169,7 @@ def test_the_api_applies_the_environment_its_config_carries(package_dir):
     from itera_verify import verify
     from itera_verify.flows.config import Config
 
-    report = verify(package_dir, config=Config(environment=Environment.read({"GITHUB_WORKSPACE": "/ws"})),
-                    reload=False, seal=False)
+    report = verify(package_dir, settle(Config(environment=Environment.read({"GITHUB_WORKSPACE": "/ws"})), reload=False, seal=False))
     assert report.configuration["environment"] == {"GITHUB_WORKSPACE": "/ws"}
 
 

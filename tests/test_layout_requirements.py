@@ -2,18 +2,19 @@
 requires, planted missing, is reported by the static checks (`--no-reload`, the CI gate) and by the reload under
 the same requirement id, and the user sees it once."""
 from __future__ import annotations
+from dataclasses import replace
 
 import shutil
 from pathlib import Path
 
 import pytest
-from itera_verify.package import RunContext, discover
 from itera_verify.reload import run_reloads
 from itera_verify.rules import reload as reload_rules
 from itera_verify.runtime.progress import NULL_PROGRESS
 
 from fixtures.edit import edit_json, refresh_hashes
 from fixtures.multigpu import ARTIFACTS
+from tests.helpers import context
 
 # (artifact, entry of its checkpoint folder to remove, the requirement id both halves report it under)
 CASES = [
@@ -39,12 +40,12 @@ def plant(package_dir: Path, artifact: str, entry: str) -> None:
 def test_a_missing_required_file_is_seen_without_reload_and_said_once(multigpu_dir, built_multigpu, artifact, entry,
                                                                         requirement):
     plant(multigpu_dir, artifact, entry)
-    package = RunContext(discover(multigpu_dir))
+    package = context(multigpu_dir)
     static = [f for f in reload_rules.check(package, phase="static") if f.artifact == artifact]
     assert len(static) == 1 and static[0].code in ("IV507", "IV508"), [(f.code, f.message) for f in static]
     package.hf_cache = Path(built_multigpu["hf_cache"])
-    package.reloads = run_reloads(package, device="cpu", timeout=300, jobs=1, progress=NULL_PROGRESS,
-                                  only={artifact})
+    package = replace(package, reloads=run_reloads(package, device="cpu", timeout=300, jobs=1, progress=NULL_PROGRESS,
+                                  only={artifact}))
     [result] = package.reloads
     seen = [p.get("requirement") for p in result.facts.get("problems") or []]
     assert requirement in seen, (seen, result.error)  # the reload saw the same requirement...

@@ -9,6 +9,7 @@ import pytest
 
 from fixtures.extra_loaders import STRAY_KEY, build_diffusers_lora_package, reload_package
 from tests.conftest import built_once
+from tests.helpers import context
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -80,11 +81,9 @@ def test_lora_keys_no_component_claims_are_IV504(reloaded):
 
 
 def static_findings(package_root: Path, hf_cache: str, code: str):
-    from itera_verify.package import RunContext, discover
     from itera_verify.rules import untrained
 
-    package = RunContext(discover(package_root))
-    package.hf_cache = Path(hf_cache)
+    package = context(package_root, hf_cache=Path(hf_cache))
     return [f for f in untrained.check(package) if f.code == code]
 
 
@@ -107,7 +106,6 @@ def test_name_or_path_of_the_pinned_base_snapshot_is_IV202_saying_what_it_is(bui
     import json
     import shutil
 
-    from itera_verify.package import RunContext, discover
     from itera_verify.rules import paths
 
     root = Path(shutil.copytree(built_lora["package"], tmp_path / "pkg"))
@@ -117,7 +115,7 @@ def test_name_or_path_of_the_pinned_base_snapshot_is_IV202_saying_what_it_is(bui
         value = json.loads(config.read_text())
         value["_name_or_path"] = f"{snapshot}/{revision}/{component}"
         config.write_text(json.dumps(value))
-    found = {f.path.split("/")[-2]: f.message for f in paths.check(RunContext(discover(root))) if f.code == "IV202"}
+    found = {f.path.split("/")[-2]: f.message for f in paths.check(context(root)) if f.code == "IV202"}
     assert set(found) == {"unet", "vae"}
     assert found["unet"].startswith(f"the base's hub-cache snapshot on the training machine, itera-fixtures/tiny-sd "
                                     f"at {built_lora['revision']} (unet), recorded by diffusers/transformers as "
@@ -131,26 +129,23 @@ def test_diffusers_lora_saved_as_a_pickle_is_IV511(built_lora, tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from itera_verify.package import RunContext, discover
     from itera_verify.rules import artifacts
 
     root = Path(shutil.copytree(built_lora["package"], tmp_path / "pkg"))
     lora = root / "artifacts/lora"
     torch.save(load_file(str(lora / "pytorch_lora_weights.safetensors")), lora / "pytorch_lora_weights.bin")
     (lora / "pytorch_lora_weights.safetensors").unlink()
-    found = [f for f in artifacts.check(RunContext(discover(root))) if f.code == "IV511"]
+    found = [f for f in artifacts.check(context(root)) if f.code == "IV511"]
     assert sorted({f.path for f in found}) == ["artifacts/lora/pytorch_lora_weights.bin"]
 
 
 def test_the_reload_memory_limit_counts_the_base_pipeline_the_lora_loads(built_lora):
     # A LoRA is a few MiB; its child loads the whole base pipeline beside it: the limit counts both, or a real
     # SD-1.5 LoRA would be stopped at the library allowance.
-    from itera_verify.package import RunContext, discover
     from itera_verify.reload.jobs import plan
     from itera_verify.reload.limits import disk_bytes, pinned_base_folder
 
-    package = RunContext(discover(built_lora["package"]))
-    package.hf_cache = Path(built_lora["hf_cache"])
+    package = context(built_lora["package"], hf_cache=Path(built_lora["hf_cache"]))
     loras = [a for a in package.documents.artifacts() if a.get("kind") == "diffusers-lora"]
     assert loras
     job = plan(package, loras[0], "cpu", 1)

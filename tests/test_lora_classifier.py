@@ -5,6 +5,7 @@ saves it through modules_to_save. The campaign must pass with zero findings; a h
 the adapter holds is still IV504. Everything here is real: the base, its tokenizer, the Trainer runs.
 """
 from __future__ import annotations
+from dataclasses import replace
 
 import pytest
 import json
@@ -16,12 +17,11 @@ from safetensors.torch import load_file
 from fixtures.artifacts import write_safetensors
 from fixtures.classifier import BERT_MODEL, build_bert_hub_cache
 from fixtures.edit import edit_json
-from itera_verify.package import RunContext, discover
 from itera_verify.runtime.progress import NULL_PROGRESS
 from itera_verify.reload import run_reloads
 from itera_verify.reload.loaders.peft import model_key
 from itera_verify.rules import reload as reload_rules
-from tests.helpers import run_cli
+from tests.helpers import run_cli, context
 
 ADAPTER = "artifacts/lora-r8"
 CHECKPOINT = "checkpoints/lora-r8/checkpoint-200"
@@ -29,10 +29,9 @@ CHECKPOINT = "checkpoints/lora-r8/checkpoint-200"
 
 def reload(package_dir, hf_cache, *only):
     """Reload some artifacts like the workflow does: (results by artifact, their findings but IV509)."""
-    package = RunContext(discover(package_dir))
-    package.hf_cache = Path(hf_cache)
-    package.reloads = run_reloads(package, device="cpu", timeout=300, jobs=2, progress=NULL_PROGRESS,
-                                  only=set(only) or None)
+    package = context(package_dir, hf_cache=Path(hf_cache))
+    package = replace(package, reloads=run_reloads(package, device="cpu", timeout=300, jobs=2, progress=NULL_PROGRESS,
+                                  only=set(only) or None))
     return {r.artifact: r for r in package.reloads}, [f for f in reload_rules.check(package) if f.code != "IV509"]
 
 

@@ -3,15 +3,16 @@
 index_shard_requirement), and the rules do not say it again (before: static IV507 and reload IV504). A delivered
 model folder, which the static checks do not judge, still gets the reload's IV504, all its missing shards in one."""
 from __future__ import annotations
+from dataclasses import replace
 
 import pytest
 import json
 from pathlib import Path
 
-from itera_verify.package import RunContext, discover
 from itera_verify.reload import run_reloads
 from itera_verify.rules import reload as reload_rules
 from itera_verify.runtime.progress import NULL_PROGRESS
+from tests.helpers import context
 
 CHECKPOINT = "checkpoints/control/checkpoint-4"
 MODEL = "artifacts/control-model"
@@ -30,11 +31,11 @@ def lose_a_shard(folder: Path) -> None:
 
 
 def findings_for(package_dir: Path, hf_cache, artifact: str):
-    package = RunContext(discover(package_dir))
+    package = context(package_dir)
     static = [f for f in reload_rules.check(package, phase="static") if f.artifact == artifact]
     package.hf_cache = Path(hf_cache)
-    package.reloads = run_reloads(package, device="cpu", timeout=300, jobs=1, progress=NULL_PROGRESS,
-                                  only={artifact})
+    package = replace(package, reloads=run_reloads(package, device="cpu", timeout=300, jobs=1, progress=NULL_PROGRESS,
+                                  only={artifact}))
     reloaded = [f for f in reload_rules.check(package) if f.artifact == artifact]
     return static, reloaded, package.reloads[0]
 

@@ -27,6 +27,7 @@ from tests.test_signatures import members_of, rewrite, signature_codes
 pytest.importorskip("model_signing", reason="the model-signing extra: pip install 'itera-verify[model-signing]'")
 from cryptography.hazmat.primitives import serialization  # noqa: E402  (model-signing's dependency)
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
+from itera_verify import settle
 
 pytestmark = pytest.mark.usefixtures("private_tmp")
 CAMPAIGN = "reviews-lora-2026-11"
@@ -55,7 +56,7 @@ def oms_signed(built, keys, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("oms-signed")
     shutil.copytree(built["package"], folder / "pkg", symlinks=True)
     (folder / "pkg" / "manifest-link.json").symlink_to("manifest.json")
-    report = verify(folder / "pkg", reload=False, output=folder, sign=(f"model-signing:{keys['alice'][0]}",))
+    report = verify(folder / "pkg", settle(reload=False, output=folder, sign=(f"model-signing:{keys['alice'][0]}",)))
     assert report.sealed, [f.to_json() for f in report.findings]
     assert report.archive["model_signing"]["path"] == f"{CAMPAIGN}/{OMS_SIGNATURE}"
     assert "signature" not in report.archive  # no SSH key was named: no statement, no .sig beside
@@ -104,13 +105,13 @@ def test_model_signing_cli_accepts_the_extracted_folder_and_refuses_a_changed_fi
 
 
 def test_audit_verifies_the_oms_signature_with_the_public_key(oms_signed, keys, tmp_path):
-    report = audit(oms_signed, oms_public_key=keys["alice"][1])
+    report = audit(oms_signed, settle(reviewer=True, oms_public_key=keys["alice"][1]))
     assert signature_codes(report) == [] and report.verdict == "pass", [f.to_json() for f in report.findings]
     oms = report.audit["signature"]["model_signing"]
     assert oms["state"] == "valid" and oms["key"].startswith("sha256:")
     assert "model-signing signature valid" in renderer("text")(report, {})
     # another key: IV802
-    report = audit(oms_signed, oms_public_key=keys["mallory"][1])
+    report = audit(oms_signed, settle(reviewer=True, oms_public_key=keys["mallory"][1]))
     assert signature_codes(report) == ["IV802"]
     assert report.audit["signature"]["model_signing"]["state"] == "invalid"
 
@@ -128,15 +129,15 @@ def test_audit_refuses_a_resealed_archive_and_requires_the_signature(oms_signed,
     members = members_of(oms_signed)
     manifest = members[f"{CAMPAIGN}/manifest.json"]
     forged = rewrite(oms_signed, tmp_path / f"{CAMPAIGN}.tar.zst", {"manifest.json": manifest + b"\n"}, resum=True)
-    report = audit(forged, oms_public_key=keys["alice"][1])
+    report = audit(forged, settle(reviewer=True, oms_public_key=keys["alice"][1]))
     assert "IV802" in signature_codes(report), [f.to_json() for f in report.findings]
     problem = report.audit["signature"]["model_signing"]["problem"]
     assert "manifest.json: content differs" in problem and "SEAL/SHA256SUMS: content differs" in problem
     # an archive sealed without it, audited by a reviewer who requires it
     shutil.copytree(built["package"], tmp_path / "pkg", symlinks=True)
     (tmp_path / "plain").mkdir()
-    assert verify(tmp_path / "pkg", reload=False, output=tmp_path / "plain").sealed
-    report = audit(tmp_path / "plain" / f"{CAMPAIGN}.tar.zst", oms_public_key=keys["alice"][1])
+    assert verify(tmp_path / "pkg", settle(reload=False, output=tmp_path / "plain")).sealed
+    report = audit(tmp_path / "plain" / f"{CAMPAIGN}.tar.zst", settle(reviewer=True, oms_public_key=keys["alice"][1]))
     assert signature_codes(report) == ["IV801"]
 
 
@@ -151,14 +152,14 @@ def test_bad_keys_are_one_line_exit_2(built, keys, tmp_path):
     shutil.copy(keys["alice"][0], inside)
     for key, words in ((tmp_path / "absent.pem", "cannot read"), (ed, "not an EC private key")):
         with pytest.raises(UsageError, match=words):
-            verify(tmp_path / "pkg", reload=False, output=tmp_path, sign=(f"model-signing:{key}",))
+            verify(tmp_path / "pkg", settle(reload=False, output=tmp_path, sign=(f"model-signing:{key}",)))
     done = run_cli(str(tmp_path / "pkg"), "--no-reload", "-o", str(tmp_path), "--sign", f"model-signing:{inside}")
     assert done.returncode == 2 and "inside the package" in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
     inside.unlink()
     assert not list(tmp_path.glob("*.tar.zst*"))
     with pytest.raises(UsageError, match="not a PEM public key"):
-        audit(tmp_path / "nothing.tar.zst", oms_public_key=ed)
+        audit(tmp_path / "nothing.tar.zst", settle(reviewer=True, oms_public_key=ed))
 
 
 def test_without_the_library_the_seal_names_the_extra(built, keys, tmp_path):
@@ -184,8 +185,7 @@ def test_ssh_and_model_signing_together_cover_each_other(built, keys, tmp_path):
 
     shutil.copytree(built["package"], tmp_path / "pkg", symlinks=True)
     ssh_key = keygen(tmp_path, "alice")
-    report = verify(tmp_path / "pkg", reload=False, output=tmp_path,
-                    sign=(f"ssh:{ssh_key}", f"model-signing:{keys['alice'][0]}"))
+    report = verify(tmp_path / "pkg", settle(reload=False, output=tmp_path, sign=(f"ssh:{ssh_key}", f"model-signing:{keys['alice'][0]}")))
     assert report.sealed and report.archive["signature"] and report.archive["model_signing"]
     archive = tmp_path / f"{CAMPAIGN}.tar.zst"
     bundle = json.loads(members_of(archive)[f"{CAMPAIGN}/{OMS_SIGNATURE}"])
@@ -194,9 +194,9 @@ def test_ssh_and_model_signing_together_cover_each_other(built, keys, tmp_path):
     assert {"SEAL/SHA256SUMS", "SEAL/statement.json", "SEAL/statement.json.sig", "manifest.json"} <= signed
     assert OMS_SIGNATURE not in signed
     allowed = allowed_signers(tmp_path / "allowed", ("alice@example.com", ssh_key.with_suffix(".pub")))
-    report = audit(archive, allowed_signers=allowed, oms_public_key=keys["alice"][1])
+    report = audit(archive, settle(reviewer=True, allowed_signers=allowed, oms_public_key=keys["alice"][1]))
     assert signature_codes(report) == [], [f.to_json() for f in report.findings]
     assert report.audit["signature"]["model_signing"]["state"] == "valid"
     assert report.audit["signature"]["statement"]["state"] == "valid"
     with pytest.raises(UsageError, match="one ssh key per seal"):
-        verify(tmp_path / "pkg", reload=False, output=tmp_path, sign=(f"ssh:{ssh_key}", f"ssh:{ssh_key}"))
+        verify(tmp_path / "pkg", settle(reload=False, output=tmp_path, sign=(f"ssh:{ssh_key}", f"ssh:{ssh_key}")))

@@ -2,6 +2,7 @@
 outputs written on the CPU by 2 gloo processes (fixtures/multigpu.py). Each clean layout reloads with zero
 findings; each test plants one defect in a private copy and reloads only the artifact it broke."""
 from __future__ import annotations
+from dataclasses import replace
 
 import json
 import shutil
@@ -9,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from itera_verify.package import RunContext, discover
 from itera_verify.runtime.progress import NULL_PROGRESS
 from itera_verify.reload import run_reloads
 from itera_verify.rules import reload as reload_rules
@@ -17,7 +17,7 @@ from itera_verify.rules import reload as reload_rules
 from fixtures.artifacts import truncate
 from fixtures.edit import edit_json, refresh_hashes
 from fixtures.multigpu import ARTIFACTS
-from tests.helpers import codes, static_findings
+from tests.helpers import codes, static_findings, context
 
 DDP, DS_TRAINER, FSDP = (ARTIFACTS[a][1] for a in ("ddp-checkpoint", "ds-trainer-checkpoint", "fsdp-checkpoint"))
 ZERO0, ZERO1 = ARTIFACTS["zero0-checkpoint"][1], ARTIFACTS["zero1-checkpoint"][1]
@@ -27,10 +27,9 @@ ACCELERATE, LIGHTNING = ARTIFACTS["accelerate-state"][1], ARTIFACTS["lightning-c
 
 def reload(package_dir: Path, hf_cache, *only: str):
     """Reload the named artifacts as the workflow does; (results by artifact, their reload findings)."""
-    package = RunContext(discover(package_dir))
-    package.hf_cache = Path(hf_cache)
-    package.reloads = run_reloads(package, device="cpu", timeout=300, jobs=2, progress=NULL_PROGRESS,
-                                  only=set(only))
+    package = context(package_dir, hf_cache=Path(hf_cache))
+    package = replace(package, reloads=run_reloads(package, device="cpu", timeout=300, jobs=2, progress=NULL_PROGRESS,
+                                  only=set(only)))
     return {r.artifact: r for r in package.reloads}, [f for f in reload_rules.check(package) if f.code != "IV509"]
 
 
@@ -38,7 +37,7 @@ def reload_codes(package_dir: Path, hf_cache, artifact: str) -> list[str]:
     """The codes a user sees for `artifact`: the static phase's resume facts (what --no-reload sees from names)
     and the reload's findings, which never repeat a requirement the static phase reported."""
     _, findings = reload(package_dir, hf_cache, artifact)
-    static = [f for f in reload_rules.check(RunContext(discover(package_dir)), phase="static")
+    static = [f for f in reload_rules.check(context(package_dir), phase="static")
               if f.artifact == artifact]
     return sorted(f.code for f in static + findings)
 

@@ -14,9 +14,12 @@ import pytest
 from itera_verify import rules
 from itera_verify.runtime.launcher import ChildLost, Forked
 from itera_verify.model import UsageError
-from itera_verify.package import RunContext, discover
-from itera_verify.rules import Selection, families, run_checks
+from itera_verify.rules import Selection, families
+from itera_verify.flows import checks
+from itera_verify.flows.checks import run_checks
 from itera_verify.flows.verify import PARALLEL_MIN_FILES, check_processes
+from tests.helpers import context
+from itera_verify import settle
 
 CAMPAIGN = "reviews-lora-2026-11"
 
@@ -84,7 +87,7 @@ def test_a_ctrl_c_landing_in_the_childs_after_fork_hooks_is_handed_to_the_parent
 
 def test_families_are_really_split_and_the_heaviest_leaves_the_parent():
     static = [m for m in families() if getattr(m, "PHASE", "static") == "static"]
-    shares = rules._balanced(static, 3)
+    shares = checks._balanced(static, 3)
     units = [(module.__name__, part) for share in shares for module, part in share]
     assert len(shares) == 3 and sorted({name for name, _ in units}) == sorted(m.__name__ for m in static)
     # A family that declares SPLIT comes in one part per process; the others whole.
@@ -106,10 +109,10 @@ def test_the_parts_of_a_split_family_in_order_are_the_whole_family(defective, co
     def rows(findings):  # straight from the family: no severity set yet
         return [(f.code, f.path, f.pointer, f.line, f.column, f.message) for f in findings]
 
-    package = RunContext(discover(defective))
+    package = context(defective)
     whole = rows(structure.check(package))
     assert {"IV102", "IV104"} <= {row[0] for row in whole}
-    parts = [rows(structure.check(RunContext(discover(defective)), part=(index, count))) for index in range(count)]
+    parts = [rows(structure.check(context(defective), part=(index, count))) for index in range(count)]
     assert [row for part in parts for row in part] == whole
     files = [structure._part_of_files(package, index, count) for index in range(count)]
     assert [rel for part in files for rel in part] == sorted(package.inventory.files)
@@ -118,15 +121,15 @@ def test_the_parts_of_a_split_family_in_order_are_the_whole_family(defective, co
 
 @pytest.mark.parametrize("processes", [2, 3])
 def test_parallel_checks_find_exactly_what_one_process_finds_in_the_same_order(defective, processes):
-    serial = run_checks(RunContext(discover(defective)), Selection(), "static")
-    parallel = run_checks(RunContext(discover(defective)), Selection(), "static", processes=processes)
+    serial = run_checks(context(defective), Selection(), "static")
+    parallel = run_checks(context(defective), Selection(), "static", processes=processes)
     assert {"IV201", "IV102", "IV304"} <= {f.code for f in serial}
     assert as_rows(parallel) == as_rows(serial)
 
 
 def test_selection_and_levels_apply_in_the_children(defective):
     selection = Selection(ignore=("IV102",), levels={"IV201": rules.Severity.WARNING})
-    parallel = run_checks(RunContext(discover(defective)), selection, "static", processes=3)
+    parallel = run_checks(context(defective), selection, "static", processes=3)
     assert "IV102" not in {f.code for f in parallel}
     assert {f.severity for f in parallel if f.code == "IV201"} == {rules.Severity.WARNING}
 
@@ -135,7 +138,7 @@ def test_digests_a_child_computed_reach_the_parent(defective, monkeypatch):
     from itera_verify.rules import identity
 
     monkeypatch.setattr(identity, "COST", 10_000, raising=False)  # the heaviest: it runs in a child
-    package = RunContext(discover(defective))
+    package = context(defective)
     run_checks(package, Selection(), "static", processes=2)
     assert "params/control.json" in package.documents.digests and "corpus/eval_ids.txt" in package.documents.digests
 
@@ -153,8 +156,8 @@ def test_a_child_that_dies_has_its_share_run_in_the_parent(defective, monkeypatc
 
     monkeypatch.setattr(paths, "COST", 10_000, raising=False)
     monkeypatch.setattr(paths, "check", dies_in_a_child)
-    serial = run_checks(RunContext(discover(defective)), Selection(), "static")
-    parallel = run_checks(RunContext(discover(defective)), Selection(), "static", processes=2)
+    serial = run_checks(context(defective), Selection(), "static")
+    parallel = run_checks(context(defective), Selection(), "static", processes=2)
     assert "IV201" in {f.code for f in parallel} and as_rows(parallel) == as_rows(serial)
 
 
@@ -168,17 +171,17 @@ def test_an_error_in_a_child_is_raised_in_the_parent(defective, monkeypatch):
     monkeypatch.setattr(paths, "COST", 10_000, raising=False)
     monkeypatch.setattr(paths, "check", unreadable)
     with pytest.raises(UsageError, match="notes.json: cannot read"):
-        run_checks(RunContext(discover(defective)), Selection(), "static", processes=2)
+        run_checks(context(defective), Selection(), "static", processes=2)
 
 
 def test_only_a_big_package_is_checked_in_several_processes(package_dir):
-    assert check_processes(RunContext(discover(package_dir))) == 1
+    assert check_processes(context(package_dir)) == 1
     many = package_dir / "analysis" / "samples"
     many.mkdir()
     for index in range(PARALLEL_MIN_FILES):
         (many / f"{index:05d}.json").write_text('{"id": %d}' % index)
     cores = len(os.sched_getaffinity(0))
-    assert check_processes(RunContext(discover(package_dir))) == min(cores, 3)
+    assert check_processes(context(package_dir)) == min(cores, 3)
 
 
 def test_audit_of_a_big_package_rechecks_in_several_processes_and_still_finds_a_planted_path(package_dir, tmp_path,
@@ -191,7 +194,7 @@ def test_audit_of_a_big_package_rechecks_in_several_processes_and_still_finds_a_
     many.mkdir()
     for index in range(PARALLEL_MIN_FILES):
         (many / f"{index:05d}.json").write_text('{"id": %d}' % index)
-    report = verify(package_dir, reload=False, output=tmp_path / "clean.tar.zst")
+    report = verify(package_dir, settle(reload=False, output=tmp_path / "clean.tar.zst"))
     assert report.sealed
     asked = []
     real = audit_flow.check_processes
@@ -199,7 +202,7 @@ def test_audit_of_a_big_package_rechecks_in_several_processes_and_still_finds_a_
     assert audit_flow.audit(tmp_path / "clean.tar.zst").verdict == "pass" and asked and asked[0] >= 1
     # The same package with a temporary path planted in one of the many files, sealed as it is.
     (many / "00777.json").write_text(json.dumps({"cache": "/tmp/hf-home/x"}))
-    seal_package(RunContext(discover(package_dir)), CAMPAIGN, {"SEAL/verification.json": b"{}"},
+    seal_package(context(package_dir), CAMPAIGN, {"SEAL/verification.json": b"{}"},
                  tmp_path / "dirty.tar.zst")
     found = audit_flow.audit(tmp_path / "dirty.tar.zst")
     assert [(f.code, f.path) for f in found.findings if f.code == "IV201"] == [
@@ -256,15 +259,15 @@ def test_a_fork_refused_by_the_system_runs_that_share_here(defective, monkeypatc
     def refused():
         raise BlockingIOError(11, "Resource temporarily unavailable")  # what fork(2) says at a process limit
 
-    serial = run_checks(RunContext(discover(defective)), Selection(), "static")
+    serial = run_checks(context(defective), Selection(), "static")
     monkeypatch.setattr(os, "fork", refused)
-    parallel = run_checks(RunContext(discover(defective)), Selection(), "static", processes=3)
+    parallel = run_checks(context(defective), Selection(), "static", processes=3)
     assert as_rows(parallel) == as_rows(serial)
 
 
 # ---- checks detached beside a seal -----------------------------------------------------------------------------
 def test_detached_checks_run_every_family_in_a_child_and_find_what_one_process_finds(defective, monkeypatch):
-    from itera_verify.rules import StartedChecks
+    from itera_verify.flows.checks import StartedChecks
 
     parent = os.getpid()
     ran_here = []
@@ -277,11 +280,11 @@ def test_detached_checks_run_every_family_in_a_child_and_find_what_one_process_f
             return _original(package, **options)
 
         monkeypatch.setattr(module, "check", recording)
-    serial_package = RunContext(discover(defective))
+    serial_package = context(defective)
     serial = run_checks(serial_package, Selection(), "static")
     assert ran_here  # the recording works: one process runs every family here
     ran_here.clear()
-    package = RunContext(discover(defective))
+    package = context(defective)
     started = StartedChecks(package, Selection(), "static", detached=True)
     try:
         detached = started.result()
@@ -310,7 +313,7 @@ def test_verify_beside_a_seal_forks_the_checks_before_the_seal_starts_its_thread
 
     monkeypatch.setattr(launcher.os, "fork", recording_fork)
     before = {thread.ident for thread in threading.enumerate()}  # earlier tests' threads are not this run's
-    report = verify(package_dir, reload=False, output=tmp_path / "a.tar.zst")
+    report = verify(package_dir, settle(reload=False, output=tmp_path / "a.tar.zst"))
     assert report.sealed and report.verdict == "pass"
     assert len(threads_at_fork) == 1  # one child
     assert threads_at_fork[0] == [], threads_at_fork[0]  # no thread of this run existed yet, the seal's least
@@ -345,7 +348,7 @@ def test_a_signal_the_kernel_hands_to_another_thread_interrupts_the_wait_for_a_c
 
 
 def test_select_runs_only_the_families_that_have_an_enabled_code(defective, monkeypatch):
-    from itera_verify.rules import StartedChecks
+    from itera_verify.flows.checks import StartedChecks
 
     ran = []
     for module in families():
@@ -356,10 +359,10 @@ def test_select_runs_only_the_families_that_have_an_enabled_code(defective, monk
             return _original(package, **kwargs)
 
         monkeypatch.setattr(module, "check", recording)
-    findings = run_checks(RunContext(discover(defective)), Selection(select=("IV201",)), "static")
+    findings = run_checks(context(defective), Selection(select=("IV201",)), "static")
     assert set(ran) == {"paths"}
     assert {f.code for f in findings} == {"IV201"}
-    started = StartedChecks(RunContext(discover(defective)), Selection(select=("IV1", "IV506")), "static")
+    started = StartedChecks(context(defective), Selection(select=("IV1", "IV506")), "static")
     started.cancel()
     assert [m.__name__.rsplit(".", 1)[-1] for m in started.modules] == ["pickles", "structure", "template_files"]
 
@@ -368,9 +371,9 @@ def test_a_detached_child_hands_back_its_pickle_scan_and_parsed_run_files(defect
     """The parent builds the report and plans the reloads from what the child already read: it must not scan
     the pickles or parse the metrics a second time."""
     from itera_verify.package import pickles
-    from itera_verify.rules import StartedChecks
+    from itera_verify.flows.checks import StartedChecks
 
-    package = RunContext(discover(defective))
+    package = context(defective)
     started = StartedChecks(package, Selection(), "static", detached=True)
     try:
         started.result()

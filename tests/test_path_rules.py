@@ -7,7 +7,7 @@ import os
 import pytest
 
 from fixtures.edit import edit_json, edit_manifest, load_json, refresh_hashes, write_text
-from tests.helpers import static_findings
+from tests.helpers import static_findings, context
 
 
 def only(findings, code):
@@ -51,15 +51,15 @@ def test_the_current_TMPDIR_is_a_temporary_directory(package_dir, monkeypatch):
 
 
 def test_the_TMPDIR_that_counts_is_the_runs_snapshot_not_a_later_change(package_dir, monkeypatch):
-    from itera_verify.package import RunContext, discover
-    from itera_verify.rules import Selection, run_checks
+    from itera_verify.rules import Selection
+    from itera_verify.flows.checks import run_checks
     from itera_verify.runtime.environment import Environment
 
     monkeypatch.delenv("TMPDIR", raising=False)
     rel = first_params(package_dir)
     edit_json(package_dir, rel, lambda p: p.__setitem__("cache_dir", "/scratch/job-7/hf"))
     refresh_hashes(package_dir)
-    ctx = RunContext(discover(package_dir), environment=Environment.read({"TMPDIR": "/scratch/job-7/"}))
+    ctx = context(package_dir, environment=Environment.read({"TMPDIR": "/scratch/job-7/"}))
     monkeypatch.setenv("TMPDIR", "/elsewhere")  # read after the entry point: not this run's setting
     found = only(run_checks(ctx, Selection(), "static"), "IV201")
     assert [f.pointer for f in found] == ["/cache_dir"]
@@ -124,14 +124,13 @@ def test_tmp_path_pickled_in_training_args_is_IV201(package_dir):
 
 
 def test_extra_tmp_pattern_from_configuration(package_dir):
-    from itera_verify.package import RunContext, discover
-    from itera_verify.rules import Selection, run_checks
+    from itera_verify.rules import Selection
+    from itera_verify.flows.checks import run_checks
 
     rel = first_params(package_dir)
     edit_json(package_dir, rel, lambda p: p.__setitem__("cache_dir", "/mnt/ephemeral/hf"))
     refresh_hashes(package_dir)
-    package = RunContext(discover(package_dir))
-    package.tmp_patterns = ("/mnt/ephemeral",)
+    package = context(package_dir, tmp_patterns=("/mnt/ephemeral",))
     assert [f.code for f in run_checks(package, Selection(select=("IV201",)))] == ["IV201"]
 
 
@@ -212,12 +211,11 @@ def test_a_safetensors_file_that_cannot_be_read_is_exit_2_even_without_reload(pa
 
 def _text_file_findings(folder, content: bytes, rel: str = "train.log"):
     """(line, column, message) of the IV201 findings in one text file: a package holding nothing else."""
-    from itera_verify.package import RunContext, discover
     from itera_verify.rules import paths
 
     folder.mkdir(exist_ok=True)
     (folder / rel).write_bytes(content)
-    return [(f.line, f.column, f.message) for f in paths.check(RunContext(discover(folder))) if f.code == "IV201"]
+    return [(f.line, f.column, f.message) for f in paths.check(context(folder)) if f.code == "IV201"]
 
 
 def test_tmp_paths_on_a_line_longer_than_the_bound_have_their_lines_and_columns(package_dir, monkeypatch):
@@ -263,14 +261,13 @@ def test_a_file_without_a_newline_is_searched_in_bounded_memory(tmp_path, monkey
     on every read, it took twice the file)."""
     import tracemalloc
 
-    from itera_verify.package import RunContext, discover
     from itera_verify.rules import _paths_search, paths
 
     monkeypatch.setattr(_paths_search, "BLOCK", 1 << 20)
     monkeypatch.setattr(_paths_search, "LONG_LINE", 1 << 20)
     head = (b'{"id": "ex/1", "p": 0.5} ' * (2 << 20))[:32 << 20]
     (tmp_path / "one-line.jsonl").write_bytes(head + b" /tmp/at-the-end")
-    package = RunContext(discover(tmp_path))
+    package = context(tmp_path)
     tracemalloc.start()
     try:
         found = list(paths.check(package))
@@ -296,15 +293,14 @@ def test_paths_alone_parses_only_documents_that_could_hold_a_path_and_misses_non
     """In a process of its own (a big package's split checks), the path rules read a JSON document's bytes and
     parse it only when it holds a character every reportable path needs. A path hidden behind \\u escapes, and
     a configured pattern without any slash, are still found; the findings equal those of one process."""
-    from itera_verify.package import RunContext, discover
-    from itera_verify.rules import Selection, paths, run_checks
+    from itera_verify.rules import Selection, paths
+    from itera_verify.flows.checks import run_checks
 
     notes = package_dir / "analysis"
     (notes / "plain.json").write_text(json.dumps({"id": "ex-1", "tokens": ["w1", "w2"]}))
     (notes / "escaped.json").write_text('{"output_dir": "\\u002ftmp\\u002frun3"}')
     (notes / "pattern.json").write_text(json.dumps({"cache": "~scratchspace"}))
-    package = RunContext(discover(package_dir))
-    package.tmp_patterns = ("~scratchspace",)
+    package = context(package_dir, tmp_patterns=("~scratchspace",))
     found = [(f.code, f.path) for f in paths.check(package) if f.path.startswith("analysis/")]
     assert ("IV201", "analysis/escaped.json") in found and ("IV201", "analysis/pattern.json") in found
     assert package.documents.parsed("analysis/plain.json") is None  # no "/", "\\" or pattern lead: never parsed
@@ -312,9 +308,7 @@ def test_paths_alone_parses_only_documents_that_could_hold_a_path_and_misses_non
     # Kept for the family that parses it next, so that it reads the file once.
     assert package.documents.document_bytes("analysis/plain.json") == (notes / "plain.json").read_bytes()
     assert package.documents.document("analysis/plain.json").value == {"id": "ex-1", "tokens": ["w1", "w2"]}
-    together = RunContext(discover(package_dir))
-    together.tmp_patterns = package.tmp_patterns
-    alone = RunContext(discover(package_dir))
-    alone.tmp_patterns = package.tmp_patterns
+    together = context(package_dir, tmp_patterns=("~scratchspace",))
+    alone = context(package_dir, tmp_patterns=("~scratchspace",))
     assert [(f.code, f.path, f.pointer, f.line) for f in run_checks(together, Selection(), "static")] == \
         [(f.code, f.path, f.pointer, f.line) for f in run_checks(alone, Selection(), "static", processes=3)]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import static_findings
+from tests.helpers import static_findings, context
 
 
 def _touch(marker: Path) -> bytes:
@@ -178,8 +178,7 @@ def opcode_bomb(opcodes: int) -> bytes:
 
 def test_scan_budget_stops_an_opcode_bomb_as_IV506(package_dir):
     """One budget for the whole package: two bombs that together pass it are both refused, never walked whole."""
-    from itera_verify.package import RunContext, discover
-    from itera_verify.package.pickles import SCAN_BUDGET_SETTING, scan_package
+    from itera_verify.package.pickles import scan_package
     from itera_verify.package.pickles.budget import OPCODE_UNITS
 
     bomb = opcode_bomb(2_000_000)
@@ -187,8 +186,7 @@ def test_scan_budget_stops_an_opcode_bomb_as_IV506(package_dir):
     for rel in ("extra/a.pkl.zst", "extra/b.pkl.zst"):
         (package_dir / rel).parent.mkdir(parents=True, exist_ok=True)
         (package_dir / rel).write_bytes(bomb)
-    package = RunContext(discover(package_dir))
-    package.settings[SCAN_BUDGET_SETTING] = 3_000_000 * OPCODE_UNITS  # the pair needs 4 M opcodes and more
+    package = context(package_dir, scan_budget=3_000_000 * OPCODE_UNITS)  # the pair needs 4 M opcodes and more
     results = scan_package(package)
     assert [r.error for r in (results["extra/a.pkl.zst"], results["extra/b.pkl.zst"])].count(None) <= 1
     assert "budget" in results["extra/b.pkl.zst"].error and not results["extra/b.pkl.zst"].loadable

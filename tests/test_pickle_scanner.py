@@ -16,7 +16,7 @@ import torch
 
 from fixtures.artifacts import malicious_pickle, tiny_gpt2
 from itera_verify.package.pickles import is_pickle_or_torch_zip, scan_file
-from tests.helpers import codes, static_findings
+from tests.helpers import codes, static_findings, context
 
 SHORT_BINUNICODE, MEMOIZE, BINGET, STACK_GLOBAL = b"\x8c", b"\x94", b"h", b"\x93"
 
@@ -204,8 +204,8 @@ def test_clean_package_and_renamed_image_have_no_IV506(package_dir):
 def test_a_pickle_named_json_is_found_from_the_bytes_the_path_rules_kept(package_dir):
     """The path rules read a .json document's bytes without parsing it (no "/" in it); the pickle sniff then
     takes its first bytes from memory instead of opening the file again, and still sees the pickle."""
-    from itera_verify.package import RunContext, discover
-    from itera_verify.rules import Selection, paths, run_checks
+    from itera_verify.rules import Selection, paths
+    from itera_verify.flows.checks import run_checks
 
     class Payload:  # os.system("true"): no "/" anywhere in the pickle, which is never loaded here anyway
         def __reduce__(self):
@@ -214,7 +214,7 @@ def test_a_pickle_named_json_is_found_from_the_bytes_the_path_rules_kept(package
     raw = pickle.dumps(Payload(), protocol=2)
     assert b"/" not in raw and b"\\" not in raw
     (package_dir / "analysis/table.json").write_bytes(raw)
-    package = RunContext(discover(package_dir))
+    package = context(package_dir)
     list(paths.check(package))
     assert package.documents.parsed("analysis/table.json") is None
     assert package.documents.cached_head("analysis/table.json", 64) == raw[:64]  # kept by the path rules

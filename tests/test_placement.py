@@ -3,6 +3,7 @@ accelerate's init_empty_weights, made-up free memory for two or eight GPUs. What
 does not is spread in whole blocks over all of them, and accelerate's silent offload to disk (reproduced here
 with a small budget) is refused, before a load and after one."""
 from __future__ import annotations
+from dataclasses import replace
 
 import re
 from pathlib import Path
@@ -12,6 +13,7 @@ from accelerate import infer_auto_device_map, init_empty_weights
 from itera_verify.reload import placement
 from itera_verify.reload.placement import Offload
 from transformers import AutoModelForCausalLM, GPT2Config
+from tests.helpers import context
 
 MiB = 1 << 20
 
@@ -144,15 +146,13 @@ needs_cuda = pytest.mark.skipif(not __import__("torch").cuda.is_available(), rea
 
 
 def cuda_reload(package_dir, hf_cache, *only):
-    from itera_verify.package import RunContext, discover
     from itera_verify.reload import run_reloads
     from itera_verify.rules import reload as reload_rules
     from itera_verify.runtime.progress import NULL_PROGRESS
 
-    package = RunContext(discover(package_dir))
-    package.hf_cache = Path(hf_cache)
-    package.reloads = run_reloads(package, device="cuda", timeout=300, jobs=1, progress=NULL_PROGRESS,
-                                  only=set(only) or None)
+    package = context(package_dir, hf_cache=Path(hf_cache))
+    package = replace(package, reloads=run_reloads(package, device="cuda", timeout=300, jobs=1, progress=NULL_PROGRESS,
+                                  only=set(only) or None))
     return {r.artifact: r for r in package.reloads}, list(reload_rules.check(package))
 
 

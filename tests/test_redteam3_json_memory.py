@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from itera_verify.package import KEEP_VALUES, RunContext, discover
+from itera_verify.package import KEEP_VALUES
 from itera_verify.package.jsonread import MAX_VALUES, count_values
-from tests.helpers import static_findings
+from tests.helpers import static_findings, context
+from itera_verify import settle
 
 AUDIT_PEAK_BOUND = 1 << 30  # bytes; the old code took ~2.8 GB on a 32 MiB file, ~5 GB on four of 60 MiB
 
@@ -49,7 +50,7 @@ def test_audit_peak_memory_on_a_64_mib_nested_json(package_dir, tmp_path):
     (package_dir / "analysis" / "scores.json").write_bytes(nested_empties((64 << 20) - 16))
     campaign = json.loads((package_dir / "manifest.json").read_text())["campaign_id"]
     archive = tmp_path / f"{campaign}.tar.zst"
-    report = verify(package_dir, reload=False, output=archive)
+    report = verify(package_dir, settle(reload=False, output=archive))
     assert report.sealed, [f.to_json() for f in report.findings]
     assert archive.stat().st_size < 2 << 20  # a few hundred KB of zstd
     shutil.rmtree(package_dir)
@@ -100,7 +101,7 @@ def test_a_large_invalid_unread_document_is_IV104_without_position(package_dir):
 def test_the_package_keeps_no_large_documents_at_once(tmp_path):
     for i in range(3):
         (tmp_path / f"d{i}.json").write_bytes(nested_empties(3 * KEEP_VALUES // 2))
-    package = RunContext(discover(tmp_path))
+    package = context(tmp_path)
     for i in range(3):
         assert package.documents.document(f"d{i}.json").ok
     kept = [rel for rel in package.inventory.files if package.documents.parsed(rel) is not None]

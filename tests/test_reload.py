@@ -4,6 +4,7 @@ Each test breaks one artifact of a private copy of the clean package and reloads
 clean package and the malicious pickle go through the whole workflow and the whole command line.
 """
 from __future__ import annotations
+from dataclasses import replace
 
 import json
 import os
@@ -17,13 +18,13 @@ from safetensors.torch import load_file
 
 from fixtures.artifacts import malicious_pickle, truncate, write_safetensors, write_sharded_safetensors
 from fixtures.edit import edit_json, edit_manifest
-from itera_verify.package import RunContext, discover
 from itera_verify.package.pickles import scan_package
 from itera_verify.runtime.progress import NULL_PROGRESS
 from itera_verify.reload import run_reloads
 from itera_verify.reload.common import numpy_rng_globals
 from itera_verify.rules import reload as reload_rules
-from tests.helpers import run_cli, static_findings
+from tests.helpers import run_cli, static_findings, context
+from itera_verify import settle
 
 CONTROL_MODEL = "artifacts/control-model"
 ADAPTER = "artifacts/lora-r16"
@@ -35,10 +36,9 @@ def reload(package_dir, hf_cache, *only, timeout=300, jobs=2, judge_runs=False, 
     """Reload some artifacts like the workflow does; (results by artifact, their findings).
 
     With a subset of artifacts, accepted runs (IV509) are judged only when the test asks for it."""
-    package = RunContext(discover(package_dir))
-    package.hf_cache = Path(hf_cache)
-    package.reloads = run_reloads(package, device="cpu", timeout=timeout, jobs=jobs, progress=NULL_PROGRESS,
-                                  only=set(only) or None, prefetch=prefetch)
+    package = context(package_dir, hf_cache=Path(hf_cache))
+    package = replace(package, reloads=run_reloads(package, device="cpu", timeout=timeout, jobs=jobs, progress=NULL_PROGRESS,
+                                  only=set(only) or None, prefetch=prefetch))
     findings = [f for f in reload_rules.check(package) if f.code != "IV509" or judge_runs or not only]
     return {r.artifact: r for r in package.reloads}, findings
 
@@ -63,7 +63,7 @@ def load_resume(path: Path) -> dict:
 def test_clean_package_reloads_every_artifact_with_no_finding(package_dir, hf_cache):
     from itera_verify.flows.verify import verify
 
-    report = verify(package_dir, device="cpu", seal=False, hf_cache=hf_cache, jobs=2)
+    report = verify(package_dir, settle(device="cpu", seal=False, hf_cache=hf_cache, jobs=2))
     assert {r.artifact: r.ok for r in report.reloads} == {
         "control-model": True, "control-resume": True, "lora-r16-adapter": True, "lora-r16-resume": True}
     assert not [f for f in report.findings if f.code.startswith("IV5")]
@@ -331,12 +331,11 @@ def test_malicious_pickles_are_IV506_through_the_cli_and_never_run(package_dir, 
 @pytest.mark.slow
 def test_child_rescans_a_pickle_swapped_after_the_static_scan(package_dir, hf_cache, tmp_path):
     marker = tmp_path / "pwned"
-    package = RunContext(discover(package_dir))
-    package.hf_cache = Path(hf_cache)
+    package = context(package_dir, hf_cache=Path(hf_cache))
     scan_package(package)  # the static phase saw a clean optimizer.pt
     malicious_pickle(package_dir / CHECKPOINT / "optimizer.pt", marker, via="open", fmt="torch")
-    package.reloads = run_reloads(package, device="cpu", timeout=300, jobs=1, progress=NULL_PROGRESS,
-                                  only={"control-resume"})
+    package = replace(package, reloads=run_reloads(package, device="cpu", timeout=300, jobs=1, progress=NULL_PROGRESS,
+                                  only={"control-resume"}))
     (result,) = package.reloads
     assert not result.ok and "refused" in json.dumps(result.facts) and "io.open" in json.dumps(result.facts)
     assert not marker.exists()
@@ -344,7 +343,7 @@ def test_child_rescans_a_pickle_swapped_after_the_static_scan(package_dir, hf_ca
 
 def test_no_reload_means_no_reload_findings(package_dir):
     shutil.rmtree(package_dir / ADAPTER)
-    package = RunContext(discover(package_dir))
+    package = context(package_dir)
     assert list(reload_rules.check(package)) == []  # reloads is None: nothing was proved or disproved
 
 

@@ -5,6 +5,7 @@ The models are real: saved by transformers' own save_pretrained (the example pac
 model saved here into its folder), their config.json then edited as a hostile sender would.
 """
 from __future__ import annotations
+from dataclasses import replace
 
 import json
 import shutil
@@ -16,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from fixtures.edit import edit_json
-from itera_verify.package import RunContext, discover
 from itera_verify.reload import run_reloads
 from itera_verify.reload.limits import LIMIT_VARIABLE, resident_bytes
 from itera_verify.runtime.launcher import Launcher as ChildProcesses
@@ -24,7 +24,9 @@ from itera_verify.reload.runner import zygote_env
 from itera_verify.reload.zygote_client import ForkedChild, Zygote
 from itera_verify.rules import reload as reload_rules
 from itera_verify.runtime.progress import NULL_PROGRESS
-from tests.helpers import run_cli
+from tests.helpers import run_cli, context
+from itera_verify.runtime.environment import Environment
+from itera_verify import settle
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "artifacts/control-model"
@@ -35,10 +37,9 @@ REFUSED_PEAK = 1 * GIB
 
 
 def reload(package_dir, hf_cache, *only, **options) -> tuple[dict, list]:
-    package = RunContext(discover(package_dir))
-    package.hf_cache = Path(hf_cache)
-    package.reloads = run_reloads(package, device="cpu", timeout=300, jobs=1, progress=NULL_PROGRESS,
-                                  only=set(only) or None, **options)
+    package = context(package_dir, hf_cache=Path(hf_cache))
+    package = replace(package, reloads=run_reloads(package, device="cpu", timeout=300, jobs=1, progress=NULL_PROGRESS,
+                                  only=set(only) or None, **options))
     findings = [f for f in reload_rules.check(package) if f.code != "IV509"]
     return {r.artifact: r for r in package.reloads}, findings
 
@@ -167,8 +168,8 @@ def zygote(monkeypatch, tmp_path):
     temp = tmp_path / "tmp"
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
-    children = ChildProcesses()
-    started = Zygote(children, zygote_env(1, None), light=True)
+    children = ChildProcesses(Environment.read())
+    started = Zygote(children, zygote_env(1, None, children.environment), light=True)
     started.wait_ready()
     assert started.client is not None, started.why
     yield children, started
@@ -221,7 +222,7 @@ def test_audit_reload_of_a_sealed_archive_with_the_planted_config_is_IV504_quick
     edit_json(package, f"{MODEL}/config.json", lambda config: config.update({"n_inner": 4_000_000}))
     campaign = json.loads((package / "manifest.json").read_text())["campaign_id"]
     archive = tmp_path / f"{campaign}.tar.zst"
-    report = verify(package, reload=False, output=archive)  # the static checks cannot see it: it seals
+    report = verify(package, settle(reload=False, output=archive))  # the static checks cannot see it: it seals
     assert report.sealed, [f.to_json() for f in report.findings]
     began = time.monotonic()
     result = run_cli("audit", archive, "--reload", "--device", "cpu", "--hf-cache", built["hf_cache"],

@@ -11,6 +11,7 @@ import pytest
 
 from itera_verify.package import Documents, FileEntry, Inventory, RunContext, discover
 from itera_verify.rules import families
+from tests.helpers import context
 
 RULES_DIR = Path(__file__).resolve().parents[1] / "validator" / "itera_verify" / "rules"
 
@@ -59,13 +60,13 @@ def test_an_inventory_built_from_plain_containers_is_frozen_too(tmp_path):
 
 
 def test_the_context_reads_documents_through_one_reader_whose_caches_travel_by_one_export(tmp_path):
-    ctx = RunContext(discover(_tiny(tmp_path)))
+    ctx = context(_tiny(tmp_path))
     assert isinstance(ctx.documents, Documents) and ctx.documents.inventory is ctx.inventory
     assert ctx.documents.manifest == {"campaign_id": "c"}
     assert ctx.documents.document("sub/a.json").value == {"a": 1}
     assert ctx.documents.document("missing.json") is None
     digest = ctx.documents.sha256("sub/a.json")
-    child = RunContext(ctx.inventory)  # what a forked check process computes, in its own reader
+    child = RunContext(ctx.inventory, ctx.options)  # what a forked check process computes, in its own reader
     child.documents.sha256("manifest.json")
     ctx.documents.merge_caches(child.documents.export_caches())
     assert ctx.documents.digests == {"sub/a.json": digest, "manifest.json": child.documents.digests["manifest.json"]}

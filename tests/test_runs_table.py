@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.helpers import run_cli
+from tests.helpers import run_cli, context
 
 WIDTH = 120
 # What a real Trainer logs besides the campaign's own metrics, first-seen before them in a metrics file.
@@ -58,7 +58,6 @@ def test_trainer_metrics_logged_first_do_not_push_the_named_ones_out(package_dir
 
 
 def test_named_metrics_follow_the_question_then_the_stop_rules(package_dir):
-    from itera_verify.package import RunContext, discover
     from itera_verify.report.summary import named_metrics
 
     manifest = json.loads((package_dir / "manifest.json").read_text())
@@ -66,5 +65,5 @@ def test_named_metrics_follow_the_question_then_the_stop_rules(package_dir):
     (package_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     # "train loss" names train_loss (and the Trainer's per-step `loss`, where the control logs it); then the
     # metric of the stop rules not named yet: the floor's.
-    names = named_metrics(RunContext(discover(package_dir)))
+    names = named_metrics(context(package_dir))
     assert names[0] == "train_loss" and names[-1] == "eval_macro_f1" and set(names[1:-1]) <= {"loss"}, names

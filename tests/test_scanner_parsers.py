@@ -25,7 +25,7 @@ import zstandard
 from itera_verify.package.pickles import is_pickle_or_torch_zip, scan_file
 
 from tests import zip_forms
-from tests.helpers import run_cli, static_findings
+from tests.helpers import run_cli, static_findings, context
 
 
 def _s(text: str) -> bytes:
@@ -252,10 +252,9 @@ def test_numpy_files_without_objects_are_not_pickles(real_torch_files, name):
 
 
 def test_every_pickle_of_the_real_package_is_accepted(built):
-    from itera_verify.package import RunContext, discover
     from itera_verify.package.pickles import scan_package
 
-    results = scan_package(RunContext(discover(built["package"])))
+    results = scan_package(context(built["package"]))
     assert results and all(r.error is None and r.unsafe == [] for r in results.values()), results
     assert {rel for rel, r in results.items() if r.is_pickle} >= {
         "checkpoints/control/checkpoint-4/optimizer.pt", "checkpoints/control/checkpoint-4/training_args.bin"}

@@ -18,12 +18,13 @@ import zstandard
 
 from itera_verify.archive import ArchiveReader
 from itera_verify.model import UsageError
-from itera_verify.package import RunContext, discover
+from itera_verify.package import discover
 from itera_verify.runtime.progress import Progress
 from itera_verify import seal as seal_module
 from itera_verify.seal import SealRefused, seal_package
 from tests.fuzz.processes import ctrl_c_as_in_a_terminal
-from tests.helpers import codes, run_cli, static_findings
+from tests.helpers import codes, run_cli, static_findings, context
+from itera_verify import settle
 
 CAMPAIGN = "reviews-lora-2026-11"
 VALIDATOR = str(Path(__file__).resolve().parents[1] / "validator")
@@ -41,7 +42,7 @@ def no_leftovers(folder: Path, final: Path) -> bool:
 
 
 def seal_directly(package_dir: Path, destination: Path, **options):
-    package = RunContext(discover(package_dir))
+    package = context(package_dir)
     return seal_package(package, CAMPAIGN, {"SEAL/verification.json": b'{"verdict": "pass"}\n'}, destination,
                        **options)
 
@@ -52,7 +53,7 @@ def test_verified_package_is_sealed_with_the_layout_of_the_spec(package_dir, tmp
 
     (package_dir / "checkpoints" / "latest").symlink_to("control/checkpoint-4")
     (tmp_path / "out").mkdir()  # -o FOLDER: the archive gets its campaign name inside
-    report = verify(package_dir, reload=False, output=tmp_path / "out")
+    report = verify(package_dir, settle(reload=False, output=tmp_path / "out"))
     assert report.verdict == "pass" and report.sealed, [f.to_json() for f in report.findings]
     archive = tmp_path / "out" / f"{CAMPAIGN}.tar.zst"
     assert report.archive["path"] == str(archive) and archive.exists()
@@ -157,7 +158,7 @@ def test_absolute_link_inside_the_package_is_stored_relative(package_dir, tmp_pa
 
 # ---- IV704: a file changed between check and seal -----------------------------------------------------
 def test_file_appended_after_the_check_is_IV704(package_dir, tmp_path):
-    package = RunContext(discover(package_dir))
+    package = context(package_dir)
     with open(package_dir / "metrics" / "control.jsonl", "a") as fh:
         fh.write('{"step": 99, "name": "train_loss", "value": 1.0}\n')
     with pytest.raises(SealRefused) as refused:
@@ -167,7 +168,7 @@ def test_file_appended_after_the_check_is_IV704(package_dir, tmp_path):
 
 
 def test_content_differing_from_a_digest_a_check_computed_is_IV704(package_dir, tmp_path):
-    package = RunContext(discover(package_dir))
+    package = context(package_dir)
     package.documents.sha256("params/control.json")  # what IV304 computes for config_sha256
     package.documents.digests["params/control.json"] = "0" * 64  # as if the check had read other bytes than the seal
     with pytest.raises(SealRefused) as refused:
@@ -178,7 +179,7 @@ def test_content_differing_from_a_digest_a_check_computed_is_IV704(package_dir, 
 
 
 def test_same_size_same_mtime_rewrite_of_a_checked_file_is_IV704(package_dir, tmp_path):
-    package = RunContext(discover(package_dir))
+    package = context(package_dir)
     params = package_dir / "params" / "control.json"
     package.documents.sha256("params/control.json")
     stat = params.stat()
@@ -215,14 +216,14 @@ def test_file_modified_during_the_seal_is_IV704(package_dir, tmp_path):
 def test_file_modified_while_it_is_read_is_IV704(tmp_path):
     package_dir = big_package(tmp_path / "pkg", megabytes=24)
     with pytest.raises(SealRefused) as refused:
-        seal_package(RunContext(discover(package_dir)), "big", {}, tmp_path / "x.tar.zst",
+        seal_package(context(package_dir), "big", {}, tmp_path / "x.tar.zst",
                      progress=ModifyDuringSeal(package_dir / "a-weights.bin"))
     assert [(f.code, f.path) for f in seal_findings(refused.value.problems)] == [("IV704", "a-weights.bin")]
     assert no_leftovers(tmp_path, tmp_path / "x.tar.zst")
 
 
 def test_vanished_file_is_IV704(package_dir, tmp_path):
-    package = RunContext(discover(package_dir))
+    package = context(package_dir)
     (package_dir / "analysis" / "errors.md").unlink()
     with pytest.raises(SealRefused) as refused:
         seal_package(package, CAMPAIGN, {}, tmp_path / "x.tar.zst")
@@ -249,7 +250,7 @@ def test_a_file_changed_while_the_checks_ran_beside_the_seal_is_IV704(package_di
     would make the report describe bytes the archive does not hold: refused, nothing published."""
     target = package_dir / "metrics" / "control.jsonl"
     verify_flow = _checks_then(monkeypatch, lambda: target.write_bytes(target.read_bytes()))  # same bytes, new ctime
-    report = verify_flow.verify(package_dir, reload=False, output=tmp_path / "x.tar.zst")
+    report = verify_flow.verify(package_dir, settle(reload=False, output=tmp_path / "x.tar.zst"))
     assert report.verdict == "fail" and not report.sealed
     assert ("IV704", "metrics/control.jsonl") in [(f.code, f.path) for f in report.findings]
     assert no_leftovers(tmp_path, tmp_path / "x.tar.zst")
@@ -261,7 +262,7 @@ def test_a_seal_begun_beside_failing_checks_leaves_nothing(package_dir, tmp_path
     (package_dir / "stops.json").write_text("{}")
     out = tmp_path / "out"
     out.mkdir()
-    report = verify_flow.verify(package_dir, reload=False, output=out / "x.tar.zst")
+    report = verify_flow.verify(package_dir, settle(reload=False, output=out / "x.tar.zst"))
     assert report.verdict == "fail" and not report.sealed and report.seal_skipped
     assert list(out.iterdir()) == []  # no archive, no partial file
 
@@ -276,7 +277,7 @@ def test_ctrl_c_during_the_checks_removes_the_seal_begun_beside_them(package_dir
 
     verify_flow = _checks_then(monkeypatch, interrupt)
     with pytest.raises(KeyboardInterrupt):
-        verify_flow.verify(package_dir, reload=False, output=out / "x.tar.zst")
+        verify_flow.verify(package_dir, settle(reload=False, output=out / "x.tar.zst"))
     assert list(out.iterdir()) == []
 
 
@@ -305,7 +306,7 @@ def test_full_disk_leaves_no_archive_and_no_partial_file(tmp_path, monkeypatch, 
     destination = tmp_path / "out" / "big.tar.zst"
     destination.parent.mkdir()
     with pytest.raises(UsageError, match="No space left on device"):
-        seal_package(RunContext(discover(package_dir)), "big", {}, destination)
+        seal_package(context(package_dir), "big", {}, destination)
     assert list(destination.parent.iterdir()) == []
 
 
@@ -337,7 +338,7 @@ CHILD = textwrap.dedent("""
             print("advance", key, flush=True)
             time.sleep(0.002)  # widen the window a kill can land in
 
-    seal_package(RunContext(discover({package!r})), "big", {{}}, Path({destination!r}), progress=Announce())
+    seal_package(context({package!r}), "big", {{}}, Path({destination!r}), progress=Announce())
     print("sealed", flush=True)
 """)
 
@@ -368,7 +369,7 @@ def test_kill_9_at_any_point_leaves_nothing_under_the_final_name(tmp_path, momen
     leftovers = [p for p in destination.parent.iterdir()]
     assert all(p.name.endswith(".partial") for p in leftovers)
     # The next seal in that folder removes what the killed process left, and succeeds.
-    seal_package(RunContext(discover(package_dir)), "big", {}, destination)
+    seal_package(context(package_dir), "big", {}, destination)
     assert sorted(p.name for p in destination.parent.iterdir()) == ["big.tar.zst", "big.tar.zst.sha256"]
 
 
@@ -403,13 +404,13 @@ def test_archive_damaged_on_disk_before_the_read_back_is_never_published(tmp_pat
     destination = tmp_path / "out" / "big.tar.zst"
     destination.parent.mkdir()
     with pytest.raises(UsageError, match="read-back verification"):
-        seal_package(RunContext(discover(package_dir)), "big", {}, destination)
+        seal_package(context(package_dir), "big", {}, destination)
     assert list(destination.parent.iterdir()) == []
 
 
 def test_rewrite_restoring_size_and_mtime_is_IV704_when_discovery_records_the_ctime(package_dir, tmp_path):
     """No check hashed the weights; the inode change time still moves."""
-    package = RunContext(discover(package_dir))
+    package = context(package_dir)
     rel = "artifacts/control-model/model.safetensors"
     assert package.inventory.files[rel].ctime_ns == os.stat(package.inventory.abspath(rel)).st_ctime_ns
     weights = package_dir / rel
@@ -428,7 +429,7 @@ def test_rewrite_restoring_size_and_mtime_is_IV704_when_discovery_records_the_ct
 
 
 def test_a_file_replaced_by_a_fifo_after_discovery_is_IV704_without_waiting_for_a_writer(package_dir, tmp_path):
-    package = RunContext(discover(package_dir))
+    package = context(package_dir)
     target = package_dir / "stops.json"
     target.unlink()
     os.mkfifo(target)
@@ -455,7 +456,7 @@ def test_ctrl_c_while_the_seal_thread_starts_leaves_nothing(package_dir, tmp_pat
         real_start(self)
 
     monkeypatch.setattr(threading.Thread, "start", interrupted_start)
-    sealing = seal_module.Sealing(RunContext(discover(package_dir)), CAMPAIGN, out / "x.tar.zst")
+    sealing = seal_module.Sealing(context(package_dir), CAMPAIGN, out / "x.tar.zst")
     with pytest.raises(KeyboardInterrupt):
         sealing.start()
     assert list(out.iterdir()) == []

@@ -8,9 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from itera_verify.package import RunContext, discover
+from itera_verify.package import RunContext
 from itera_verify.report import summary
-from itera_verify.seal.rate import SAMPLE_BYTES, measure, measure_package
+from itera_verify.seal.rate import SAMPLE_BYTES, Measured, measure, measure_package
+from tests import helpers
 
 DEADLINE = "2030-01-01T00:00:00Z"
 
@@ -24,12 +25,11 @@ def package(tmp_path):
     return root
 
 
-def context(root, deadline: str = DEADLINE, **seal) -> RunContext:
-    """What the workflow sets up before the report looks: the deadline, and the seal's rate measured here."""
-    ctx = RunContext(discover(root))
-    ctx.settings["deadline"] = deadline
-    ctx.settings["seal_rate"] = measure_package(ctx, **seal)
-    return ctx
+def measured_context(root, deadline: str = DEADLINE, **options) -> tuple[RunContext, Measured | None]:
+    """What the workflow sets up before the report looks: the deadline, and the seal's rate measured here (at
+    the seal's options), a result the rental's estimate is handed."""
+    ctx = helpers.context(root, deadline=deadline, **options)
+    return ctx, measure_package(ctx, level=ctx.options.level, threads=ctx.options.threads)
 
 
 def test_the_seal_writer_is_timed_over_the_first_mibs_of_the_largest_files(package):
@@ -43,56 +43,57 @@ def test_the_seal_writer_is_timed_over_the_first_mibs_of_the_largest_files(packa
 
 
 def test_the_rentals_estimate_uses_the_rate_measured_here_and_says_so(package):
-    ctx = context(package)
-    rental = summary.rental_summary(ctx, now=datetime(2029, 12, 31, tzinfo=UTC))
-    measured = ctx.settings["seal_rate"]  # measured once for this run, kept for the report's second look
+    ctx, measured = measured_context(package)
+    rental = summary.rental_summary(ctx, now=datetime(2029, 12, 31, tzinfo=UTC), measured=measured)
     assert measured is not None and measured.sample_bytes == SAMPLE_BYTES
     rates = rental["rates"]
     assert rates["seal_bytes_per_second"] == round(measured.bytes_per_second) != summary.SEAL_BYTES_PER_SECOND
     assert rates["seal_rate_source"] == measured.words() and rates["push_rate_source"] is None
     size = rental["package_bytes"]
     assert rental["seal_estimate_seconds"] == round(size / measured.bytes_per_second, 1)
-    assert summary.rental_summary(ctx, now=datetime(2029, 12, 31, tzinfo=UTC)) == rental  # not measured again
+    assert summary.rental_summary(ctx, now=datetime(2029, 12, 31, tzinfo=UTC), measured=measured) == rental
 
 
 def test_a_deadline_the_measured_rate_cannot_meet_is_warned_with_that_rate(package):
-    ctx = context(package)
+    ctx, measured = measured_context(package)
     end = datetime.fromisoformat(DEADLINE)
-    first = summary.rental_summary(ctx, now=end - timedelta(days=1))
-    needed = first["package_bytes"] / ctx.settings["seal_rate"].bytes_per_second
+    first = summary.rental_summary(ctx, now=end - timedelta(days=1), measured=measured)
+    needed = first["package_bytes"] / measured.bytes_per_second
     assert "warning" not in first
-    near = summary.rental_summary(ctx, now=end - timedelta(seconds=needed * 1.2))  # within MARGIN: too near
+    near = summary.rental_summary(ctx, now=end - timedelta(seconds=needed * 1.2), measured=measured)  # too near
     assert "may not finish in time" in near["warning"] and "(measured here: the seal's writer" in near["warning"]
-    pushed = summary.rental_summary(ctx, now=end - timedelta(days=1), push=True)
+    pushing, _ = measured_context(package, pushing=True)
+    pushed = summary.rental_summary(pushing, now=end - timedelta(days=1), measured=measured)
     assert pushed["rates"]["push_rate_source"] == summary.PUSH_PRIOR_WORDS  # the push measures its own parts
 
 
 def test_a_package_with_nothing_to_read_keeps_the_prior_and_says_so(tmp_path):
     (tmp_path / "pkg").mkdir()
-    rental = summary.rental_summary(context(tmp_path / "pkg"), now=datetime(2029, 12, 31, tzinfo=UTC))
+    ctx, measured = measured_context(tmp_path / "pkg")
+    assert measured is None
+    rental = summary.rental_summary(ctx, now=datetime(2029, 12, 31, tzinfo=UTC), measured=measured)
     assert rental["rates"]["seal_bytes_per_second"] == summary.SEAL_BYTES_PER_SECOND
     assert rental["rates"]["seal_rate_source"].startswith("a prior")
 
 
 def test_the_rate_is_measured_at_the_seals_own_level_and_threads(package):
-    ctx = context(package, level=9, threads=1)
-    rental = summary.rental_summary(ctx, now=datetime(2029, 12, 31, tzinfo=UTC))
-    measured = ctx.settings["seal_rate"]
+    ctx, measured = measured_context(package, level=9, threads=1)
+    rental = summary.rental_summary(ctx, now=datetime(2029, 12, 31, tzinfo=UTC), measured=measured)
     assert (measured.level, measured.workers) == (9, 1)
     assert "zstd level 9, 1 thread)" in rental["rates"]["seal_rate_source"]
 
 
 def test_the_workflow_measures_the_rate_once_and_the_report_only_reads_it(package, monkeypatch):
     """verify() measures at its --level and --threads before the checks; the report's rental reads that."""
+    from itera_verify.flows.config import Config, settle
     from itera_verify.flows.verify import verify
     from itera_verify.seal import rate
 
     calls = []
     real = rate.measure_package
     monkeypatch.setattr(rate, "measure_package", lambda ctx, **seal: calls.append(seal) or real(ctx, **seal))
-    report = verify(package, reload=False, seal=False, level=9, threads=1, deadline=DEADLINE)
+    report = verify(package, settle(Config(), reload=False, seal=False, level=9, threads=1, deadline=DEADLINE))
     assert calls == [{"level": 9, "threads": 1}]
     assert "zstd level 9, 1 thread)" in report.plan["rental"]["rates"]["seal_rate_source"]
-    ctx = RunContext(discover(package))
-    ctx.settings["deadline"] = DEADLINE  # no rate measured: the report keeps the prior and reads no file
+    ctx = helpers.context(package, deadline=DEADLINE)  # no rate handed: the estimate keeps the prior
     assert summary.rental_summary(ctx)["rates"]["seal_rate_source"].startswith("a prior")

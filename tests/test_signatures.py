@@ -27,6 +27,7 @@ from itera_verify.format import sshsig
 from itera_verify.format.statement import NAMESPACE
 from itera_verify.model import UsageError
 from tests.helpers import run_cli
+from itera_verify import settle
 
 pytestmark = [pytest.mark.usefixtures("private_tmp"),
               pytest.mark.skipif(shutil.which("ssh-keygen") is None or shutil.which("ssh-agent") is None,
@@ -94,7 +95,7 @@ def signed(built, agent, tmp_path_factory) -> Path:
     """The example package sealed with --sign ssh:alice.pub through the agent, once for this module."""
     folder = tmp_path_factory.mktemp("signed")
     shutil.copytree(built["package"], folder / "pkg", symlinks=True)
-    report = verify(folder / "pkg", reload=False, output=folder, sign=f"ssh:{agent['keys']['alice']}")
+    report = verify(folder / "pkg", settle(reload=False, output=folder, sign=f"ssh:{agent['keys']['alice']}"))
     assert report.sealed, [f.to_json() for f in report.findings]
     assert report.archive["signature"]["fingerprint"] == sshsig.parse_public_key_text(
         agent["keys"]["alice"].read_text()).fingerprint
@@ -162,13 +163,13 @@ def test_seal_signed_by_the_agent_verifies_with_openssh_alone(signed, agent, tmp
 
 def test_rsa_key_in_the_agent_signs_rsa_sha2_512(built, agent, tmp_path):
     shutil.copytree(built["package"], tmp_path / "pkg", symlinks=True)
-    report = verify(tmp_path / "pkg", reload=False, output=tmp_path, sign=f"ssh:{agent['keys']['carol']}")
+    report = verify(tmp_path / "pkg", settle(reload=False, output=tmp_path, sign=f"ssh:{agent['keys']['carol']}"))
     archive = tmp_path / f"{CAMPAIGN}.tar.zst"
     allowed = allowed_signers(tmp_path / "allowed", ("carol@example.com", agent["keys"]["carol"]))
     assert report.archive["signature"]["algorithm"] == "ssh-rsa"
     assert openssh_verifies(allowed, "carol@example.com", archive.with_name(archive.name + ".sig"),
                             archive.read_bytes()).returncode == 0
-    assert signature_codes(audit(archive, allowed_signers=allowed)) == []
+    assert signature_codes(audit(archive, settle(reviewer=True, allowed_signers=allowed))) == []
 
 
 def test_key_not_in_the_agent_is_exit_2_before_any_work(built, agent, tmp_path):
@@ -203,7 +204,7 @@ def test_agent_that_refuses_to_sign_leaves_nothing_sealed(built, agent, tmp_path
 def test_private_key_file_signs_and_never_enters_the_archive(built, tmp_path):
     key = keygen(tmp_path, "erin", "ecdsa384")
     shutil.copytree(built["package"], tmp_path / "pkg", symlinks=True)
-    report = verify(tmp_path / "pkg", reload=False, output=tmp_path, sign=f"ssh:{key}")
+    report = verify(tmp_path / "pkg", settle(reload=False, output=tmp_path, sign=f"ssh:{key}"))
     archive = tmp_path / f"{CAMPAIGN}.tar.zst"
     allowed = allowed_signers(tmp_path / "allowed", ("erin@example.com", key.with_suffix(".pub")))
     assert openssh_verifies(allowed, "erin@example.com", archive.with_name(archive.name + ".sig"),
@@ -212,18 +213,18 @@ def test_private_key_file_signs_and_never_enters_the_archive(built, tmp_path):
     secret_bytes = base64.b64decode(secret)
     everything = b"".join(members_of(archive).values()) + json.dumps(report.to_json()).encode()
     assert secret[:40].encode() not in everything and secret_bytes[-64:] not in everything
-    assert signature_codes(audit(archive, allowed_signers=allowed)) == []
+    assert signature_codes(audit(archive, settle(reviewer=True, allowed_signers=allowed))) == []
 
 
 def test_private_key_inside_the_package_is_refused(built, tmp_path):
     shutil.copytree(built["package"], tmp_path / "pkg", symlinks=True)
     key = keygen(tmp_path / "pkg", "inside")
     with pytest.raises(UsageError, match="inside the package"):
-        verify(tmp_path / "pkg", reload=False, output=tmp_path, sign=f"ssh:{key}")
+        verify(tmp_path / "pkg", settle(reload=False, output=tmp_path, sign=f"ssh:{key}"))
     shutil.move(key, tmp_path / "outside")  # a copy left in the package is refused too
     shutil.copy(tmp_path / "outside", tmp_path / "pkg" / "notes.txt")
     with pytest.raises(UsageError, match="copy of the private key"):
-        verify(tmp_path / "pkg", reload=False, output=tmp_path, sign=f"ssh:{tmp_path / 'outside'}")
+        verify(tmp_path / "pkg", settle(reload=False, output=tmp_path, sign=f"ssh:{tmp_path / 'outside'}"))
     assert not list(tmp_path.glob("*.tar.zst*"))
 
 
@@ -234,7 +235,7 @@ def test_audit_names_the_signer_and_admits_an_allowed_one(signed, agent, tmp_pat
     assert report.verdict == "pass" and report.audit["signature"]["signer"] == fingerprint
     allowed = allowed_signers(tmp_path / "allowed", ("alice@example.com,alice@work.example", agent["keys"]["alice"]),
                               options=f'namespaces="{NAMESPACE}"')
-    report = audit(signed, allowed_signers=allowed, signer="alice@example.com")
+    report = audit(signed, settle(reviewer=True, allowed_signers=allowed, signer="alice@example.com"))
     assert report.verdict == "pass", [f.to_json() for f in report.findings]
     assert report.audit["signature"]["principals"] == ["alice@example.com,alice@work.example"]
     for fmt in ("text", "github", "junit", "html"):
@@ -244,22 +245,22 @@ def test_audit_names_the_signer_and_admits_an_allowed_one(signed, agent, tmp_pat
 
 def test_another_principal_or_another_key_is_IV803(signed, agent, tmp_path):
     allowed = allowed_signers(tmp_path / "allowed", ("alice@example.com", agent["keys"]["alice"]))
-    assert signature_codes(audit(signed, allowed_signers=allowed, signer="bob@example.com")) == ["IV803"]
+    assert signature_codes(audit(signed, settle(reviewer=True, allowed_signers=allowed, signer="bob@example.com"))) == ["IV803"]
     only_mallory = allowed_signers(tmp_path / "mallory", ("alice@example.com", agent["keys"]["mallory"]))
-    assert signature_codes(audit(signed, allowed_signers=only_mallory)) == ["IV803"]
+    assert signature_codes(audit(signed, settle(reviewer=True, allowed_signers=only_mallory))) == ["IV803"]
     expired = allowed_signers(tmp_path / "expired", ("alice@example.com", agent["keys"]["alice"]),
                               options='valid-before="20200101Z"')
-    assert signature_codes(audit(signed, allowed_signers=expired)) == ["IV803"]
+    assert signature_codes(audit(signed, settle(reviewer=True, allowed_signers=expired))) == ["IV803"]
     other_namespace = allowed_signers(tmp_path / "ns", ("alice@example.com", agent["keys"]["alice"]),
                                       options='namespaces="git"')
-    assert signature_codes(audit(signed, allowed_signers=other_namespace)) == ["IV803"]
+    assert signature_codes(audit(signed, settle(reviewer=True, allowed_signers=other_namespace))) == ["IV803"]
 
 
 def test_unsigned_archive_is_IV801_only_when_a_signer_is_required(sealed, agent, tmp_path):
     report = audit(sealed)
     assert signature_codes(report) == [] and report.audit["signature"]["signed"] is False
     allowed = allowed_signers(tmp_path / "allowed", ("alice@example.com", agent["keys"]["alice"]))
-    assert signature_codes(audit(sealed, allowed_signers=allowed)) == ["IV801"]
+    assert signature_codes(audit(sealed, settle(reviewer=True, allowed_signers=allowed))) == ["IV801"]
 
 
 def test_resealed_archive_is_IV802(signed, agent, tmp_path):
@@ -269,7 +270,7 @@ def test_resealed_archive_is_IV802(signed, agent, tmp_path):
     changed = rewrite(signed, tmp_path / signed.name, {"analysis/errors.md": b"# Error analysis\nrewritten\n"},
                       resum=True)
     shutil.copy(signed.with_name(signed.name + ".sig"), changed.with_name(changed.name + ".sig"))
-    report = audit(changed, allowed_signers=allowed)
+    report = audit(changed, settle(reviewer=True, allowed_signers=allowed))
     assert {f.code for f in report.findings} == {"IV802"}, [f.to_json() for f in report.findings]
     messages = " ".join(f.message for f in report.findings)
     assert "SEAL/SHA256SUMS is not the one signed" in messages and "archive's signature" in messages
@@ -291,7 +292,7 @@ def test_swapped_statement_is_IV802(signed, agent, tmp_path):
     changed = rewrite(signed, tmp_path / signed.name,
                       {"SEAL/statement.json": json.dumps(statement, indent=2, sort_keys=True).encode() + b"\n"})
     allowed = allowed_signers(tmp_path / "allowed", ("alice@example.com", agent["keys"]["alice"]))
-    report = audit(changed, allowed_signers=allowed)
+    report = audit(changed, settle(reviewer=True, allowed_signers=allowed))
     assert signature_codes(report) == ["IV802"]
     assert "does not verify" in next(f.message for f in report.findings if f.code == "IV802")
 
@@ -301,10 +302,10 @@ def test_resealed_with_another_key_is_IV803_and_shows_that_key(built, agent, sig
     shutil.copytree(built["package"], tmp_path / "pkg", symlinks=True)
     (tmp_path / "pkg" / "analysis" / "errors.md").write_text("# Error analysis\nchanged\n")
     mallory = keygen(tmp_path, "mallory-own")
-    verify(tmp_path / "pkg", reload=False, output=tmp_path, sign=f"ssh:{mallory}")
+    verify(tmp_path / "pkg", settle(reload=False, output=tmp_path, sign=f"ssh:{mallory}"))
     archive = tmp_path / signed.name
     allowed = allowed_signers(tmp_path / "allowed", ("alice@example.com", agent["keys"]["alice"]))
-    report = audit(archive, allowed_signers=allowed)
+    report = audit(archive, settle(reviewer=True, allowed_signers=allowed))
     assert signature_codes(report) == ["IV803"]
     assert report.audit["signature"]["signer"] == sshsig.parse_public_key_text(
         mallory.with_suffix(".pub").read_text()).fingerprint

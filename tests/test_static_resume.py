@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 from tests.helpers import run_cli, static_findings
+from itera_verify import settle
 
 CHECKPOINT = "checkpoints/control/checkpoint-4"
 RESUME = "checkpoints/lora-r16/resume.pt"
@@ -198,7 +199,7 @@ def test_the_reload_reports_a_missing_rank_file_once_under_the_same_requirement(
     ranked_rng(package_dir, [0])
     set_params(package_dir, "control", world_size=2)
     static = [(f.code, f.path, f.message) for f in resume_findings(package_dir)]
-    report = verify(package_dir, device="cpu", seal=False, hf_cache=hf_cache, selection=Selection())
+    report = verify(package_dir, settle(device="cpu", seal=False, hf_cache=hf_cache, selection=Selection()))
     resume = [(f.code, f.path, f.message) for f in report.findings
               if f.artifact == "control-resume" and f.code in ("IV507", "IV508")]
     assert resume == static, resume
@@ -214,7 +215,7 @@ def test_reload_does_not_report_the_missing_optimizer_a_second_time(package_dir,
 
     (package_dir / CHECKPOINT / "optimizer.pt").unlink()
     (package_dir / CHECKPOINT / "scheduler.pt").write_bytes(b"not a pickle")  # a fact only the reload sees
-    report = verify(package_dir, device="cpu", seal=False, hf_cache=hf_cache, selection=Selection())
+    report = verify(package_dir, settle(device="cpu", seal=False, hf_cache=hf_cache, selection=Selection()))
     resume = [(f.code, f.path) for f in report.findings if f.artifact == "control-resume"]
     assert resume.count(("IV507", f"{CHECKPOINT}/optimizer.pt")) == 1, resume
     assert any(code == "IV504" and path == f"{CHECKPOINT}/scheduler.pt" for code, path in resume), resume
@@ -284,7 +285,7 @@ def test_reload_does_not_repeat_a_missing_key_but_reports_what_only_it_sees(pack
         data["data_state"] = None  # present, but empty: only the reload sees it
 
     rewrite_resume(package_dir, plant)
-    report = verify(package_dir, device="cpu", seal=False, hf_cache=hf_cache, selection=Selection())
+    report = verify(package_dir, settle(device="cpu", seal=False, hf_cache=hf_cache, selection=Selection()))
     messages = [f.message for f in report.findings if f.artifact == "lora-r16-resume" and f.code == "IV507"]
     assert sum("has no `rng`" in m for m in messages) == 1, messages
     assert sum("`data_state` is empty" in m for m in messages) == 1, messages

@@ -6,10 +6,9 @@ import math
 
 from fixtures.edit import append_jsonl, edit_manifest, write_text
 from itera_verify.report import summary
-from itera_verify.package import RunContext, discover
 from itera_verify.rules import Selection
 from tests.handmade import write_tiny_package
-from tests.helpers import run_cli, static_findings
+from tests.helpers import run_cli, static_findings, context
 
 
 def _blocking(package_dir):
@@ -18,7 +17,7 @@ def _blocking(package_dir):
 
 
 def _budget(package_dir):
-    return summary.budget_summary(RunContext(discover(package_dir)), _blocking(package_dir))
+    return summary.budget_summary(context(package_dir), _blocking(package_dir))
 
 
 def test_spec_example_costs_24_32_per_accepted_run(package_dir):
@@ -97,7 +96,7 @@ def test_json_report_with_nothing_accepted_says_null(package_dir):
 
 def test_plan_summary_compares_without_rewriting(package_dir):
     before = (package_dir / "manifest.json").read_bytes()
-    plan = summary.plan_summary(RunContext(discover(package_dir)))
+    plan = summary.plan_summary(context(package_dir))
     assert (package_dir / "manifest.json").read_bytes() == before
     assert plan["window_hours"] == 72 and plan["reserved_hours"] == 48 and plan["observed_hours"] == 52.5
     assert plan["uncommitted_margin_hours"] == 24 and plan["observed_minus_reserved_hours"] == 4.5
@@ -110,14 +109,14 @@ def test_plan_summary_compares_without_rewriting(package_dir):
 
 def test_plan_declared_late_is_shown_as_declared(package_dir):
     edit_manifest(package_dir, lambda m: m["plan"].update(declared_at="2026-11-21T08:00:00Z"))
-    plan = summary.plan_summary(RunContext(discover(package_dir)))
+    plan = summary.plan_summary(context(package_dir))
     assert plan["declared_at"] == "2026-11-21T08:00:00Z" and plan["declared_before_first_run"] is False
 
 
 def test_runs_summary_shows_stops_last_values_and_findings(package_dir):
     append_jsonl(package_dir, "metrics/lora-r16.jsonl", [{"step": 5, "name": "eval_macro_f1", "value": 0.41}])
     findings = static_findings(package_dir)
-    runs = {r["id"]: r for r in summary.runs_summary(RunContext(discover(package_dir)), findings)}
+    runs = {r["id"]: r for r in summary.runs_summary(context(package_dir), findings)}
     assert runs["control"]["accepted"] is True and runs["control"]["findings"] == 0
     assert runs["lora-r16"]["accepted"] is False and runs["lora-r16"]["findings"] == 1
     assert runs["lora-r16"]["last_values"]["eval_macro_f1"] == {"step": 5, "value": 0.41}
@@ -129,7 +128,7 @@ def test_runs_summary_shows_stops_last_values_and_findings(package_dir):
 
 
 def test_curves_keep_everything_when_short(package_dir):
-    curves = summary.metric_curves(RunContext(discover(package_dir)))
+    curves = summary.metric_curves(context(package_dir))
     r64 = curves["lora-r64"]["train_loss"]
     assert r64 == {"points": [[1, 4.87], [2, 9.61], [3, None]], "nonfinite_steps": [3], "total_points": 3,
                    "downsampled": False}
@@ -140,7 +139,7 @@ def test_long_curves_are_thinned_keeping_ends_and_nonfinite_points(package_dir):
     lines = [{"step": s, "name": "train_loss", "value": float("nan") if s in (1234, 5678) else 1 / s}
              for s in range(1, 10_001)]
     write_text(package_dir, "metrics/control.jsonl", "".join(json.dumps(r) + "\n" for r in reversed(lines)))
-    curve = summary.metric_curves(RunContext(discover(package_dir)), max_points=100)["control"]["train_loss"]
+    curve = summary.metric_curves(context(package_dir), max_points=100)["control"]["train_loss"]
     assert curve["total_points"] == 10_000 and curve["downsampled"] is True
     steps = [p[0] for p in curve["points"]]
     assert steps == sorted(steps) and steps[0] == 1 and steps[-1] == 10_000
@@ -159,7 +158,7 @@ def test_summaries_tolerate_a_malformed_manifest(tmp_path):
         manifest["decision"] = {"accepted": "small"}
 
     root = write_tiny_package(tmp_path / "tiny", edit)
-    package = RunContext(discover(root))
+    package = context(root)
     budget = summary.budget_summary(package, [])
     assert budget["total_usd"] is None and budget["cost_per_accepted_usd"] is None and budget["accepted"] == 0
     assert "unknown" in budget["undefined_reason"]
@@ -172,7 +171,7 @@ def test_summaries_tolerate_a_malformed_manifest(tmp_path):
 
 def test_summaries_of_a_package_without_manifest(tmp_path):
     write_text(tmp_path, "stops.json", '{"stops": []}')
-    package = RunContext(discover(tmp_path))
+    package = context(tmp_path)
     assert summary.budget_summary(package, [])["accepted"] == 0
     assert summary.plan_summary(package)["observed_hours"] is None
     assert summary.runs_summary(package, []) == [] and summary.metric_curves(package) == {}
@@ -201,7 +200,7 @@ def test_nan_tokens_in_the_manifest_and_stops_never_reach_the_json_report(tmp_pa
 
     root = write_tiny_package(tmp_path / "tiny", edit)
     write_text(root, "stops.json", '{"stops": [{"run": "big", "rule": NaN, "step": Infinity, "reason": "x"}]}')
-    package = RunContext(discover(root))
+    package = context(root)
     findings = static_findings(root)
     for produced in (summary.budget_summary(package, findings), summary.plan_summary(package),
                      summary.runs_summary(package, findings), summary.metric_curves(package)):
@@ -217,7 +216,7 @@ def test_deeply_nested_manifest_values_are_not_copied_into_the_report(tmp_path):
     root = write_tiny_package(tmp_path / "tiny", edit)
     text = (root / "manifest.json").read_text()
     (root / "manifest.json").write_text(text.replace('"DEEP"', "[" * 900 + "]" * 900))
-    package = RunContext(discover(root))
+    package = context(root)
     plan = summary.plan_summary(package)
     budget = summary.budget_summary(package, [])
     assert plan["decisions"][0]["note"] is None and budget["lots"][0]["gpu"] is None

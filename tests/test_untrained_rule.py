@@ -7,17 +7,16 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from tests.helpers import codes, run_cli
+from tests.helpers import codes, run_cli, context
 
 BASE = "models--itera-fixtures--tiny-gpt2"
 
 
 def iv512(package_dir: Path, hf_cache) -> list:
-    from itera_verify.package import RunContext, discover
-    from itera_verify.rules import Selection, run_checks
+    from itera_verify.rules import Selection
+    from itera_verify.flows.checks import run_checks
 
-    package = RunContext(discover(package_dir))
-    package.hf_cache = Path(hf_cache)
+    package = context(package_dir, hf_cache=Path(hf_cache))
     return [f for f in run_checks(package, Selection(select=("IV512",)), "static") if f.code == "IV512"]
 
 

@@ -3,6 +3,7 @@ separate process: nothing one child changes reaches the next, each is its own se
 zygote that cannot fork safely (a thread) or dies mid-run leaves the reloads to spawned children, and fork and
 spawn prove the same things about the same package."""
 from __future__ import annotations
+from dataclasses import replace
 
 import json
 import os
@@ -14,13 +15,14 @@ from pathlib import Path
 
 import pytest
 from itera_verify.model import UsageError
-from itera_verify.package import RunContext, discover
 from itera_verify.runtime.progress import NULL_PROGRESS
 from itera_verify.reload import run_reloads
 from itera_verify.runtime.launcher import Launcher as ChildProcesses
 from itera_verify.reload.runner import zygote_env
 from itera_verify.reload.zygote_client import ForkedChild, Zygote
 from itera_verify.rules import reload as reload_rules
+from tests.helpers import context
+from itera_verify.runtime.environment import Environment
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or not Path("/proc/self/stat").exists(),
@@ -31,10 +33,9 @@ TIMING = {"startup_seconds", "gate_wait_seconds", "load_seconds", "peak_rss_byte
 
 
 def reload(package_dir, hf_cache, *only, **options):
-    package = RunContext(discover(package_dir))
-    package.hf_cache = Path(hf_cache)
-    package.reloads = run_reloads(package, device="cpu", timeout=options.pop("timeout", 300), jobs=1,
-                                  progress=NULL_PROGRESS, only=set(only) or None, **options)
+    package = context(package_dir, hf_cache=Path(hf_cache))
+    package = replace(package, reloads=run_reloads(package, device="cpu", timeout=options.pop("timeout", 300), jobs=1,
+                                  progress=NULL_PROGRESS, only=set(only) or None, **options))
     # A subset leaves accepted runs without their other artifacts: IV509 is not what these tests judge.
     return {r.artifact: r for r in package.reloads}, [f for f in reload_rules.check(package)
                                                       if f.code != "IV509" or not only]
@@ -58,8 +59,8 @@ def zygote(monkeypatch, tmp_path):
     temp = tmp_path / "tmp"
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
-    children = ChildProcesses()
-    started = Zygote(children, zygote_env(1, None))
+    children = ChildProcesses(Environment.read())
+    started = Zygote(children, zygote_env(1, None, children.environment))
     started.wait_ready()
     assert started.client is not None, started.why
     yield children, started
@@ -214,8 +215,7 @@ def test_a_zygote_started_before_the_checks_is_the_one_the_reloads_fork_from(pac
         real_init(self, *args, **kwargs)
 
     monkeypatch.setattr(zygote_client.Zygote, "__init__", counted)
-    package = RunContext(discover(package_dir))
-    package.hf_cache = Path(hf_cache)
+    package = context(package_dir, hf_cache=Path(hf_cache))
     early = prestart(package, device="cpu", jobs=1)
     assert early is not None and len(started) == 1
     results = run_reloads(package, device="cpu", timeout=300, jobs=1, progress=NULL_PROGRESS, prestarted=early)
@@ -228,7 +228,7 @@ def test_a_zygote_started_before_the_checks_is_the_one_the_reloads_fork_from(pac
 def test_a_zygote_never_used_is_killed_at_once_while_it_still_imports(package_dir):
     from itera_verify.reload import prestart
 
-    early = prestart(RunContext(discover(package_dir)), device="cpu", jobs=1)
+    early = prestart(context(package_dir), device="cpu", jobs=1)
     proc = early.zygote._starting.proc
     closed = time.monotonic()
     early.close()  # Ctrl-C during the static checks
@@ -243,8 +243,8 @@ def test_a_light_zygote_preloads_no_modelling_library_and_a_full_one_does(monkey
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     seen = {}
     for light in (True, False):
-        children = ChildProcesses()
-        started = Zygote(children, zygote_env(1, None), light=light)
+        children = ChildProcesses(Environment.read())
+        started = Zygote(children, zygote_env(1, None, children.environment), light=light)
         started.wait_ready()
         assert started.client is not None, started.why
         try:
@@ -260,14 +260,13 @@ def test_a_package_of_safetensors_and_torch_resume_files_alone_gets_a_light_zygo
     from itera_verify.reload.runner import light
 
     assert light(["torch-resume", "safetensors"]) and not light(["torch-resume", "peft"]) and not light([None])
-    full = prestart(RunContext(discover(package_dir)), device="cpu", jobs=1)
+    full = prestart(context(package_dir), device="cpu", jobs=1)
     assert full is not None and not full.zygote.light  # the example package: transformers, peft, a Trainer
     full.close()
     manifest = json.loads((package_dir / "manifest.json").read_text())
     manifest["artifacts"] = [a for a in manifest["artifacts"] if a["id"] == "lora-r16-resume"]
     (package_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    package = RunContext(discover(package_dir))
-    package.hf_cache = Path(hf_cache)
+    package = context(package_dir, hf_cache=Path(hf_cache))
     early = prestart(package, device="cpu", jobs=1)
     assert early is not None and early.zygote.light
     results = run_reloads(package, device="cpu", timeout=300, jobs=1, progress=NULL_PROGRESS, prestarted=early)

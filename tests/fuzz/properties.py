@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from . import binary, strategies, tar_differential
 from .workspace import Outcome, Workspace, time_limit, watch
+from tests.helpers import context
 
 CSV_METRICS = "metrics/control.csv"
 
@@ -54,11 +55,9 @@ def plan_reloads(ws: Workspace) -> None:
     """The reload runner's planning (which artifact, which loader, which path) over the same documents: it runs
     in the tool's own process before any child starts, so it must survive them too."""
     from itera_verify.model import ReloadResult
-    from itera_verify.package import RunContext, discover
     from itera_verify.reload.jobs import plan
 
-    package = RunContext(discover(ws.root))
-    package.hf_cache = ws.hf_cache
+    package = context(ws.root, hf_cache=ws.hf_cache)
     with time_limit():
         for artifact in package.documents.artifacts():
             job = plan(package, artifact, "cpu", 0)

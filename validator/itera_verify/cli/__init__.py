@@ -12,7 +12,7 @@ import click
 
 from ..version import __version__
 from ..runtime.allocator import keep_freed_buffers
-from ..flows.config import Config, load_config
+from ..flows.config import Config, load_config, settle
 from ..runtime.environment import Environment
 from ..model import UsageError
 from ..package import inside_package, shortened
@@ -301,7 +301,10 @@ def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, r
         fmt_chosen = _choose_format(fmt, environment)
         targets = _report_targets(reports, fmt_chosen)
         _refuse_reports_inside(targets, outdir, "package")
-        selection = _selection(config, select, ignore, strict)
+        options = settle(config, selection=_selection(config, select, ignore, strict), device=device,
+                         reload=not no_reload, seal=not no_seal, output=output, overwrite=overwrite,
+                         hf_cache=hf_cache, timeout=timeout, jobs=jobs, level=level, threads=threads,
+                         isolation=isolation, sign=sign, deadline=deadline, pushing=bool(push_dest))
         follower = None
         if push_dest:  # no such folder, no s3:// address: said now (credentials: before the seal, follow.connect)
             from ..push import check_destination
@@ -313,11 +316,7 @@ def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, r
 
                 follower = seal_follower(push_dest, endpoint_url=endpoint_url, read_back=read_back, jobs=4,
                                          part_size=part_size, progress=progress, warn=_warn)
-            report = verify(outdir, config=config, device=device, reload=not no_reload, seal=not no_seal,
-                            output=output, overwrite=overwrite, selection=selection, hf_cache=hf_cache,
-                            timeout=timeout, jobs=jobs, level=level, threads=threads, progress=progress,
-                            isolation=isolation, sign=sign or None, push=follower, deadline=deadline,
-                            pushing=bool(push_dest))
+            report = verify(outdir, options, progress=progress, push=follower)
             push_options = dict(endpoint_url=endpoint_url, read_back=read_back, part_size=part_size,
                                 quiet=quiet or fmt_chosen != "text", verbose=verbose)
             streamed = follower is not None and follower.state == "sealed"
@@ -406,14 +405,13 @@ def audit_command(archive, do_reload, endpoint_url,
 
         if not is_s3(archive):
             _refuse_reports_inside(targets, Path(archive), "archive")
+        options = settle(config, reviewer=True, selection=_selection(config, select, ignore, strict),
+                         reload=do_reload, endpoint_url=endpoint_url, max_size=max_size, device=device,
+                         hf_cache=hf_cache, timeout=timeout, jobs=jobs, isolation=isolation,
+                         allowed_signers=allowed_signers, signer=signer, oms_public_key=oms_public_key)
         with _make_progress(quiet, verbose) as progress:
             source = archive if is_s3(archive) else Path(archive)
-            report = audit(source, endpoint_url=endpoint_url, config=config, reload=do_reload,
-                           max_size=max_size, device=device,
-                           hf_cache=hf_cache, timeout=timeout, jobs=jobs,
-                           selection=_selection(config, select, ignore, strict), progress=progress,
-                           isolation=isolation, allowed_signers=allowed_signers, signer=signer,
-                           oms_public_key=oms_public_key)
+            report = audit(source, options, progress=progress)
         _emit(report, fmt_chosen, targets, quiet, verbose, environment)
         return _exit_code(report)
 

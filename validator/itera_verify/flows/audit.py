@@ -23,24 +23,24 @@ import re
 import shutil
 import stat
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from ..version import __version__
 from ..archive.extract import Extraction, safe_extract
 from ..archive.zstdframes import declared_content_size
 from ..runtime.environment import Environment
-from ..runtime.hfcache import resolve_hf_cache
 from ..model import Severity, UsageError
 from ..package import RunContext, discover
-from ..package.pickles import SCAN_BUDGET_SETTING
 from ..package.jsonread import read_json
 from ..runtime.progress import NULL_PROGRESS, Progress
 from ..report import Report
-from ..rules import Selection, all_rules
+from ..options import RunOptions
+from ..rules import all_rules
 from ..rules.archive import RECORD, AuditFacts, audit_findings
 from ..seal import termination_unwinds
 from ..seal.plan import SEAL_LAYOUT
-from .config import Config, settle
+from .config import settle
 from .signatures import check_signatures, read_reviewer
 from ..rules.signatures import signature_findings
 from .verify import build_report, check_package, check_processes
@@ -52,39 +52,34 @@ def default_max_size(archive_bytes: int) -> int:
     return max(GiB, 20 * archive_bytes)
 
 
-def audit(archive, *, config: Config | None = None, reload: bool = False, max_size: int | None = None,
-          device: str | None = None, hf_cache=None, timeout: float | None = None, jobs: int = 1,
-          selection: Selection | None = None, progress: Progress = NULL_PROGRESS, isolation: str = "auto",
-          tmp_patterns: tuple[str, ...] | None = None, tariffs: dict | None = None,
-          allowed_signers=None, signer: str | None = None, endpoint_url: str | None = None,
-          oms_public_key=None) -> Report:
+def audit(archive: str | os.PathLike, options: RunOptions | None = None, *,
+          progress: Progress | None = None) -> Report:
     """Audit a sealed archive. Raises UsageError (exit 2) when it cannot be read at all.
 
-    The options are the reviewer's configuration (flows/config.py `settle`, as for verify: `config` None is the
-    file the command line would apply, never one in an extracted package): the re-check applies them, and the
-    sender's configuration (as its record shows it) is compared beside it. The archive's own findings
-    (IV701-IV706) are always errors: no configuration makes bytes that differ from their checksums pass.
-    `allowed_signers` (an OpenSSH allowed_signers file) requires a signed seal, by `signer` when given
-    (flows/signatures.py, IV801-IV803); without it a signature present is still checked and its signer shown.
-    `oms_public_key` (PEM) requires SEAL/model.sig, an OpenSSF model-signing signature, and verifies it.
-    `archive` may be `s3://bucket/key.tar.zst` (push/remote.py): streamed from the store, never copied here; its
-    signatures are checked as a file's, the `.sig` read from beside the object."""
-    reviewer = read_reviewer(allowed_signers, signer, oms_public_key)
-    options = settle(config, reviewer=True, selection=selection, device=device, timeout=timeout,
-                     tmp_patterns=tmp_patterns, tariffs=tariffs)
-    selection, device, timeout = options.selection, options.device, options.timeout
-    tmp_patterns, tariffs, configuration = options.tmp_patterns, options.tariffs, options.configuration
+    `options`: the reviewer's (flows/config.py `settle(config, reviewer=True, **overrides)`; None: the file the
+    command line would apply, never one in an extracted package). The re-check applies them, and the sender's
+    configuration (as its record shows it) is compared beside it. The archive's own findings (IV701-IV706) are
+    always errors: no configuration makes bytes that differ from their checksums pass. `allowed_signers` (an
+    OpenSSH allowed_signers file) requires a signed seal, by `signer` when given (flows/signatures.py,
+    IV801-IV803); without it a signature present is still checked and its signer shown. `oms_public_key` (PEM)
+    requires SEAL/model.sig, an OpenSSF model-signing signature, and verifies it. `archive` may be
+    `s3://bucket/key.tar.zst` (push/remote.py): streamed from the store, never copied here; its signatures are
+    checked as a file's, the `.sig` read from beside the object."""
+    options = settle(reviewer=True) if options is None else options
+    progress = NULL_PROGRESS if progress is None else progress
+    reviewer = read_reviewer(options.allowed_signers, options.signer, options.oms_public_key)
+    endpoint_url = options.endpoint_url
     remote = _open_remote(archive, endpoint_url)
     path = Path(archive) if remote is None else Path(remote.name)
     resolved_device = None
-    if reload:
+    if options.reload:
         from ..reload import resolve_device
 
-        resolved_device = resolve_device(device)
+        resolved_device = resolve_device(options.device)
     fd = open_archive(path) if remote is None else None
     try:
         size = os.fstat(fd).st_size if remote is None else remote.size
-        limit = max_size or default_max_size(size)
+        limit = options.max_size or default_max_size(size)
         with termination_unwinds():
             folder = scratch_folder(path, fd, options.environment) if remote is None else None
             workdir = tempfile.mkdtemp(prefix="itera-audit-", dir=folder)  # mode 0700: private
@@ -92,11 +87,9 @@ def audit(archive, *, config: Config | None = None, reload: bool = False, max_si
             try:
                 # Every member is written whole: IV512 compares tensor payloads without --reload too.
                 extraction = _extract(path, fd, workdir, limit, progress, seal_side, remote=remote)
-                report, unwalkable = _recheck(path, size, workdir, extraction, selection, reload=reload,
-                                              device=resolved_device, hf_cache=hf_cache, timeout=timeout,
-                                              jobs=jobs, progress=progress, isolation=isolation,
-                                              tmp_patterns=tmp_patterns, tariffs=tariffs, scan_budget=limit,
-                                              environment=options.environment)
+                # The pickle scan's work is bounded by what the archive may expand to.
+                report, unwalkable = _recheck(path, size, workdir, extraction, replace(options, scan_budget=limit),
+                                              device=resolved_device, progress=progress)
                 detached = _detached_checksum(path, extraction, remote)
                 facts = AuditFacts(path.name, limit, extraction, seal_scans=_scan_seal_files(extraction),
                                    detached=None if detached is NOT_COMPARED else detached, unwalkable=unwalkable)
@@ -114,7 +107,6 @@ def audit(archive, *, config: Config | None = None, reload: bool = False, max_si
         if fd is not None:
             os.close(fd)
     archive_sha256 = extraction.archive_sha256
-    report.configuration = configuration
     report.archive = {"path": str(path) if remote is None else remote.url, "sha256": archive_sha256, "bytes": size}
     if remote is not None:  # the object, never its name alone
         report.package = report.audit["archive"] = remote.url
@@ -198,7 +190,7 @@ _FILE_TYPES = {stat.S_IFIFO: "a fifo", stat.S_IFCHR: "a character device", stat.
                stat.S_IFSOCK: "a socket"}
 
 
-def scratch_folder(archive: Path, fd: int | None = None, environment: Environment | None = None) -> str | None:
+def scratch_folder(archive: Path, fd: int | None, environment: Environment) -> str | None:
     """Where the private extraction folder goes; None: the temporary folder the user or system chose.
 
     Memory (/dev/shm) when nobody chose a temporary folder (no TMPDIR, TEMP or TMP; Python's default), every
@@ -206,7 +198,7 @@ def scratch_folder(archive: Path, fd: int | None = None, environment: Environmen
     The extraction lives a minute and is deleted: on a disk, creating thousands of files and writing gigabytes
     only to remove them costs more than the audit's own work (GNU tar -x of the 2 GiB benchmark archive takes
     9.4 s on ext4 with discard; the whole audit reads and re-checks it in about 5 s in memory)."""
-    if (environment or Environment.read()).temp_folder_chosen or tempfile.gettempdir() not in SYSTEM_TEMP:
+    if environment.temp_folder_chosen or tempfile.gettempdir() not in SYSTEM_TEMP:
         return None
     if not MEMORY_SCRATCH.is_dir() or not os.access(MEMORY_SCRATCH, os.W_OK | os.X_OK):
         return None
@@ -273,11 +265,8 @@ def _extract(path: Path, fd: int | None, workdir: str, limit: int, progress: Pro
         progress.finish("audit")
 
 
-def _recheck(path: Path, size: int, workdir: str, extraction: Extraction, selection: Selection, *, reload: bool,
-             device: str | None, hf_cache, timeout: float, jobs: int,
-             progress: Progress, isolation: str = "auto", tmp_patterns: tuple[str, ...] = (),
-             tariffs: dict | None = None, scan_budget: int | None = None,
-             environment: Environment | None = None) -> tuple[Report, str | None]:
+def _recheck(path: Path, size: int, workdir: str, extraction: Extraction, options: RunOptions, *,
+             device: str | None, progress: Progress) -> tuple[Report, str | None]:
     """Every check again on the extracted package; skipped when the stream itself failed. Returns the report
     and, when the extracted package cannot even be walked, why."""
     facts = {"archive": str(path), "archive_bytes": size,
@@ -291,22 +280,16 @@ def _recheck(path: Path, size: int, workdir: str, extraction: Extraction, select
     try:
         if extraction.error is None and extraction.top is not None and not package_root.is_symlink() \
                 and package_root.is_dir():
-            ctx = RunContext(discover(package_root), environment=environment)
+            ctx = RunContext(discover(package_root), options)
     except (OSError, UsageError) as exc:  # e.g. names nested past PATH_MAX: hostile, not checkable
         unwalkable = str(exc)[:300]
     if ctx is None:
-        report = Report(package=str(path), mode="audit", reloaded=False, strict=selection.strict)
+        report = Report(package=str(path), mode="audit", reloaded=False, strict=options.selection.strict)
+        report.configuration = dict(options.configuration)
         report.audit = facts
         return report, unwalkable
-    ctx.hf_cache = resolve_hf_cache(hf_cache, environment)
-    ctx.tmp_patterns = tuple(tmp_patterns)
-    if tariffs is not None:
-        ctx.settings["tariffs"] = tariffs
-    ctx.settings[SCAN_BUDGET_SETTING] = scan_budget  # the pickle scan's work is bounded by --max-size
-    findings, reloads = check_package(ctx, selection, reload=reload, device=device or "cpu", timeout=timeout,
-                                      jobs=jobs, progress=progress, processes=check_processes(ctx),
-                                      isolation=isolation, environment=environment)
-    report = build_report(ctx, findings, reloads, selection, mode="audit", reloaded=reload, device=device)
+    ctx, findings = check_package(ctx, device=device, progress=progress, processes=check_processes(ctx))
+    report = build_report(ctx, findings, mode="audit", device=device)
     report.package = str(path)  # the archive, never the temporary folder
     report.audit = {**facts, "rechecked": True}
     return report, None

@@ -20,7 +20,10 @@ from typing import Any
 
 from ..format.names import PACKAGE_MARKS
 from ..model import Severity, UsageError
+from ..options import DEFAULT_DEVICE, DEFAULT_TIMEOUT, DEVICES, ISOLATIONS, RunOptions, Selection, make_options, \
+    option_names
 from ..runtime.environment import Environment
+from ..runtime.hfcache import resolve_hf_cache
 
 KEYS = {"select", "ignore", "levels", "tmp-patterns", "tariffs", "device", "timeout"}
 
@@ -204,36 +207,62 @@ def _tariffs(tariffs: Any, where: str) -> dict[str, Any]:
     return tariffs
 
 
-DEFAULT_DEVICE, DEFAULT_TIMEOUT = "auto", 600.0
+def settle(config: Config | None = None, *, reviewer: bool = False, **overrides: Any) -> RunOptions:
+    """The options of one run, the only way to make them: the configuration file's settings under the caller's
+    explicit `overrides` (RunOptions' field names; None leaves the file's or the default value).
 
+    `config` None: the file the command line would find from the current folder (`reviewer`: an audit's rule,
+    never the sender's file; an audit reloads only when asked); `Config()`: no file at all. The environment is
+    read here, once, unless the entry point hands its own (`environment=`, or the Config's). An unknown name is
+    a TypeError (a programming mistake); a value out of range is a UsageError (exit 2)."""
+    from ..rules import unknown_codes
 
-@dataclass(frozen=True)
-class Options:
-    """What a workflow runs with: the configuration file's settings under the caller's explicit arguments."""
-
-    selection: Any  # rules.Selection
-    device: str
-    timeout: float
-    tmp_patterns: tuple[str, ...]
-    tariffs: dict[str, Any] | None
-    configuration: dict  # describe(config): the file applied, and those passed over; the environment applied
-    environment: Environment = Environment()  # read once per run, handed to every stage (runtime/environment.py)
-
-
-def settle(config: Config | None, *, reviewer: bool = False, selection=None, device: str | None = None,
-           timeout: float | None = None, tmp_patterns: tuple[str, ...] | None = None,
-           tariffs: dict | None = None) -> Options:
-    """The options of one run. `config` None: the file the command line would find from the current folder
-    (`reviewer`: an audit's rule, never the sender's file); `Config()`: no file at all."""
-    from ..rules import Selection
-
+    unknown = sorted(set(overrides) - set(option_names()))
+    if unknown:
+        raise TypeError(f"settle() got an unknown option {unknown[0]!r} (RunOptions has: {', '.join(option_names())})")
     config = load_config(reviewer=reviewer) if config is None else config
-    environment = config.environment if config.environment is not None else Environment.read()
-    if selection is None:
-        selection = Selection(select=config.select, ignore=config.ignore, levels=dict(config.levels))
-    return Options(selection=selection, device=device or config.device or DEFAULT_DEVICE,
-                   timeout=timeout or config.timeout or DEFAULT_TIMEOUT,
-                   tmp_patterns=tuple(config.tmp_patterns if tmp_patterns is None else tmp_patterns),
-                   tariffs=config.tariffs if tariffs is None else tariffs,
-                   configuration={**describe(config), "environment": environment.applied()},
-                   environment=environment)
+    given = {name: value for name, value in overrides.items() if value is not None}
+    environment = given.pop("environment", None) or config.environment or Environment.read()
+    selection = given.pop("selection", None) or Selection(select=config.select, ignore=config.ignore,
+                                                            levels=config.levels)
+    bad = unknown_codes([*selection.select, *selection.ignore, *selection.levels])
+    if bad:
+        raise UsageError(f"unknown rule code {bad[0]!r} (see `itera-verify rules`)")
+    fields: dict[str, Any] = {
+        "device": config.device or DEFAULT_DEVICE, "timeout": config.timeout or DEFAULT_TIMEOUT,
+        "tmp_patterns": config.tmp_patterns, "tariffs": config.tariffs,
+        "reload": not reviewer,  # verify reloads unless told not to; an audit only when asked (--reload)
+        **given,
+    }
+    fields["hf_cache"] = resolve_hf_cache(fields.get("hf_cache"), environment)
+    for name in ("tmp_patterns", "sign"):
+        if name in fields:
+            fields[name] = (fields[name],) if isinstance(fields[name], str) else tuple(fields[name])
+    for name in ("allowed_signers", "oms_public_key"):
+        if fields.get(name) is not None:
+            fields[name] = Path(fields[name])
+    _validate(fields)
+    return make_options(environment=environment, selection=selection,
+                        configuration={**describe(config), "environment": environment.applied()}, **fields)
+
+
+def _validate(fields: dict[str, Any]) -> None:
+    """What the command line's own types check, for the API too: one line naming the option."""
+    if fields["device"] not in DEVICES:
+        raise UsageError(f"device {fields['device']!r}: choose one of {', '.join(DEVICES)}")
+    if fields.get("isolation", "auto") not in ISOLATIONS:
+        raise UsageError(f"isolation {fields['isolation']!r}: choose one of {', '.join(ISOLATIONS)}")
+    timeout = fields["timeout"]
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+        raise UsageError(f"timeout {timeout!r}: a positive number of seconds")
+    fields["timeout"] = float(timeout)
+    for name, low, high in (("jobs", 1, None), ("level", 1, 19), ("threads", 0, None), ("max_size", 1, None),
+                            ("scan_budget", 0, None)):
+        value = fields.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+            span = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise UsageError(f"{name} {value!r}: a whole number {span}")
+    if fields.get("sign") and fields.get("seal") is False:
+        raise UsageError("--sign signs the seal: it cannot be used with --no-seal")

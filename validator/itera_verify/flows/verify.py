@@ -3,16 +3,17 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from ..runtime.hfcache import resolve_hf_cache
 from ..model import Finding, Severity, UsageError
+from ..options import RunOptions
 from ..package import RunContext, discover
+from ..report import Report, renderer, summary
+from ..rules import all_rules, severity_of
 from ..runtime.progress import NULL_PROGRESS, Progress
-from ..report import Report, renderer
-from .config import Config, settle
-from ..rules import Selection, StartedChecks, all_rules, run_checks
-from ..report import summary
+from .checks import StartedChecks, run_checks
+from .config import settle
 
 
 def default_archive_path(ctx: RunContext, campaign_id: str, output: str | os.PathLike | None) -> Path:
@@ -38,130 +39,109 @@ def check_processes(ctx: RunContext) -> int:
     return min(cores, 3) if big else 1
 
 
-def check_package(ctx: RunContext, selection: Selection, *, reload: bool, device: str, timeout: float,
-                  jobs: int, progress: Progress, processes: int = 1,
-                  started: StartedChecks | None = None, isolation: str = "auto",
-                  prestarted=None, environment=None) -> tuple[list[Finding], list]:
-    """Static checks (in `processes` processes, or those `started` already), then (optionally) the reloads and
-    the rules over their facts."""
+def check_package(ctx: RunContext, *, device: str | None, progress: Progress, processes: int = 1,
+                  started: StartedChecks | None = None, prestarted=None) -> tuple[RunContext, list[Finding]]:
+    """Static checks (in `processes` processes, or those `started` already), then, when the options say so, the
+    reloads on `device` (resolved) and the rules over their facts. Returns the context the later phases read
+    (with the reloads) and every finding."""
+    selection = ctx.options.selection
     findings = started.result() if started is not None else run_checks(ctx, selection, "static",
                                                                        processes=processes)
-    reloads: list = []
-    if reload:
+    if ctx.options.reload:
         from ..reload import run_reloads
 
-        reloads = run_reloads(ctx, device=device, timeout=timeout, jobs=jobs, progress=progress,
-                              isolation=isolation, prestarted=prestarted, environment=environment)
-        ctx.reloads = reloads
+        options = ctx.options
+        reloads = run_reloads(ctx, device=device or "cpu", timeout=options.timeout, jobs=options.jobs,
+                              progress=progress, isolation=options.isolation, prestarted=prestarted)
+        ctx = replace(ctx, reloads=reloads)
         findings += run_checks(ctx, selection, "reload")
-    return findings, reloads
+    return ctx, findings
 
 
-def build_report(ctx: RunContext, findings: list[Finding], reloads: list, selection: Selection, *,
-                 mode: str, reloaded: bool, device: str | None) -> Report:
-    report = Report(package=str(ctx.inventory.root), mode=mode, findings=findings, reloads=reloads,
+def build_report(ctx: RunContext, findings: list[Finding], *, mode: str, device: str | None,
+                 rental: dict | None = None) -> Report:
+    """The report of a checked context: its findings, its reloads, and the campaign's facts as the package
+    derives them (package/facts.py; the report words them, it does not compute them again)."""
+    selection = ctx.options.selection
+    reloaded = ctx.reloads is not None
+    report = Report(package=str(ctx.inventory.root), mode=mode, findings=findings, reloads=list(ctx.reloads or ()),
                     reloaded=reloaded, strict=selection.strict, device=device)
     campaign_id = ctx.documents.manifest.get("campaign_id")
     report.campaign_id = campaign_id if isinstance(campaign_id, str) else None
-    report.rules = {code: {"severity": selection.severity(code).value, "title": rule.title, "family": rule.family}
+    report.rules = {code: {"severity": severity_of(selection, code).value, "title": rule.title,
+                           "family": rule.family}
                     for code, rule in all_rules().items() if selection.enabled(code)}
     blocking = [f for f in findings if selection.blocks(f)]
     report.budget = summary.budget_summary(ctx, blocking)
-    report.plan = summary.plan_summary(ctx)
+    report.plan = summary.plan_summary(ctx, rental=rental)
     report.runs = summary.runs_summary(ctx, findings)
     report.curves = summary.metric_curves(ctx)
     report.named_metrics = summary.named_metrics(ctx)
+    report.configuration = dict(ctx.options.configuration)
     return report
 
 
-def verify(path, *, config: Config | None = None, device: str | None = None, reload: bool = True,
-           seal: bool = True, output=None, overwrite: bool = False, selection: Selection | None = None,
-           hf_cache=None, timeout: float | None = None, jobs: int = 1, level: int = 3, threads: int = 0,
-           tmp_patterns: tuple[str, ...] | None = None, tariffs: dict | None = None,
-           progress: Progress = NULL_PROGRESS, isolation: str = "auto", sign: str | None = None,
-           push=None, deadline: str | None = None, pushing: bool = False) -> Report:
+def verify(path: str | os.PathLike, options: RunOptions | None = None, *, progress: Progress | None = None,
+           push=None) -> Report:
     """Check a package, reload its artifacts and seal it when nothing blocks. Raises UsageError (exit 2).
-    `config` None applies the configuration file the command line would (flows/config.py), `Config()` none;
-    the other arguments, when given, override it. The report names the file applied. `sign`: `ssh:KEY.pub` or
-    `ssh:KEY` (seal/sign.py), opened before any work. `push`: a push/follow.SealFollower that uploads the archive
-    while the seal writes it (the caller completes it with push.result() when it was attached, pushes otherwise).
-    `deadline` (RFC 3339, --deadline): when the rental ends, over the lots' started_at + days; before the seal the
-    report estimates it (and the push, `pushing`) and warns at once when they may not finish in time."""
-    if sign is not None and not seal:
-        raise UsageError("--sign signs the seal: it cannot be used with --no-seal")
+
+    `options`: from `settle(config, **overrides)` (flows/config.py); None applies the configuration file the
+    command line would, with every default. `push`: a push/follow.SealFollower that uploads the archive while
+    the seal writes it (the command line's `--push`; the caller completes it with push.result() when it was
+    attached, pushes otherwise). When the rental's end is known (`--deadline`, the lots' started_at + days),
+    the seal (and the push, `options.pushing`) is estimated before it starts, and a warning is said at once when
+    they may not finish in time."""
+    options = settle() if options is None else options
+    progress = NULL_PROGRESS if progress is None else progress
     started = time.monotonic()
-    options = settle(config, selection=selection, device=device, timeout=timeout, tmp_patterns=tmp_patterns,
-                     tariffs=tariffs)
-    selection, device, timeout = options.selection, options.device, options.timeout
-    tmp_patterns, tariffs = options.tmp_patterns, options.tariffs
     resolved_device = None
-    if reload:
+    if options.reload:
         from ..reload import resolve_device
 
-        resolved_device = resolve_device(device)  # --device cuda without a GPU fails before any work
-    ctx = RunContext(discover(path), environment=options.environment)
-    if deadline is not None:
-        ctx.settings["deadline"] = deadline
-    ctx.settings["push"] = pushing
-    rental_end = summary.rental_end(ctx)[0]
-    if rental_end is not None:  # the seal's rate, measured here once, at its settings
-        from ..seal.rate import measure_package
-
-        ctx.settings["seal_rate"] = measure_package(ctx, level=level, threads=threads)
-    rental = summary.rental_summary(ctx, push=ctx.settings["push"])
-    if rental is not None and rental.get("warning"):
-        progress.log(f"WARNING: {rental['warning']}")  # now, before the checks and the seal: time to act
+        resolved_device = resolve_device(options.device)  # --device cuda without a GPU fails before any work
+    ctx = RunContext(discover(path), options)
+    rental = _rental(ctx, progress)
     if push is not None:  # the overlapped upload measures its first parts against the same end
-        push.set_deadline(rental_end)
-    ctx.hf_cache = resolve_hf_cache(hf_cache, options.environment)
-    ctx.tmp_patterns = tuple(tmp_patterns)
-    if tariffs is not None:
-        ctx.settings["tariffs"] = tariffs
+        push.set_deadline(summary.rental_end(ctx)[0])
     from ..seal import termination_unwinds
 
-    if seal:  # an -o that cannot work is exit 2 before any check (seal/destination.py)
+    if options.seal:  # an -o that cannot work is exit 2 before any check (seal/destination.py)
         from ..seal.destination import read_output
 
-        read_output(ctx.inventory.root, output)
-    seal_options = dict(output=output, overwrite=overwrite, level=level, threads=threads, progress=progress)
+        read_output(ctx.inventory.root, options.output)
     with termination_unwinds():  # SIGTERM unwinds like Ctrl-C: a seal begun beside the checks is removed
         static_checks, sealing, prestarted, signer = None, None, None, None
         try:
-            if sign is not None:  # a key the agent does not hold stops the command before any work
+            if options.sign:  # a key the agent does not hold stops the command before any work
                 from ..seal.sign import open_signer
 
-                signer = open_signer(sign, ctx)
-            if seal:
+                signer = open_signer(options.sign, ctx)
+            if options.seal:
                 # Beside a seal the checks run in one child process, forked before the seal's threads start:
                 # both cores are busy already, and the seal's threads then have this interpreter to themselves.
-                static_checks = StartedChecks(ctx, selection, "static", detached=True)
-            if reload:  # the reload zygote imports its libraries while the static checks run (reload/runner.py)
+                static_checks = StartedChecks(ctx, options.selection, "static", detached=True)
+            if options.reload:  # the reload zygote imports its libraries while the static checks run
                 from ..reload import prestart
 
-                prestarted = prestart(ctx, device=resolved_device, jobs=jobs, isolation=isolation,
-                                      environment=options.environment)
+                prestarted = prestart(ctx, device=resolved_device, jobs=options.jobs, isolation=options.isolation)
             if push is not None:
                 # The store's client (boto3's import, the credentials, the endpoint) while the checks' child runs
                 # on the other core, before the seal's threads: PushError (exit 2) now, not after the checks, and
                 # the first part leaves as soon as the seal has written it.
                 push.connect()
-            if seal:
-                sealing = start_sealing(ctx, follower=push, **seal_options)
-            findings, reloads = check_package(ctx, selection, reload=reload, device=resolved_device or "cpu",
-                                              timeout=timeout, jobs=jobs, progress=progress,
-                                              processes=1 if static_checks is not None else check_processes(ctx),
-                                              started=static_checks, isolation=isolation,
-                                              prestarted=prestarted, environment=options.environment)
-            report = build_report(ctx, findings, reloads, selection, mode="verify", reloaded=reload,
-                                  device=resolved_device)
-            report.configuration = options.configuration
-            if not seal:
+            if options.seal:
+                sealing = start_sealing(ctx, progress, follower=push)
+            ctx, findings = check_package(ctx, device=resolved_device, progress=progress,
+                                          processes=1 if static_checks is not None else check_processes(ctx),
+                                          started=static_checks, prestarted=prestarted)
+            report = build_report(ctx, findings, mode="verify", device=resolved_device, rental=rental)
+            if not options.seal:
                 report.seal_skipped = "--no-seal"
             elif report.blocking():
                 report.seal_skipped = ("findings at error level"
-                                       + (" (or warnings with --strict)" if selection.strict else ""))
+                                       + (" (or warnings with --strict)" if options.selection.strict else ""))
             else:
-                seal_report(ctx, report, selection, sealing=sealing, signer=signer, **seal_options)
+                seal_report(ctx, report, progress, sealing=sealing, signer=signer)
         finally:
             if signer is not None:
                 signer.close()
@@ -175,8 +155,22 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
     return report
 
 
-def start_sealing(ctx: RunContext, *, output, overwrite: bool, level: int, threads: int, progress: Progress,
-                  follower=None):
+def _rental(ctx: RunContext, progress: Progress) -> dict | None:
+    """When the rental's end is known: the seal's rate measured here, once, at the seal's settings, and the
+    estimate against the end (a result for the report); its warning is said now, before the checks and the
+    seal, while there is time to act."""
+    if summary.rental_end(ctx)[0] is None:
+        return None
+    from ..seal.rate import measure_package
+
+    measured = measure_package(ctx, level=ctx.options.level, threads=ctx.options.threads)
+    rental = summary.rental_summary(ctx, measured=measured)
+    if rental is not None and rental.get("warning"):
+        progress.log(f"WARNING: {rental['warning']}")
+    return rental
+
+
+def start_sealing(ctx: RunContext, progress: Progress, *, follower=None):
     """Begin the seal before the checks, on its own threads: reading, hashing and compressing the package
     overlaps the checks (which mostly run on one core), and the result is thrown away unless they pass. None
     when the seal cannot start this early (no campaign id yet, a destination or an entry that would refuse):
@@ -186,23 +180,25 @@ def start_sealing(ctx: RunContext, *, output, overwrite: bool, level: int, threa
     campaign_id = ctx.documents.manifest.get("campaign_id")
     if not isinstance(campaign_id, str):
         return None
+    options = ctx.options
     try:
-        sealing = Sealing(ctx, campaign_id, default_archive_path(ctx, campaign_id, output),
-                          overwrite=overwrite, level=level, threads=threads, progress=progress, follower=follower)
+        sealing = Sealing(ctx, campaign_id, default_archive_path(ctx, campaign_id, options.output),
+                          overwrite=options.overwrite, level=options.level, threads=options.threads,
+                          progress=progress, follower=follower)
         return sealing.start()
     except (UsageError, SealRefused, OSError, ValueError):
         return None
 
 
-def seal_report(ctx: RunContext, report: Report, selection: Selection, *, output, overwrite: bool, level: int,
-                threads: int, progress: Progress, sealing=None, signer=None) -> None:
+def seal_report(ctx: RunContext, report: Report, progress: Progress, *, sealing=None, signer=None) -> None:
     """Seal the package with the report inside; a file changed since the check turns into IV704 findings.
     `sealing`: a seal started beside the checks, finished here with the report; None seals now."""
     from ..rules.archive import seal_findings
     from ..seal import SealRefused, seal_package
 
+    options = ctx.options
     campaign_id = report.campaign_id or ctx.inventory.root.resolve().name
-    destination = default_archive_path(ctx, campaign_id, output)
+    destination = default_archive_path(ctx, campaign_id, options.output)
     if sealing is not None and (sealing.campaign_id, sealing.destination) != (campaign_id, destination):
         sealing.cancel()
         sealing = None
@@ -215,8 +211,9 @@ def seal_report(ctx: RunContext, report: Report, selection: Selection, *, output
         if sealing is not None:
             report.archive = sealing.finish(members, signer)
         else:
-            report.archive = seal_package(ctx, campaign_id, members, destination, overwrite=overwrite,
-                                          level=level, threads=threads, progress=progress, signer=signer)
+            report.archive = seal_package(ctx, campaign_id, members, destination, overwrite=options.overwrite,
+                                          level=options.level, threads=options.threads, progress=progress,
+                                          signer=signer)
     except SealRefused as refused:
         report.sealed = False
         report.seal_refused = True

@@ -16,7 +16,8 @@ from types import MappingProxyType
 from typing import Any, BinaryIO, Iterator, Mapping
 
 from ..format.names import MANIFEST, RELOAD, STOPS  # noqa: F401  (the rules read them here)
-from ..model import UsageError
+from ..model import ReloadResult, UsageError
+from ..options import RunOptions
 from ..runtime.environment import Environment
 from .files import READ_FLAGS, open_binary, read_safetensors_header
 
@@ -170,6 +171,13 @@ class Documents:
         self._unparsed: dict[str, bytes] = {}  # document_bytes() read, not parsed yet
         self._unparsed_bytes = 0
         self._kept = [0, 0]  # values, bytes of _documents
+        self._derived: dict[str, Any] = {}  # facts computed from the documents (package/facts.py), per process
+
+    def derived(self, name: str, compute):
+        """A fact derived from the documents, computed once in this process (rules and report read the same)."""
+        if name not in self._derived:
+            self._derived[name] = compute()
+        return self._derived[name]
 
     # ---- caches --------------------------------------------------------------------------------------
 
@@ -350,23 +358,29 @@ class Documents:
 
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunContext:
-    """What a rule receives (`check(ctx)`): the inventory, the one documents reader over it, the settings the
-    rules read (tariffs, the scan budget, the rental's deadline), where the Hugging Face cache is, the temporary
-    folder patterns, and the reload results once the reload phase ran (None when it was skipped)."""
+    """What a rule receives (`check(ctx)`): the inventory, the one documents reader over it, the run's options
+    (options.py: settled once at the entry point, the environment with them), and the reload results once the
+    reload phase ran (None when it was skipped). Frozen: a later phase gets `dataclasses.replace(ctx,
+    reloads=...)`, the same documents reader handed on."""
 
     inventory: Inventory
-    documents: Documents = field(init=False, repr=False)  # built over the inventory, one per context
-    settings: dict[str, Any] = field(default_factory=dict)
-    hf_cache: Path | None = None
-    tmp_patterns: tuple[str, ...] = ()
-    reloads: list | None = None
-    # The run's environment, read once at the entry point (runtime/environment.py): TMPDIR for the path rules.
-    environment: Environment = field(default_factory=Environment.read)
+    options: RunOptions
+    documents: Documents = field(default=None, repr=False)  # type: ignore[assignment]  # built when not given
+    reloads: tuple[ReloadResult, ...] | None = None
 
     def __post_init__(self) -> None:
-        self.documents = Documents(self.inventory)
+        if not isinstance(self.options, RunOptions):
+            raise TypeError(f"RunContext needs the run's RunOptions (settle()), not {type(self.options).__name__}")
+        if self.documents is None:
+            object.__setattr__(self, "documents", Documents(self.inventory))
+        if self.reloads is not None:
+            object.__setattr__(self, "reloads", tuple(self.reloads))
+
+    @property
+    def environment(self) -> Environment:
+        return self.options.environment
 
 
 def discover(root: str | os.PathLike) -> Inventory:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 from functools import lru_cache
+from typing import Mapping
 from importlib import resources
 
 from ..format.money import lots, usd
@@ -23,9 +24,9 @@ def shipped_tariffs() -> dict:
 def tariffs(ctx) -> dict[str, dict[str, float]]:
     """The shipped catalog with the configuration's `tariffs` table merged over it, per GPU and lot length."""
     merged = {gpu: dict(prices) for gpu, prices in shipped_tariffs().items()}
-    override = ctx.settings.get("tariffs")
-    for gpu, prices in (override.items() if isinstance(override, dict) else ()):
-        if isinstance(gpu, str) and isinstance(prices, dict):
+    override = ctx.options.tariffs
+    for gpu, prices in (override.items() if override is not None else ()):
+        if isinstance(gpu, str) and isinstance(prices, Mapping):
             merged.setdefault(gpu, {}).update({str(days): price for days, price in prices.items()})
     return merged
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..format import loaders as loader_table
 from ..format.loaders import KINDS
@@ -15,9 +14,8 @@ from .lock import package_lock
 from .hub import COMMIT, loaded_commit, resolve_commit
 from .ids import check_id
 from .store import EVAL_IDS, MANIFEST, RELOAD, transaction
+from .handle import RunRecord
 
-if TYPE_CHECKING:
-    from .run import Run
 
 ID_SUFFIX = {"safetensors": "weights", "transformers-model": "model", "peft-adapter": "adapter",
              "diffusers-pipeline": "pipeline", "timm-model": "model", "sentence-transformers-model": "model",
@@ -50,7 +48,7 @@ def resume_loader(folder: Path) -> str:
                       "file; pass loader= for another form")
 
 
-def register(run: Run, path, kind: str, artifact_id: str | None, loader: str | None, reload_fields: dict,
+def register(run: RunRecord, path, kind: str, artifact_id: str | None, loader: str | None, reload_fields: dict,
              base: dict | None = None) -> str:
     if kind not in KINDS:
         raise RecordError(f"artifact kind {kind!r}: one of {', '.join(KINDS)}")
@@ -75,7 +73,7 @@ def register(run: Run, path, kind: str, artifact_id: str | None, loader: str | N
     return artifact_id
 
 
-def forget_missing(run: Run, kind: str) -> list[str]:
+def forget_missing(run: RunRecord, kind: str) -> list[str]:
     """Drop the run's artifacts of `kind` whose files are gone (the Trainer's save_total_limit rotation)."""
     if not run.writer:
         return []
@@ -90,7 +88,7 @@ def forget_missing(run: Run, kind: str) -> list[str]:
     return gone
 
 
-def register_adapter(run: Run, path, base: str, model, revision: str | None, cache_dir,
+def register_adapter(run: RunRecord, path, base: str, model, revision: str | None, cache_dir,
                      artifact_id: str | None, reload_fields: dict) -> str:
     rel = package_path(run.root, path)
     config_rel = f"{rel}/adapter_config.json"

@@ -10,13 +10,11 @@ import stat
 import sys
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..format.values import spoken_duration
-from .store import MANIFEST, parse_time, read, transaction
+from .store import MANIFEST, parse_time, read, run_entry, transaction
+from .handle import RunRecord
 
-if TYPE_CHECKING:
-    from .run import Run
 
 
 def bytes_on_disk(path: Path) -> int:
@@ -55,15 +53,15 @@ def rental_end(plan: dict | None) -> datetime | None:
     return min(ends) if ends else None
 
 
-def record_save(run: Run, artifact_id: str, path: Path, step: int, write_seconds: float | None) -> dict:
+def record_save(run: RunRecord, artifact_id: str, path: Path, step: int, write_seconds: float | None) -> dict:
     """The save's entry in `runs[].checkpoints` (replacing one of the same artifact, a save repeated), written
     under the package lock; prints the save's cost and the time the rental has left. Returns the entry."""
-    entry = {"artifact": artifact_id, "step": step, "saved_at": run.campaign.now(), "bytes": bytes_on_disk(path)}
+    entry = {"artifact": artifact_id, "step": step, "saved_at": run.now(), "bytes": bytes_on_disk(path)}
     if write_seconds is not None:
         entry["write_seconds"] = round(max(0.0, write_seconds), 3)
     with transaction(run.root) as tx:
         manifest = tx.get(MANIFEST)
-        listed = run._entry_in(manifest).setdefault("checkpoints", [])
+        listed = run_entry(manifest, run.id).setdefault("checkpoints", [])
         old = next((c for c in listed if c.get("artifact") == artifact_id), None)
         if old is not None and old.get("proof") is not None and old.get("step") == step:
             entry["proof"] = old["proof"]  # registered again (the Trainer's end), not saved again
@@ -79,21 +77,21 @@ def _mib(size: int) -> str:
     return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size} bytes"
 
 
-def _time_left(run: Run, end: datetime | None) -> str:
+def _time_left(run: RunRecord, end: datetime | None) -> str:
     if end is None:
         return "; the rental's end is unknown (declare_plan(lots=[{..., 'started_at': ...}]))"
-    left = (end - parse_time(run.campaign.now())).total_seconds()
+    left = (end - parse_time(run.now())).total_seconds()
     when = end.strftime("%Y-%m-%dT%H:%M:%SZ")
     if left <= 0:
         return f"; the rental ended at {when}, {spoken_duration(-left)} ago"
     return f"; the rental ends at {when}, in {spoken_duration(left)}"
 
 
-def set_proof(run: Run, artifact_id: str, proof: dict) -> None:
+def set_proof(run: RunRecord, artifact_id: str, proof: dict) -> None:
     """The proof of a save's resume, written under the package lock when it ends (a save the recorder did not
     price, a hand-written registration, gets its entry here)."""
     with transaction(run.root) as tx:
-        listed = run._entry_in(tx.get(MANIFEST)).setdefault("checkpoints", [])
+        listed = run_entry(tx.get(MANIFEST), run.id).setdefault("checkpoints", [])
         entry = next((c for c in listed if c.get("artifact") == artifact_id), None)
         if entry is None:
             artifact = next((a for a in tx.get(MANIFEST).get("artifacts", []) if a.get("id") == artifact_id), {})
@@ -104,7 +102,7 @@ def set_proof(run: Run, artifact_id: str, proof: dict) -> None:
         entry["proof"] = proof
 
 
-def recorded(run: Run) -> list[dict]:
+def recorded(run: RunRecord) -> list[dict]:
     """The run's checkpoints as the package holds them now."""
     entry = next((r for r in read(run.root, MANIFEST).get("runs", []) if r.get("id") == run.id), None) or {}
     return [c for c in entry.get("checkpoints") or [] if isinstance(c, dict)]

@@ -8,6 +8,7 @@ import os
 import re
 from pathlib import Path
 
+from ..runtime.environment import Environment
 from ..runtime.hfcache import resolve_hf_cache
 from ..model import UsageError
 from .errors import RecordError
@@ -19,7 +20,8 @@ def hub_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     """The hub cache, found as the checker finds it (SPEC §6 --hf-cache): `cache_dir` (a hub cache or an
     HF_HOME), else HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub."""
     try:
-        return resolve_hf_cache(cache_dir)
+        # The recorder is an entry point of its own: the environment is read here, once per call.
+        return resolve_hf_cache(cache_dir, Environment.read())
     except UsageError as exc:
         raise RecordError(str(exc).replace("--hf-cache", "hub cache")) from None
 

@@ -2,7 +2,7 @@
 `itera-verify` runs at the end (static scan, weights_only, every component), in a background process at the
 lowest CPU and I/O priority, on the CPU unless told otherwise.
 
-The proof process is `python -m itera_verify.integrations.proof` (the recorder layer does not import the reload
+The proof process is `python -m itera_verify.flows.proof` (the recorder layer does not import the reload
 engine: a process boundary keeps the training process free of it). A thread here waits for it and writes its
 result into `runs[].checkpoints[].proof` under the package lock; the training thread never waits for it, except
 in `run.complete()` (and at interpreter exit), which waits for a proof still running."""
@@ -23,7 +23,6 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..runtime.launcher import kill_tree
 from .checkpoints import set_proof
@@ -32,11 +31,10 @@ from .files import read_bytes
 from .lock import package_lock
 from .store import EVAL_IDS, MANIFEST, RELOAD, STOPS
 from .stoprules import Violation
+from .handle import RunRecord
 
-if TYPE_CHECKING:
-    from .run import Run
 
-PROOF_MODULE = "itera_verify.integrations.proof"
+PROOF_MODULE = "itera_verify.flows.proof"
 VALIDATOR_DIR = str(Path(__file__).resolve().parents[2])  # the folder holding the itera_verify package
 MODES = ("first", "every", False)
 DEFAULT_TIMEOUT = 1800.0  # seconds for the whole proof: start-up, scan and reload
@@ -83,7 +81,7 @@ def conclusive_failure(proof: dict | None) -> bool:
 class Proofs:
     """The proofs of one run's checkpoints."""
 
-    def __init__(self, run: Run):
+    def __init__(self, run: RunRecord):
         self.run = run
         self.started: dict[str, Proof] = {}
         self._lock = threading.Lock()
@@ -121,7 +119,7 @@ class Proofs:
                 kill_tree(proof.process.pid)  # its reload child too, which runs in its own session
                 code = proof.process.wait()
             result = _read_result(proof, code)
-            result["at"] = self.run.campaign.now()
+            result["at"] = self.run.now()
             result.setdefault("device", "cpu")
             set_proof(self.run, proof.artifact, result)
             proof.result = result

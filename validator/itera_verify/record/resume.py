@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import RecordError
 from .files import package_relative, replace_atomically
 from .lock import package_lock
+from .handle import RunRecord
 
-if TYPE_CHECKING:
-    from .run import Run
 
 
 def _state_dict(value: Any, what: str) -> dict:
@@ -80,14 +79,14 @@ def resume_state(*, model, optimizer, scheduler, step: int, data_state, scaler=N
     return state
 
 
-def resume_target(run: Run, path) -> str:
+def resume_target(run: RunRecord, path) -> str:
     """The file `path` names, package-relative: a `.pt` inside the package."""
     if Path(path).suffix != ".pt":
         raise RecordError(f"{path}: a torch-resume file is named *.pt")
     return package_relative(run.root, path)
 
 
-def save_resume(run: Run, target: str, state: dict) -> None:
+def save_resume(run: RunRecord, target: str, state: dict) -> None:
     """torch.save `state` to the package file `target` (resume_target's), atomically, under the package lock (the
     writing process, rank 0, calls it)."""
     import torch

@@ -10,21 +10,18 @@ import time
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import artifacts, resume
 from .checkpoints import record_save, recorded
 from .errors import RecordError
+from .handle import CampaignClock
 from .files import append_lines, cut_partial_line, dumps, json_line, read_bytes, write_atomic
 from .ids import check_id
 from .lock import package_lock
 from .proofs import DEFAULT_TIMEOUT, Proof, Proofs, check_mode
 from .stoprules import Violation, check, check_inputs, inputs_metrics
-from .store import EVAL_IDS, MANIFEST, STOPS, read, transaction
-
-if TYPE_CHECKING:
-    from .campaign import Campaign
-
+from .store import EVAL_IDS, MANIFEST, STOPS, read, run_entry, transaction
 
 def _number(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -33,7 +30,7 @@ def _number(name: str, value: Any) -> float:
 
 
 class Run:
-    def __init__(self, campaign: Campaign, run_id: str, role: str, category: str, params: dict):
+    def __init__(self, campaign: CampaignClock, run_id: str, role: str, category: str, params: dict):
         self.campaign, self.id, self.role, self.category = campaign, run_id, role, category
         self.params = params
         self.started = False
@@ -225,7 +222,7 @@ class Run:
             if rule not in {r.get("id") for r in manifest["stop_rules"]["rules"]}:
                 raise RecordError(f"stop rule {rule!r} was not declared (IV406): declared rules are "
                                   + ", ".join(r["id"] for r in manifest["stop_rules"]["rules"]))
-            run = self._entry_in(manifest)
+            run = run_entry(manifest, self.id)
             if run["status"] != "running":
                 raise RecordError(f"run {self.id!r} is already {run['status']}")
             stops = tx.get(STOPS)["stops"]
@@ -255,16 +252,14 @@ class Run:
         if missing:
             raise RecordError(f"run {self.id!r} cannot complete: {missing}")
         with transaction(self.root) as tx:
-            run = self._entry_in(tx.get(MANIFEST))
+            run = run_entry(tx.get(MANIFEST), self.id)
             if run["status"] != "running":
                 raise RecordError(f"run {self.id!r} is already {run['status']}")
             run.update(status="completed", ended_at=self.campaign.now())
 
-    def _entry_in(self, manifest: dict) -> dict:
-        for run in manifest["runs"]:
-            if run.get("id") == self.id:
-                return run
-        raise RecordError(f"run {self.id!r} is not in the manifest")
+    def now(self) -> str:
+        """The campaign's clock (RFC 3339 UTC to the second)."""
+        return self.campaign.now()
 
     # ---- artifacts ----------------------------------------------------------------------------------
     def artifact(self, path, kind: str, id: str | None = None, loader: str | None = None, **reload_fields) -> str:

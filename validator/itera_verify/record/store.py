@@ -70,6 +70,14 @@ def transaction(root: Path) -> Iterator[Transaction]:
         tx.commit()  # not on an exception: a refused step changes nothing
 
 
+def run_entry(manifest: dict, run_id: str) -> dict:
+    """The manifest's entry of run `run_id`, to change in place within a transaction."""
+    for run in manifest.get("runs", []):
+        if run.get("id") == run_id:
+            return run
+    raise RecordError(f"run {run_id!r} is not in the manifest")
+
+
 def read(root: Path, name: str) -> Any:
     """A document as it is now (atomic writes: never half-written), without taking the lock."""
     return Transaction(root).get(name)

@@ -78,7 +78,7 @@ def plan(ctx: RunContext, artifact: dict, device: str, threads: int,
     if refusal:
         result.failure, result.error = "load", refusal
         return result
-    hf_cache = os.path.abspath(ctx.hf_cache) if ctx.hf_cache else None
+    hf_cache = os.path.abspath(ctx.options.hf_cache) if ctx.options.hf_cache else None
     pinned_base = artifact.get("base") if isinstance(artifact.get("base"), dict) else None
     loads_base = loader in loader_table.LOADERS and loader_table.LOADERS[loader].loads_pinned_base
     limit, limit_source = memory_limit(Path(real), device, hf_cache, configured_limit,

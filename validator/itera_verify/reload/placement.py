@@ -165,6 +165,6 @@ def off_gpu_tensors(model) -> list[str]:
     return found
 
 
-def cap_from_environment(environment: Environment | None = None) -> int | None:
-    """ITERA_RELOAD_GPU_MEMORY: the run's (handed down), else this process's (a reload child's own)."""
-    return parse_bytes((environment or Environment.read()).reload_gpu_memory)
+def cap_from_environment(environment: Environment) -> int | None:
+    """ITERA_RELOAD_GPU_MEMORY, of the run's environment (the runner hands it to each job: `gpu_memory_cap`)."""
+    return parse_bytes(environment.reload_gpu_memory)

@@ -102,12 +102,11 @@ def light(loaders) -> bool:
     return loader_table.light(loaders)
 
 
-def zygote_env(threads: int, hf_cache: str | None, environment: Environment | None = None) -> dict:
+def zygote_env(threads: int, hf_cache: str | None, environment: Environment) -> dict:
     """The zygote's environment: what every child shares (the libraries read it at import), plus fork safety.
     numpy's BLAS starts a worker thread at import, and a process with threads must not fork; numpy only reads
     RNG states here. The NVML check keeps torch.cuda.is_available() from initialising CUDA before a fork."""
-    env = child_env({"threads": threads, "hf_cache": hf_cache}, "",  # TMPDIR: the zygote's own folder
-                    environment if environment is not None else Environment.read())
+    env = child_env({"threads": threads, "hf_cache": hf_cache}, "", environment)  # TMPDIR: the zygote's own
     env.update(OPENBLAS_NUM_THREADS="1", PYTORCH_NVML_BASED_CUDA_CHECK="1")
     return env
 
@@ -274,8 +273,7 @@ def _parallel(device: str, jobs: int, gpus: list[int]) -> tuple[int, int]:
     return parallel, max(1, (os.cpu_count() or 1) // parallel) if parallel > 1 else 0
 
 
-def prestart(ctx: RunContext, *, device: str, jobs: int, isolation: str = "auto",
-             environment: Environment | None = None) -> Prestarted | None:
+def prestart(ctx: RunContext, *, device: str, jobs: int, isolation: str = "auto") -> Prestarted | None:
     """Start the run's zygote now; run_reloads(prestarted=...) uses it, close() ends it if it never is."""
     if not can_fork(isolation) or not ctx.documents.artifacts():
         return None
@@ -287,8 +285,8 @@ def prestart(ctx: RunContext, *, device: str, jobs: int, isolation: str = "auto"
         if real.startswith(root + os.sep) and os.path.isdir(real):
             folders.append({"path": real})
     _, threads = _parallel(device, jobs, visible_gpus() if device == "cuda" else [])
-    children = Launcher(environment=environment)
-    hf_cache = os.path.abspath(ctx.hf_cache) if ctx.hf_cache else None
+    children = Launcher(ctx.environment)
+    hf_cache = os.path.abspath(ctx.options.hf_cache) if ctx.options.hf_cache else None
     loaders = [reload_entry(ctx, artifact)[1] for artifact in ctx.documents.artifacts()]
     zygote = Zygote(children, zygote_env(threads, hf_cache, children.environment), model_types(folders), light(loaders))
     return Prestarted(children, zygote, isolation)
@@ -297,20 +295,19 @@ def prestart(ctx: RunContext, *, device: str, jobs: int, isolation: str = "auto"
 def run_reloads(ctx: RunContext, *, device: str, timeout: float, jobs: int, progress,
                 only: set[str] | None = None, prefetch: bool | None = None,
                 isolation: str = "auto", prestarted: Prestarted | None = None,
-                memory_limit: int | None = None, environment: Environment | None = None) -> list[ReloadResult]:
+                memory_limit: int | None = None) -> list[ReloadResult]:
     """Every manifest artifact (or those named in `only`), each in its own child; results in manifest order.
     isolation: "auto" forks the children from one zygote where fork is safe, "fork" insists on it (a usage
     error otherwise), "spawn" starts a new interpreter per child. prefetch (spawned children, default: on a
     GPU): one at a time, the next child importing its libraries while the current one runs; on a machine where
     importing torch and transformers takes 10-20 s, that is most of a small reload. prefetch=True alone asks
     for spawned children. memory_limit: the host memory limit of every child in bytes (default:
-    ITERA_RELOAD_HOST_MEMORY, else each child's own, from its artifact's size: limits.py). environment: the
-    run's (runtime/environment.py; default: this process's now), what the children start with; a prestarted
-    zygote brings its own."""
+    ITERA_RELOAD_HOST_MEMORY, else each child's own, from its artifact's size: limits.py). The children start
+    with the run's environment (ctx.environment: runtime/environment.py)."""
     gpus = visible_gpus() if device == "cuda" else []
     parallel, threads = _parallel(device, jobs, gpus)  # one reload per GPU at a time
     chosen = [a for a in ctx.documents.artifacts() if only is None or a.get("id") in only]
-    children = prestarted.children if prestarted is not None else Launcher(environment=environment)
+    children = prestarted.children if prestarted is not None else Launcher(ctx.environment)
     # One host memory limit for every child, else each its own.
     limit = memory_limit or configured_limit(children.environment)
     plans = [plan(ctx, artifact, device, threads, limit) for artifact in chosen]
@@ -325,7 +322,7 @@ def run_reloads(ctx: RunContext, *, device: str, timeout: float, jobs: int, prog
     if gpus:
         free, cap = free_memory(len(gpus), children.environment), cap_from_environment(children.environment)
         for job in pending.values():
-            job["every_gpu"] = needs_every_gpu(job, free, cap)
+            job["every_gpu"], job["gpu_memory_cap"] = needs_every_gpu(job, free, cap), cap
     if prefetch is True and isolation == "auto":
         isolation = "spawn"  # asked for by name: prefetching overlaps spawned children's start-up (forked: none)
     if prefetch is None:

@@ -12,11 +12,11 @@ from decimal import Decimal
 from typing import Any
 
 from ..model import Finding, Severity
-from ..package.campaign import (accepted_declared, filled_text, first_run_start, indexed_runs, is_number,
+from ..package import facts
+from ..package.campaign import (accepted_declared, indexed_runs, is_number,
                                 listed, parse_time, runs_by_id, section, stopped_by_record, metrics_of)
 from ..format.values import spoken_duration
-from ..format.money import cost_per_accepted, fmt_usd, lots, money, other_expenses, rental_usd, total_usd
-from ..package.budget import lots_window_hours
+from ..format.money import cost_per_accepted, fmt_usd, money
 from ..seal.rate import Measured
 
 
@@ -26,16 +26,12 @@ def budget_summary(ctx, blocking_findings: list[Finding]) -> dict[str, Any]:
     """SPEC §4 `budget`: the committed plan, the included expenses apart from the rental, and the cost per
     accepted run that passed every check — undefined (never zero) when none did."""
     plan = section(ctx.documents.manifest, "plan")
-    runs = runs_by_id(ctx)
-    total = total_usd(plan)
+    spent, runs = facts.budget(ctx), runs_by_id(ctx)
+    total, stopped, declared = spent.total, list(spent.stopped), list(spent.accepted_declared)
     blocked: dict[str, list[str]] = {}
     for finding in blocking_findings:
         if finding.run is not None:
             blocked.setdefault(finding.run, []).append(f"{finding.code}: {finding.message}")
-    stop_records = stopped_by_record(ctx)
-    stopped = [run_id for run_id, run in runs.items() if run.get("status") == "stopped" or run_id in stop_records]
-
-    declared = accepted_declared(ctx)
     accepted, rejected = [], []
     for name in declared:
         causes = []
@@ -49,19 +45,18 @@ def budget_summary(ctx, blocking_findings: list[Finding]) -> dict[str, Any]:
         else:
             accepted.append(name)
 
-    window = lots_window_hours(plan)
+    hours = facts.hours(ctx)
+    window = hours.lots_window
     summary: dict[str, Any] = {
         "currency": "USD",
         "total_usd": money(total),
-        "rental_usd": money(rental_usd(plan)),
+        "rental_usd": money(spent.rental),
         "rental_total_stated_usd": plan.get("rental_total_usd") if is_number(plan.get("rental_total_usd")) else None,
-        "lots": [_lot(lot) for _, lot in lots(plan)],
+        "lots": [_lot(lot) for _, lot in spent.lots],
         "lots_window_hours": window[0] if window else None,
-        "window_hours": plan.get("window_hours") if is_number(plan.get("window_hours")) else None,
-        "other_expenses_included": [{"label": label, "usd": money(amount)}
-                                    for label, amount in other_expenses(plan, True)],
-        "other_expenses_excluded": [{"label": label, "usd": money(amount)}
-                                    for label, amount in other_expenses(plan, False)],
+        "window_hours": hours.window,
+        "other_expenses_included": [{"label": label, "usd": money(amount)} for label, amount in spent.included],
+        "other_expenses_excluded": [{"label": label, "usd": money(amount)} for label, amount in spent.excluded],
         "accepted_declared": len(declared),
         "accepted_declared_runs": declared,
         "accepted": len(accepted),
@@ -100,25 +95,18 @@ def _undefined_reason(declared: list[str], rejected: list[dict], total: Decimal 
 
 # ---------------------------------------------------------------------------------------------- plan
 
-def plan_summary(ctx) -> dict[str, Any]:
-    """The plan as declared, next to what happened; the plan itself is never rewritten."""
+def plan_summary(ctx, rental: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The plan as declared, next to what happened; the plan itself is never rewritten. `rental`: the estimate
+    against the rental's end the workflow made before the seal (rental_summary), kept as it was said."""
     manifest = ctx.documents.manifest
-    plan, timeline = section(manifest, "plan"), section(manifest, "timeline")
-    number = lambda container, key: container.get(key) if is_number(container.get(key)) else None  # noqa: E731
-    window, reserved, observed = number(plan, "window_hours"), number(plan, "reserved_hours"), \
-        number(timeline, "observed_hours")
-    deviations = [{"hours": d.get("hours") if is_number(d.get("hours")) else None,
-                   "explanation": d.get("explanation") if isinstance(d.get("explanation"), str) else None}
-                  for d in listed(timeline, "deviations") if isinstance(d, dict)]
-    explained = sum(d["hours"] for d in deviations if d["hours"] is not None and filled_text(d["explanation"]))
+    hours = facts.hours(ctx)
+    window, reserved, observed, first, declared = hours.window, hours.reserved, hours.observed, hours.first_run, \
+        hours.declared
     decisions = [{key: scalar(d.get(key)) for key in ("at", "after", "decision", "note") if key in d}
-                 for d in listed(timeline, "decisions") if isinstance(d, dict)]
-    first = first_run_start(ctx)
-    declared_at = plan.get("declared_at") if isinstance(plan.get("declared_at"), str) else None
-    declared = parse_time(declared_at)
-    lots_window = lots_window_hours(plan)
+                 for d in listed(section(manifest, "timeline"), "decisions") if isinstance(d, dict)]
+    lots_window = hours.lots_window
     return {
-        "declared_at": declared_at,
+        "declared_at": hours.declared_at,
         "first_run_started_at": listed(manifest, "runs")[first[2]].get("started_at") if first else None,
         "first_run": first[1] if first else None,
         "declared_before_first_run": (declared <= first[0]) if declared is not None and first else None,
@@ -127,15 +115,13 @@ def plan_summary(ctx) -> dict[str, Any]:
         "reserved_hours": reserved,
         "observed_hours": observed,
         "uncommitted_margin_hours": _hours(window - reserved) if window is not None and reserved is not None else None,
-        "observed_minus_reserved_hours": _hours(observed - reserved) if observed is not None and reserved is not None
-        else None,
-        "deviations": deviations,
-        "explained_deviation_hours": _hours(explained),
+        "observed_minus_reserved_hours": _hours(hours.gap) if hours.gap is not None else None,
+        "deviations": [{"hours": d.hours, "explanation": d.explanation} for d in hours.deviations],
+        "explained_deviation_hours": _hours(hours.explained),
         "decisions": decisions,
         "decisions_after_pilot": [d for d in decisions if isinstance(d.get("after"), str)
                                   and d["after"].strip().lower() == "pilot"],
-        "rental": rental_summary(ctx, push=bool(ctx.settings.get("push"))) if hasattr(ctx, "settings")
-        else None,
+        "rental": rental,
     }
 
 
@@ -268,9 +254,9 @@ PUSH_PRIOR_WORDS = "a prior until the push measures its first parts"
 
 
 def rental_end(ctx) -> tuple[datetime | None, str | None]:
-    """When the rental ends and what says so: `--deadline` (ctx.settings["deadline"]), else the earliest
-    lot's started_at + days."""
-    deadline = parse_time(ctx.settings.get("deadline")) if hasattr(ctx, "settings") else None
+    """When the rental ends and what says so: `--deadline` (the run's options), else the earliest lot's
+    started_at + days."""
+    deadline = parse_time(ctx.options.deadline)
     if deadline is not None:
         return deadline, "--deadline"
     ends = []
@@ -281,17 +267,16 @@ def rental_end(ctx) -> tuple[datetime | None, str | None]:
     return (min(ends), "plan.lots[].started_at + days") if ends else (None, None)
 
 
-def rental_summary(ctx, *, now: datetime | None = None, push: bool = False,
-                   measured: Measured | None = None) -> dict[str, Any] | None:
-    """The rental's end and whether the seal (and the push) fit before it, from the package's size and the
-    seal's rate the workflow measured here (`measured`, default ctx.settings["seal_rate"]: flows/verify.py, with
+def rental_summary(ctx, *, now: datetime | None = None, measured: Measured | None = None) -> dict[str, Any] | None:
+    """The rental's end and whether the seal (and the push, when the options say one follows) fit before it,
+    from the package's size and the seal's rate the workflow measured here (`measured`: flows/verify.py, with
     seal/rate.measure_package), else the prior; None when nothing says when the rental ends. Reads nothing."""
     end, source = rental_end(ctx)
     if end is None:
         return None
     now = now or datetime.now(UTC)
     size = sum(entry.size for entry in ctx.inventory.files.values())
-    measured = measured or ctx.settings.get("seal_rate")
+    push = ctx.options.pushing
     rate = measured.bytes_per_second if measured is not None else SEAL_BYTES_PER_SECOND
     rate_words = measured.words() if measured is not None else "a prior: nothing here could be read to measure it"
     seal = size / rate

@@ -26,7 +26,7 @@ def tmp_prefixes(ctx: RunContext) -> list[str]:
     tmpdir = ctx.environment.tmpdir
     if tmpdir.startswith("/") and tmpdir.count("/") >= 1 and len(tmpdir) > 1:
         prefixes.append(tmpdir)
-    prefixes += [p.rstrip("/") for p in ctx.tmp_patterns if p.rstrip("/")]
+    prefixes += [p.rstrip("/") for p in ctx.options.tmp_patterns if p.rstrip("/")]
     return sorted(set(prefixes), key=len, reverse=True)
 
 

@@ -8,11 +8,11 @@ from decimal import Decimal
 from typing import Iterator
 
 from ..model import Finding, Rule, Severity
-from ..package import MANIFEST, RunContext, pointer_of
-from ..format.money import cost_per_accepted, fmt_usd, lots, rental_usd, to_cent, total_usd, usd
-from ..package.budget import catalog_price, longer_lot, lot_name, lots_window_hours, tariffs
-from ..package.campaign import (accepted_entries, accepted_declared, filled_text, first_run_start, fmt_hours,
-                                is_number, listed, parse_time, runs_by_id, section, shown)
+from ..package import MANIFEST, RunContext, facts, pointer_of
+from ..format.money import fmt_usd, lots, to_cent, usd
+from ..package.budget import catalog_price, longer_lot, lot_name, tariffs
+from ..package.campaign import (accepted_entries, filled_text, fmt_hours,
+                                is_number, listed, runs_by_id, section, shown)
 
 RULES = [
     Rule("IV601", Severity.ERROR, "rental total is not the sum of the lots",
@@ -99,25 +99,25 @@ def check(ctx: RunContext) -> Iterator[Finding]:
     manifest = ctx.documents.manifest
     if not manifest:
         return  # missing or unparsable manifest: IV101/IV104 say so
-    plan = section(manifest, "plan")
-    yield from _rental_total(plan)
+    plan, spent, hours = section(manifest, "plan"), facts.budget(ctx), facts.hours(ctx)
+    yield from _rental_total(spent)
     yield from _catalog_prices(plan, tariffs(ctx))
-    yield from _observed_within_window(plan, section(manifest, "timeline"), tariffs(ctx))
-    yield from _cost_per_accepted(ctx, plan)
-    yield from _deviations_explained(plan, section(manifest, "timeline"))
-    yield from _reserved_within_window(plan)
+    yield from _observed_within_window(hours, tariffs(ctx))
+    yield from _cost_per_accepted(ctx, spent)
+    yield from _deviations_explained(hours, "deviations" in section(manifest, "timeline"))
+    yield from _reserved_within_window(hours)
     yield from _decision_recorded(ctx)
     yield from _error_analysis(ctx)
     yield from _accepted_once(ctx)
-    yield from _plan_declared_first(ctx, plan)
+    yield from _plan_declared_first(hours)
     yield from _pilot_decision(ctx)
 
 
-def _rental_total(plan: dict) -> Iterator[Finding]:
-    stated, summed = usd(plan.get("rental_total_usd")), rental_usd(plan)
+def _rental_total(spent: facts.Budget) -> Iterator[Finding]:
+    stated, summed = spent.rental_stated, spent.rental
     if stated is None or summed is None or to_cent(stated) == to_cent(summed):
         return
-    multiplied = sum((usd(lot["price_usd"]) * (usd(lot.get("gpus")) or 1) for _, lot in lots(plan)), Decimal(0))
+    multiplied = sum((usd(lot["price_usd"]) * (usd(lot.get("gpus")) or 1) for _, lot in spent.lots), Decimal(0))
     hint = ""
     if to_cent(multiplied) == to_cent(stated):
         hint = " (the lot prices look multiplied by their GPUs: a lot's price already covers all of its GPUs)"
@@ -158,9 +158,9 @@ def _length(days: str) -> float:
         return float("inf")
 
 
-def _observed_within_window(plan: dict, timeline: dict, catalog: dict) -> Iterator[Finding]:
-    observed, window = timeline.get("observed_hours"), lots_window_hours(plan)
-    if not is_number(observed) or window is None or observed <= window[0]:
+def _observed_within_window(hours: facts.Hours, catalog: dict) -> Iterator[Finding]:
+    observed, window = hours.observed, hours.lots_window
+    if observed is None or window is None or observed <= window[0]:
         return
     hours, longest = window
     longer = longer_lot(catalog, longest, observed)
@@ -176,21 +176,20 @@ def _price(amount: Decimal) -> str:
     return f"{amount:.0f} USD" if amount == amount.to_integral_value() else fmt_usd(amount)
 
 
-def _cost_per_accepted(ctx: RunContext, plan: dict) -> Iterator[Finding]:
+def _cost_per_accepted(ctx: RunContext, spent: facts.Budget) -> Iterator[Finding]:
     decision = section(ctx.documents.manifest, "decision")
     stated = decision.get("cost_per_accepted_usd")
     if stated is None or not is_number(stated):
         return  # optional; a wrong type is a schema finding
     pointer = "/decision/cost_per_accepted_usd"
-    accepted = accepted_declared(ctx)
-    total = total_usd(plan)
+    accepted, total = spent.accepted_declared, spent.total
     if not accepted:
         incurred = f" (cost incurred: {fmt_usd(total)})" if total is not None else ""
         yield Finding("IV604", MANIFEST, pointer=pointer,
                       message=f"cost_per_accepted_usd is {fmt_usd(stated)} but nothing was accepted: the ratio is "
                               f"undefined; remove it and report the cost incurred{incurred} and why nothing was "
                               f"accepted")
-    elif usd(stated) == 0 and cost_per_accepted(total, len(accepted)) != 0:  # a total under half a cent per run
+    elif usd(stated) == 0 and spent.cost_per_declared != 0:  # a total under half a cent per run
         yield Finding("IV604", MANIFEST, pointer=pointer,
                       message="cost_per_accepted_usd is 0: a campaign is never free; state (rental + included "
                               "other expenses) / accepted runs")
@@ -199,7 +198,7 @@ def _cost_per_accepted(ctx: RunContext, plan: dict) -> Iterator[Finding]:
                       message=f"cost_per_accepted_usd is {stated!r}: not a usable amount in USD; state (rental + "
                               f"included other expenses) / accepted runs")
     elif total is not None:
-        expected = cost_per_accepted(total, len(accepted))
+        expected = spent.cost_per_declared
         if to_cent(usd(stated)) != expected:
             yield Finding("IV604", MANIFEST, pointer=pointer,
                           message=f"cost_per_accepted_usd is {fmt_usd(stated)} but {fmt_usd(total)} (rental + "
@@ -207,37 +206,30 @@ def _cost_per_accepted(ctx: RunContext, plan: dict) -> Iterator[Finding]:
                                   f"{fmt_usd(expected)}")
 
 
-def _deviations_explained(plan: dict, timeline: dict) -> Iterator[Finding]:
-    observed, reserved = timeline.get("observed_hours"), plan.get("reserved_hours")
-    if not is_number(observed) or not is_number(reserved):
+def _deviations_explained(hours: facts.Hours, listed_deviations: bool) -> Iterator[Finding]:
+    gap, observed, reserved = hours.gap, hours.observed, hours.reserved
+    if gap is None:
         return
-    explained = unexplained = 0.0
-    for deviation in listed(timeline, "deviations"):
-        if isinstance(deviation, dict) and is_number(deviation.get("hours")):
-            if filled_text(deviation.get("explanation")):
-                explained += deviation["hours"]
-            else:
-                unexplained += deviation["hours"]
-    gap = observed - reserved
+    explained, unexplained = hours.explained, hours.unexplained
     if abs(gap - explained) <= DEVIATION_TOLERANCE_HOURS:
         return
     extra = f" ({unexplained:g} h more listed without an explanation)" if unexplained else ""
-    yield Finding("IV605", MANIFEST, pointer="/timeline/deviations" if "deviations" in timeline else "/timeline",
+    yield Finding("IV605", MANIFEST, pointer="/timeline/deviations" if listed_deviations else "/timeline",
                   message=f"observed {fmt_hours(observed)} vs reserved {fmt_hours(reserved)}: "
                           f"{round(gap, 2):+g} h to explain, explained deviations add up to {round(explained, 2):+g} h"
                           f"{extra}: add {{\"hours\": {round(gap - explained, 2):g}, \"explanation\": \"...\"}} to "
                           f"timeline.deviations")
 
 
-def _reserved_within_window(plan: dict) -> Iterator[Finding]:
-    window, reserved = plan.get("window_hours"), plan.get("reserved_hours")
-    if is_number(window) and is_number(reserved) and reserved > window:
+def _reserved_within_window(hours: facts.Hours) -> Iterator[Finding]:
+    window, reserved = hours.window, hours.reserved
+    if window is not None and reserved is not None and reserved > window:
         yield Finding("IV606", MANIFEST, pointer="/plan/reserved_hours",
                       message=f"reserved {fmt_hours(reserved)} exceeds the window of {fmt_hours(window)} by "
                               f"{fmt_hours(round(reserved - window, 2))}: reserve at most the window, and keep a "
                               f"margin")
-    lots_window = lots_window_hours(plan)
-    if is_number(window) and lots_window is not None and window > lots_window[0]:
+    lots_window = hours.lots_window
+    if window is not None and lots_window is not None and window > lots_window[0]:
         yield Finding("IV606", MANIFEST, pointer="/plan/window_hours",
                       message=f"window_hours {fmt_hours(window)} exceeds what the lots provide (the "
                               f"{lots_window[1]['days']:g}-day lot: {fmt_hours(lots_window[0])}): buy a longer lot "
@@ -305,13 +297,13 @@ def _accepted_once(ctx: RunContext) -> Iterator[Finding]:
             first_by_config[config] = name
 
 
-def _plan_declared_first(ctx: RunContext, plan: dict) -> Iterator[Finding]:
-    declared, first = parse_time(plan.get("declared_at")), first_run_start(ctx)
+def _plan_declared_first(hours: facts.Hours) -> Iterator[Finding]:
+    declared, first = hours.declared, hours.first_run
     if declared is None or first is None or declared <= first[0]:
         return
     late = (declared - first[0]).total_seconds() / 3600
     yield Finding("IV610", MANIFEST, pointer="/plan/declared_at",
-                  message=f"the plan was declared at {plan['declared_at']}, {late:.4g} h after run "
+                  message=f"the plan was declared at {hours.declared_at}, {late:.4g} h after run "
                           f"{first[1] or first[2]} started: plan and actual are compared as they are; declare the "
                           f"plan before the first run next time, and never rewrite it")
 

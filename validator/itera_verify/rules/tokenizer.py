@@ -6,12 +6,10 @@ eval inputs but not what turns one into the ids the other takes.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Iterator
 
 from ..model import Finding, Rule, Severity
 from ..package import RunContext
-from ..runtime.hfcache import resolve_hf_cache
 from .untrained import _snapshot, _text
 
 RULES = [
@@ -60,7 +58,7 @@ def _base_has_tokenizer(ctx: RunContext, rel: str) -> bool:
         if ctx.inventory.is_file(f"{rel}/adapter_config.json") else None
     name = _text(config.get("base_model_name_or_path")) if isinstance(config, dict) else None
     revision = _text(config.get("revision")) if isinstance(config, dict) else None
-    snapshot = _snapshot(Path(ctx.hf_cache or resolve_hf_cache(None)), name, revision or "main") if name else None
+    snapshot = _snapshot(ctx.options.hf_cache, name, revision or "main") if name else None
     return snapshot is None or any((snapshot / file).is_file() for file in TOKENIZER_FILES)
 
 

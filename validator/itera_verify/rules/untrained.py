@@ -15,7 +15,6 @@ from ..format.names import HUB_ID
 from ..model import Finding, Rule, Severity
 from ..format.layouts import CHECKPOINT_FOLDER, TRAINER_STATE
 from ..package import RunContext
-from ..runtime.hfcache import resolve_hf_cache
 from ._tensors import FLOATS, Digests, Tensor, WeightSet, all_zero, converted_to, read_weights
 
 RULES = [
@@ -141,7 +140,7 @@ def _named_bases(ctx: RunContext) -> list[tuple[str, str]]:
 
 
 def _base_weight_sets(ctx: RunContext) -> list[WeightSet]:
-    cache = ctx.hf_cache or resolve_hf_cache(None)
+    cache = ctx.options.hf_cache
     found = []
     for name, revision in _named_bases(ctx):
         snapshot = _snapshot(Path(cache), name, revision)
@@ -263,7 +262,7 @@ def _untrained_diffusers(ctx: RunContext, digests: Digests) -> Iterator[Finding]
                                       "nothing was trained (save the LoRA after training)")
         elif kind == "diffusers-pipeline" and isinstance(artifact.get("base"), dict):
             name, revision = _text(artifact["base"].get("name")), _text(artifact["base"].get("revision"))
-            cache = cache or Path(ctx.hf_cache or resolve_hf_cache(None))
+            cache = cache or ctx.options.hf_cache
             snapshot = _snapshot(cache, name, revision) if name and revision else None
             if snapshot is not None:
                 yield from _pipeline_as_base(ctx, digests, rel, snapshot, f"the base {name} at {revision}", where)

@@ -1,4 +1,4 @@
-"""Where the local Hugging Face hub cache is (SPEC §6 --hf-cache)."""
+"""Where the local Hugging Face hub cache is (--hf-cache; docs/format.md)."""
 from __future__ import annotations
 
 import os
@@ -8,11 +8,11 @@ from ..model import UsageError
 from .environment import Environment
 
 
-def resolve_hf_cache(given: str | os.PathLike | None, environment: Environment | None = None) -> Path:
+def resolve_hf_cache(given: str | os.PathLike | None, environment: Environment) -> Path:
     """The hub cache folder (the one holding `models--org--name/`).
 
     A folder with a `hub/` subfolder is taken as an HF_HOME. Default: HF_HUB_CACHE, else HF_HOME/hub,
-    else ~/.cache/huggingface/hub (`environment`: the run's, else this process's now). An explicit folder that
+    else ~/.cache/huggingface/hub (of `environment`, the run's, read at its entry point). An explicit folder that
     does not exist is a usage error.
     """
     if given is not None:
@@ -20,4 +20,4 @@ def resolve_hf_cache(given: str | os.PathLike | None, environment: Environment |
         if not path.is_dir():
             raise UsageError(f"--hf-cache {given}: no such folder")
         return path / "hub" if (path / "hub").is_dir() and not any(path.glob("models--*")) else path
-    return (environment or Environment.read()).hub_cache
+    return environment.hub_cache

@@ -359,11 +359,11 @@ class Launcher:
     children start with it); `stop_all` ends them, whichever thread waits for them. `fork_refused`: why the fork
     server could not be used, when it could not."""
 
-    def __init__(self, stop: threading.Event | None = None, environment: Environment | None = None) -> None:
+    def __init__(self, environment: Environment, stop: threading.Event | None = None) -> None:
         self._lock = threading.Lock()
         self._live: set[int] = set()
         self.stop = stop if stop is not None else threading.Event()
-        self.environment = environment if environment is not None else Environment.read()
+        self.environment = environment
         self.fork_refused = ""
 
     def adopt(self, pid: int) -> bool:

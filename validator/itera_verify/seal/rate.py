@@ -78,7 +78,7 @@ def measure(files: Iterable[tuple[str, int]], *, level: int = 3, threads: int = 
 
 def measure_package(ctx, *, level: int = 3, threads: int = 0) -> Measured | None:
     """The seal's rate on this package's files, at the seal's level and threads (the workflow calls it once, when a
-    rental's end is known, and keeps it in ctx.settings["seal_rate"] for the report)."""
+    rental's end is known, and hands it to the report's rental estimate)."""
     files = [(ctx.inventory.os_path(rel), entry.size) for rel, entry in ctx.inventory.files.items()]
     return measure(files, level=level, threads=threads)
 

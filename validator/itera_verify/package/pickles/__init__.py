@@ -31,7 +31,7 @@ from .opcodes import MAX_ARGUMENT, MAX_LINE, scan_stream
 from .zips import AmbiguousZip, read_layout
 
 __all__ = ["ALLOWED_GLOBALS", "INERT_CONFIG", "INERT_CONFIG_FILES", "MAX_ARGUMENT", "MAX_LINE", "NPY_MAGIC",
-           "PICKLE_EXTENSIONS", "SCAN_BUDGET_SETTING", "SCAN_SETTING", "SNIFF_BYTES", "ZIP_MAGIC", "Budget",
+           "PICKLE_EXTENSIONS", "SCAN_SETTING", "SNIFF_BYTES", "ZIP_MAGIC", "Budget",
            "ScanResult", "category_of", "has_pickle_extension", "is_allowed", "is_pickle_or_torch_zip",
            "is_safetensors", "scan_file", "scan_package", "scan_stream", "sniff", "sniff_head"]
 
@@ -185,8 +185,6 @@ def _is_safetensors_file(path) -> bool:
 
 
 SCAN_SETTING = PICKLE_SCAN  # the package cache of {relative path: ScanResult}
-# ctx.settings key: the scan budget's units (the audit: its --max-size). Unset: the package's own size.
-SCAN_BUDGET_SETTING = "pickle_scan_budget"
 
 
 def scan_package(ctx) -> dict[str, ScanResult]:
@@ -194,7 +192,7 @@ def scan_package(ctx) -> dict[str, ScanResult]:
     stay in ctx.documents' caches so the reload step refuses what the scan refused, without scanning twice. All
     the files draw on one Budget: once it is spent, every file left is "cannot be scanned"."""
     results: dict[str, ScanResult] = ctx.documents.cache(SCAN_SETTING)
-    units = ctx.settings.get(SCAN_BUDGET_SETTING)
+    units = ctx.options.scan_budget  # the audit's: its --max-size; None: the package's own size
     budget = Budget(units if units is not None else max(DEFAULT_UNITS, _package_bytes(ctx)))
     for rel in sorted(ctx.inventory.files):
         if rel in results:

@@ -133,7 +133,7 @@ def device_map(folder: Path, cls, job: dict, device, outcome: Outcome, extra: di
     free = {gpu: torch.cuda.mem_get_info(gpu)[0] for gpu in gpus}
 
     try:
-        plan = placement.plan(placement.weight_bytes(folder), free, cap=placement.cap_from_environment(),
+        plan = placement.plan(placement.weight_bytes(folder), free, cap=job.get("gpu_memory_cap"),
                               meta_model=lambda: empty_model(folder, cls, extra))
     except placement.Offload as exc:
         raise Stop(LOAD, str(exc)) from None

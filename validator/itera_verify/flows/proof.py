@@ -1,7 +1,7 @@
 """The resume proof's background process (record/proofs.py starts it): one checkpoint of a package reloaded by the
 reload `itera-verify` runs, at the lowest CPU and I/O priority, its findings written as JSON.
 
-    python -m itera_verify.integrations.proof PACKAGE ARTIFACT RESULT.json [--device cpu] [--timeout S]
+    python -m itera_verify.flows.proof PACKAGE ARTIFACT RESULT.json [--device cpu] [--timeout S]
                                                                           [--hf-cache DIR]
 
 The same code as the verify's: the static scan and resume facts (IV506-IV508, rules/), then the reload child
@@ -55,14 +55,18 @@ def prove(root: str, artifact: str, *, device: str, timeout: float, hf_cache: st
     """`timeout` bounds the whole proof from `started` (time.monotonic(), default now): the reload gets what the
     start-up and the scan left of it, less a few seconds to judge it and write the result."""
     started = time.monotonic() if started is None else started
+    from dataclasses import replace
+
+    from ..options import Selection
     from ..package import RunContext, discover
     from ..reload import run_reloads
-    from ..rules import Selection, run_checks
-    from ..runtime.hfcache import resolve_hf_cache
     from ..runtime.progress import NULL_PROGRESS
+    from .checks import run_checks
+    from .config import Config, settle
 
-    ctx = RunContext(discover(root))
-    ctx.hf_cache = resolve_hf_cache(hf_cache)
+    # No configuration file: the proof judges the artifact by the rules' own levels, as the recorder declared.
+    options = settle(Config(), device=device, timeout=timeout, hf_cache=hf_cache, seal=False)
+    ctx = RunContext(discover(root), options)
     listed = next((a for a in ctx.documents.artifacts() if a.get("id") == artifact), None)
     if listed is None:
         return {"ok": False, "error": f"{artifact} is not an artifact of the package", "codes": []}
@@ -72,7 +76,7 @@ def prove(root: str, artifact: str, *, device: str, timeout: float, hf_cache: st
     left = timeout - (time.monotonic() - started) - RESULT_SECONDS
     reloads = run_reloads(ctx, device=device, timeout=max(1.0, left), jobs=1, progress=NULL_PROGRESS,
                           only={artifact})
-    ctx.reloads = reloads
+    ctx = replace(ctx, reloads=reloads)
     findings += [f for f in run_checks(ctx, Selection(select=RELOAD_CODES), "reload")
                  if _concerns(f, artifact, rel)]
     reload = reloads[0] if reloads else None
@@ -98,7 +102,7 @@ def _unique(findings) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m itera_verify.integrations.proof")
+    parser = argparse.ArgumentParser(prog="python -m itera_verify.flows.proof")
     parser.add_argument("package")
     parser.add_argument("artifact")
     parser.add_argument("result")
