@@ -68,11 +68,10 @@ CASES = [
 
 
 def static_and_reload(package_dir: Path, hf_cache: str, artifact: str):
-    package = context(package_dir)
+    package = context(package_dir, hf_cache=Path(hf_cache))
     static = [f for f in reload_rules.check(package, phase="static") if f.artifact == artifact]
-    package.hf_cache = Path(hf_cache)
-    package = replace(package, reloads=run_reloads(package, device="cpu", timeout=300, jobs=1, progress=NULL_PROGRESS,
-                                  only={artifact}))
+    package = replace(package, reloads=run_reloads(package, device="cpu", timeout=300, jobs=1,
+                                                   progress=NULL_PROGRESS, only={artifact}))
     return package, static
 
 

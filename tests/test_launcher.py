@@ -19,13 +19,9 @@ from itera_verify.runtime.launcher import (STOPPED, ForkAfterThreads, Forked, La
                                            termination_unwinds, wait_until)
 from itera_verify.runtime.progress import NULL_PROGRESS
 from itera_verify import settle
+from tests.helpers import context
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
-
-
-def context(package_dir):
-
-    return context(package_dir)
 
 
 def test_sigterm_during_the_reloads_and_during_the_seal_meet_one_handler(package_dir, tmp_path, monkeypatch,

@@ -149,6 +149,6 @@ def test_the_reload_memory_limit_counts_the_base_pipeline_the_lora_loads(built_l
     loras = [a for a in package.documents.artifacts() if a.get("kind") == "diffusers-lora"]
     assert loras
     job = plan(package, loras[0], "cpu", 1)
-    base = pinned_base_folder(loras[0]["base"], str(package.hf_cache))
+    base = pinned_base_folder(loras[0]["base"], str(package.options.hf_cache))
     assert base is not None and disk_bytes(base) > 0
     assert "with its base" in job["memory_limit_source"], job["memory_limit_source"]

@@ -31,11 +31,10 @@ def lose_a_shard(folder: Path) -> None:
 
 
 def findings_for(package_dir: Path, hf_cache, artifact: str):
-    package = context(package_dir)
+    package = context(package_dir, hf_cache=Path(hf_cache))
     static = [f for f in reload_rules.check(package, phase="static") if f.artifact == artifact]
-    package.hf_cache = Path(hf_cache)
-    package = replace(package, reloads=run_reloads(package, device="cpu", timeout=300, jobs=1, progress=NULL_PROGRESS,
-                                  only={artifact}))
+    package = replace(package, reloads=run_reloads(package, device="cpu", timeout=300, jobs=1,
+                                                   progress=NULL_PROGRESS, only={artifact}))
     reloaded = [f for f in reload_rules.check(package) if f.artifact == artifact]
     return static, reloaded, package.reloads[0]
 
