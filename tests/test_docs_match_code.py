@@ -178,6 +178,27 @@ def test_every_option_the_readme_shows_exists_and_every_option_of_help_is_docume
         assert not missing, f"{name or 'itera-verify'} --help options shown nowhere: {missing}"
 
 
+CHOICES = re.compile(r"(--[a-z][a-z0-9-]*) ([a-z0-9-]+(?:\|[a-z0-9-]+)+)")
+
+
+def test_the_values_the_readme_lists_for_an_option_are_its_choices():
+    """Where the usage block lists an option's values (`--format text|json|junit|github|html`), they are exactly
+    the values `--help` accepts for that option, in every subcommand that has it: a new format (`sarif`) or
+    device must be added to the README too."""
+    main = _main()
+    shown = dict(CHOICES.findall(_usage_block()))
+    assert shown, "no option values found in the usage block"
+    for name, command in main.commands.items():
+        for param in command.params:
+            if isinstance(param, click.Option) and isinstance(param.type, click.Choice):
+                for option in set(param.opts) & set(shown):
+                    if option == "--format" and name == "push":  # push's own line lists its two
+                        continue
+                    assert shown[option].split("|") == list(param.type.choices), (name, option)
+    push_format = next(p for p in main.commands["push"].params if "--format" in getattr(p, "opts", ()))
+    assert "--format text|json" in _usage_block() and list(push_format.type.choices) == ["text", "json"]
+
+
 def test_an_option_the_readme_shows_that_help_lacks_is_caught(monkeypatch):
     block = _usage_block()
     monkeypatch.setattr(sys.modules[__name__], "_usage_block", lambda: block.replace("[--reload]", "[--relaod]"))
