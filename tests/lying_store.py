@@ -6,11 +6,13 @@ Misbehaviours (`LyingStore.lie`):
 - "unannounced": every range answered with `oversize` bytes and no Content-Length (the body ends at close);
 - "short": every range one byte short, its length announced;
 - "cut": the right Content-Length, half the bytes, then the connection closed;
-- "changed": the object replaced after the first range (If-Match then fails: 412);
-- "ignores-if-match": the object replaced after the first range, served under its new ETag regardless;
+- "changed": the object replaced once its HEAD is answered (If-Match then fails: 412);
+- "ignores-if-match": the object replaced once its HEAD is answered, served under its new ETag regardless;
 - "redirect": every GET sent elsewhere (307 to `redirect_to`);
-- "error-body": every GET refused with an XML error of `oversize` bytes;
+- "error-body": every GET refused with an XML error of `oversize` bytes, its length announced;
+- "error-unannounced": the same error with no Content-Length (the body ends at close);
 - "slow": the right Content-Length, then one byte every `trickle` seconds, forever;
+- "stall": the right Content-Length, then nothing, forever;
 - "many-headers": HEAD answered with 1,000 metadata headers.
 """
 from __future__ import annotations
@@ -38,7 +40,7 @@ class LyingStore:
             pass
 
         Handler.store = store
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -55,6 +57,11 @@ class LyingStore:
         self._stopped.set()
         self._server.shutdown()
         self._server.server_close()
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:  # a client that hangs up is what the tests do
+        pass
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -103,6 +110,8 @@ class _Handler(BaseHTTPRequestHandler):
             for n in range(1000):
                 self.send_header(f"x-amz-meta-field{n}", "x" * 60)
         self.end_headers()
+        if store.lie in ("changed", "ignores-if-match") and (bucket, key) == (store.bucket, store.key):
+            store.objects[(bucket, key)] = bytes(b ^ 0xFF for b in data[:64]) + data[64:]
 
     def do_GET(self) -> None:
         store = self.store
@@ -116,22 +125,20 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Location", store.redirect_to + self.path)
             self.send_header("Content-Length", "0")
             return self.end_headers()
-        if store.lie == "error-body":
-            return self._huge_error()
+        if store.lie in ("error-body", "error-unannounced"):
+            return self._huge_error(store.lie == "error-body")
         if store.lie == "changed" and self.headers.get("If-Match") not in (None, store.etag()):
             return self._error(412, "PreconditionFailed")
         start, end = _range(self.headers.get("Range"), len(data))
         store.ranges_served += 1
         body = data[start:end + 1]
-        if store.lie in ("changed", "ignores-if-match") and store.ranges_served == 1:
-            store.objects[(bucket, key)] = bytes(b ^ 0xFF for b in data[:64]) + data[64:]  # replaced after this
         self.send_response(206)
         self.send_header("ETag", store.etag())
         self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
         if store.lie in ("oversized", "unannounced"):
             return self._oversized(store.lie == "oversized")
-        if store.lie == "slow":
-            return self._slow(len(body))
+        if store.lie in ("slow", "stall"):
+            return self._slow(len(body), store.lie == "slow")
         if store.lie == "short":
             body = body[:-1]
         self.send_header("Content-Length", str(len(body)))
@@ -151,12 +158,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self._send_filler(self.store.oversize)
 
-    def _huge_error(self) -> None:
+    def _huge_error(self, announced: bool) -> None:
         head = b"<?xml version='1.0' encoding='UTF-8'?>\n<Error><Code>AccessDenied</Code><Message>"
         tail = b"</Message></Error>"
         self.send_response(403)
         self.send_header("Content-Type", "application/xml")
-        self.send_header("Content-Length", str(len(head) + self.store.oversize + len(tail)))
+        if announced:
+            self.send_header("Content-Length", str(len(head) + self.store.oversize + len(tail)))
+        else:
+            self.send_header("Connection", "close")
         self.end_headers()
         try:
             self.wfile.write(head)
@@ -175,13 +185,14 @@ class _Handler(BaseHTTPRequestHandler):
             pass
         self.close_connection = True
 
-    def _slow(self, length: int) -> None:
+    def _slow(self, length: int, trickle: bool) -> None:
         self.send_header("Content-Length", str(length))
         self.end_headers()
         try:
             while not self.store._stopped.wait(self.store.trickle):
-                self.wfile.write(b"x")
-                self.wfile.flush()
+                if trickle:
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
         except OSError:
             pass
         self.close_connection = True

@@ -70,7 +70,7 @@ class RangedReader:
                 if attempt + 1 < ATTEMPTS:
                     continue
                 raise PushError(f"{self.url}: the store answered {cut.got} bytes for a range of {end - start} "
-                                f"while {self.what} (its answer broke off {ATTEMPTS} times: {cut.why})") from None
+                                f"while {self.what} (its answer stopped {ATTEMPTS} times: {cut.why})") from None
             except AnswerRefused as exc:
                 raise explain(exc, self.what, self.url) from None
             finally:
