@@ -3,6 +3,10 @@
 Why: the zstd library stops without an error when its input ends inside a frame, so a truncated archive would
 read as a shorter valid one. Walking the frame headers and block headers (RFC 8878 §3.1) as the bytes pass
 tells exactly whether the stream ended on a frame boundary, and rejects a file that is not zstd at all.
+
+Skippable frames (magic 0x184D2A50-0x184D2A5F, RFC 8878 §3.1.2) are valid zstd that `zstd -d` and `tar --zstd`
+pass over unread: the seal writes none, so both readers here report each one that holds bytes
+(`FrameScanner.skippable`, `skippable_frames`) for the audit to refuse.
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ class FrameScanner:
         self._skip = 0  # body bytes to pass over
         self._state = "magic"
         self._checksum = False
+        self.skippable: list[tuple[int, int]] = []  # (offset, bytes held) of each skippable frame with content
 
     def feed(self, data: bytes) -> None:
         view = memoryview(data)
@@ -71,6 +76,8 @@ class FrameScanner:
             self._state, self._need = "after-skip", 4
             if not self._skip:
                 self._end_frame()
+            else:
+                self.skippable.append((self.offset - 8, self._skip))
         elif state == "descriptor":
             descriptor = header[0]
             if descriptor & 0x08:
@@ -167,6 +174,16 @@ def frame_table(fd: int, *, max_blocks: int = 1_000_000) -> list[tuple[int, int]
     if not frames:
         raise FrameError("not-zstd", "empty file (not a zstd stream)")
     return frames
+
+
+def skippable_frames(fd: int, frames: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(offset, bytes held) of each skippable frame with content among `frames` (frame_table's) of the file."""
+    found = []
+    for start, end in frames:
+        magic = int.from_bytes(os.pread(fd, 4, start), "little")
+        if magic & SKIPPABLE_MASK == SKIPPABLE_MAGIC and end - start > 8:
+            found.append((start, end - start - 8))
+    return found
 
 
 def declared_content_size(fd: int) -> int | None:
