@@ -115,6 +115,23 @@ def test_audit_verifies_the_oms_signature_with_the_public_key(oms_signed, keys, 
     assert report.audit["signature"]["model_signing"]["state"] == "invalid"
 
 
+def test_a_forged_bundle_is_IV802_with_the_public_key(oms_signed, keys, tmp_path):
+    """The bundle's signed manifest rewritten to name a planted file's digest, its signature kept (issue 35 item 8):
+    the library refuses the envelope; a bundle that is no bundle at all is refused before the library sees it."""
+    members = members_of(oms_signed)
+    bundle = json.loads(members[f"{CAMPAIGN}/{OMS_SIGNATURE}"])
+    statement = json.loads(base64.b64decode(bundle["dsseEnvelope"]["payload"]))
+    statement["predicate"]["resources"][0]["digest"] = "0" * 64
+    bundle["dsseEnvelope"]["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+    forged = rewrite(oms_signed, tmp_path / f"{CAMPAIGN}.tar.zst", {OMS_SIGNATURE: json.dumps(bundle).encode()})
+    report = audit(forged, oms_public_key=keys["alice"][1])
+    assert signature_codes(report) == ["IV802"] and report.audit["signature"]["model_signing"]["state"] == "invalid"
+    not_a_bundle = rewrite(oms_signed, tmp_path / "x.tar.zst", {OMS_SIGNATURE: b'{"mediaType": "text/plain"}'})
+    report = audit(not_a_bundle, oms_public_key=keys["alice"][1])
+    assert signature_codes(report) == ["IV802"]
+    assert "not a JSON Sigstore bundle" in report.audit["signature"]["model_signing"]["problem"]
+
+
 def test_audit_without_the_public_key_says_it_was_not_checked(oms_signed):
     report = audit(oms_signed)
     oms = report.audit["signature"]["model_signing"]

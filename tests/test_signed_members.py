@@ -313,3 +313,13 @@ def test_an_unverified_model_sig_while_signers_are_required_is_IV802(built, alic
     assert any("SEAL/model.sig is not the one signed" in m for m in iv802(audit(swapped)))
     assert hashlib.sha256(FORGED_BUNDLE).hexdigest() != json.loads(
         members_of(dual)[f"{CAMPAIGN}/{STATEMENT}"])["sha256"][OMS_SIGNATURE]
+
+
+def test_a_principal_pattern_admits_the_signer_asked_for_and_a_negated_one_does_not(signed, alice, tmp_path):
+    """`--signer` is matched against the line's principal patterns as `ssh-keygen -Y verify -I` matches it
+    (tests/test_sshsig_differential.py compares the two on every pattern form)."""
+    pattern = allowed_signers(tmp_path / "pattern", ("*@example.com,!mallory@example.com",
+                                                     alice["key"].with_suffix(".pub")))
+    assert audit(signed, allowed_signers=pattern, signer="alice@example.com").verdict == "pass"
+    for who in ("mallory@example.com", "alice@example.org"):
+        assert [f.code for f in audit(signed, allowed_signers=pattern, signer=who).findings] == ["IV803"], who

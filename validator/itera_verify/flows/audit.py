@@ -11,9 +11,9 @@ outside the tar profile the seal writes (archive/profile.py: GNU tar could read 
 does) is IV703, named after its member; expanding past --max-size is IV705. None of them is a traceback, and
 after any of them nothing is re-checked (a partial package would only produce noise). SEAL/ holds what the
 seal wrote and nothing else: any other member there is IV702, and every file there, the seal's own records,
-statement pair and model.sig included, is scanned for a pickle (IV506). Default --max-size: 20 × the archive's size, at least 1 GiB — weight
-shards expand about 1.3×, JSONL and text 5-10×, so a real package stays far below, while a bomb (thousands to
-one) is stopped after a bounded amount of work and disk.
+statement pair and model.sig included, is scanned for a pickle (IV506). Default --max-size: 20 × the archive's
+size, at least 1 GiB — weight shards expand about 1.3×, JSONL and text 5-10×, so a real package stays far below,
+while a bomb (thousands to one) is stopped after a bounded amount of work and disk.
 """
 from __future__ import annotations
 

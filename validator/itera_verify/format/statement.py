@@ -251,6 +251,6 @@ def _uncovered(parsed: dict, content: SealedContent, model_signature_verified: b
         if kind == "directory" and any(f.startswith(rel + "/" if rel else "") for f in covered):
             continue  # tar creates it for the covered files beneath it anyway
         what = "a symbolic link" if kind == "symlink" else f"a {kind} holding no listed file"
-        found.append((f"{top}/{rel}" if rel else f"{top}/", f"{what}: a statement of an older seal binds the files SHA256SUMS lists and "
-                                      "nothing else (seal again with this version to bind every member)"))
+        found.append((f"{top}/{rel}" if rel else f"{top}/", f"{what}: a statement of an older seal binds the files "
+                      "SHA256SUMS lists and nothing else (seal again with this version to bind every member)"))
     return found
