@@ -155,6 +155,10 @@ def check_seal(*, statement: bytes | None, statement_sig: bytes | None, archive_
     if statement is not None and statement_sig is None:
         result.content.append(f"{STATEMENT} is there but {STATEMENT_SIG} is missing: nothing signed that statement, "
                               "so it vouches for nothing")
+    if allowed is not None:  # whatever the statement says: no signature of the seal covers these bytes
+        result.uncovered = [("", f"a skippable zstd frame holding {size} bytes at offset {offset}: zstd and tar pass "
+                                 "over it unread, and no signature of the seal covers it")
+                            for offset, size in content.skippable]
     if statement is not None and result.statement.state == "valid":
         parsed = _parsed(statement)
         if parsed is None:
@@ -162,7 +166,7 @@ def check_seal(*, statement: bytes | None, statement_sig: bytes | None, archive_
         else:
             result.content += _content_problems(parsed, content, result.facts)
             if allowed is not None and not result.content:
-                result.uncovered = _uncovered(parsed, content, model_signature_verified)
+                result.uncovered += _uncovered(parsed, content, model_signature_verified)
     keys = {c.key.blob for c in (result.statement, result.archive) if c.state == "valid"}
     result.two_keys = len(keys) > 1
     signer = result.signer
@@ -232,12 +236,11 @@ def _names(names: list[str]) -> str:
 
 
 def _uncovered(parsed: dict, content: SealedContent, model_signature_verified: bool) -> list[tuple[str, str]]:
-    """What the reviewer's required signer did not sign, the statement's content being this archive's: any
-    skippable frame with content; in an archive with an older statement, a SEAL/model.sig not verified with
-    --oms-public-key, a file SHA256SUMS does not list, a link, and a folder holding no covered file."""
+    """What the reviewer's required signer did not sign, the statement's content being this archive's, in an
+    archive with an older statement: a SEAL/model.sig not verified with --oms-public-key, a file SHA256SUMS does
+    not list, a link, and a folder holding no covered file."""
     top = content.top
-    found = [("", f"a skippable zstd frame holding {size} bytes at offset {offset}: zstd and tar pass over it "
-                  "unread, and no signature of the seal covers it") for offset, size in content.skippable]
+    found: list[tuple[str, str]] = []
     older_model = content.model_signature is not None and OMS_SIGNATURE not in parsed["sha256"]
     if older_model and not model_signature_verified:
         found.append((f"{top}/{OMS_SIGNATURE}", f"{OMS_SIGNATURE} is not covered by the signed statement (a "
