@@ -33,6 +33,7 @@ from typing import Callable
 from .canonical import HeaderFacts, NotCanonical, top_folder_problem
 from .errors import ArchiveError
 from .reader import ArchiveReader, Member
+from .zstdframes import Skipped
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class Extraction:
     archive_bytes: int = 0
     expanded_bytes: int = 0
     headers: list[HeaderFacts] = field(default_factory=list)  # every member read, in order (refused ones too)
-    skippable: list[tuple[int, int]] = field(default_factory=list)  # (offset, bytes) of skippable zstd frames
+    skippable: Skipped = field(default_factory=Skipped)  # the skippable zstd frames that hold bytes
 
 
 def member_parts(name: str) -> list[str] | str:

@@ -28,7 +28,7 @@ from . import canonical, profile
 from .errors import ArchiveError, Corrupt, NotZstd, TooLarge, Truncated  # noqa: F401 (ArchiveError re-exported)
 from .parallel import FrameParallelExpanded
 from .profile import OutsideProfile, parse_pax  # noqa: F401 (parse_pax re-exported)
-from .zstdframes import FrameError, FrameScanner, frame_table, skippable_frames
+from .zstdframes import FrameError, FrameScanner, Skipped, frame_table, skippable_frames
 
 BLOCK = 512
 RAW_CHUNK = 1 << 20
@@ -218,11 +218,11 @@ class ArchiveReader:
         scanned = frames == "scan"
         if scanned:
             frames = _scan(fileobj)
-        self._skippable: list[tuple[int, int]] | None = None
+        self._skippable: Skipped | None = None
         if frames and len(frames) > 1:
             # Frames the caller knows are its writer's own (no skippable frame; an O_DIRECT descriptor, which
             # refuses small reads): only a scanned table is looked into.
-            self._skippable = skippable_frames(fileobj.fileno(), frames) if scanned else []
+            self._skippable = skippable_frames(fileobj.fileno(), frames) if scanned else Skipped()
             self._expanded = FrameParallelExpanded(fileobj.fileno(), frames, limit=max_expanded,
                                                    hash_archive=hash_archive, tap=tap)
         else:
@@ -375,12 +375,12 @@ class ArchiveReader:
         return self._expanded.total
 
     @property
-    def skippable(self) -> list[tuple[int, int]]:
-        """(offset, bytes held) of every skippable zstd frame with content (zstdframes.py): zstd and tar skip them
-        unread, the seal writes none. Complete once the members were read to the end."""
+    def skippable(self) -> Skipped:
+        """The skippable zstd frames that hold bytes (zstdframes.py): zstd and tar pass over them unread, the seal
+        writes none. Complete once the members were read to the end."""
         if self._skippable is not None:
-            return list(self._skippable)
-        return list(self._expanded.source.scanner.skippable)
+            return self._skippable
+        return self._expanded.source.scanner.skippable
 
     def close(self) -> None:
         self._expanded.close()

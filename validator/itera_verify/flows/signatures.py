@@ -128,4 +128,5 @@ def sealed_content(extraction: Extraction) -> SealedContent:
     others = [(name[len(top) + 1:].rstrip("/"), kind) for name, kind, *_ in extraction.headers
               if kind != "file" and (name == f"{top}/" or name.startswith(f"{top}/"))]
     return SealedContent(top, seal.get(SUMS), seal.get(RECORD), seal.get(OMS_SIGNATURE), dict(extraction.files),
-                         listed, member_listing(headers), others, list(extraction.skippable))
+                         listed, member_listing(headers), others,
+                         (extraction.skippable.frames, extraction.skippable.bytes, extraction.skippable.first))

@@ -59,7 +59,7 @@ class SealedContent:
     listed: dict[str, str] | None = None  # SEAL/SHA256SUMS parsed (None: absent or malformed, IV701/IV702)
     members: tuple[int, str] = (0, "")  # member_listing of every header but the statement pair's
     others: list[tuple[str, str]] = field(default_factory=list)  # (name under the top folder, kind): not files
-    skippable: list[tuple[int, int]] = field(default_factory=list)  # (offset, bytes) of skippable zstd frames
+    skippable: tuple[int, int, int | None] = (0, 0, None)  # skippable zstd frames with bytes: count, bytes, first
 
 
 @dataclass
@@ -156,9 +156,11 @@ def check_seal(*, statement: bytes | None, statement_sig: bytes | None, archive_
         result.content.append(f"{STATEMENT} is there but {STATEMENT_SIG} is missing: nothing signed that statement, "
                               "so it vouches for nothing")
     if allowed is not None:  # whatever the statement says: no signature of the seal covers these bytes
-        result.uncovered = [("", f"a skippable zstd frame holding {size} bytes at offset {offset}: zstd and tar pass "
-                                 "over it unread, and no signature of the seal covers it")
-                            for offset, size in content.skippable]
+        frames, size, first = content.skippable
+        if frames:
+            result.uncovered = [("", f"{frames} skippable zstd frame(s) holding {size} bytes, the first at offset "
+                                     f"{first}: zstd and tar pass over them unread, and no signature of the seal "
+                                     "covers them")]
     if statement is not None and result.statement.state == "valid":
         parsed = _parsed(statement)
         if parsed is None:

@@ -166,10 +166,12 @@ def audit_findings(facts: AuditFacts) -> list[Finding]:
         findings.append(Finding("IV701", facts.archive_name,
                                 message=f"the archive's SHA-256 does not match {facts.detached[0]}"))
     findings += _sums_findings(extraction)
-    findings += [Finding("IV703", facts.archive_name, message=(
-        f"a skippable zstd frame holding {size} bytes at offset {offset}: the seal writes none; zstd and tar pass "
-        "over it unread, so whatever it carries (a second file format, a payload) travels with the archive "
-        "unchecked")) for offset, size in extraction.skippable]
+    skipped = extraction.skippable
+    if skipped.frames:
+        findings.append(Finding("IV703", facts.archive_name, message=(
+            f"{skipped.frames} skippable zstd frame(s) holding {skipped.bytes} bytes, the first at offset "
+            f"{skipped.first}: the seal writes none; zstd and tar pass over them unread, so whatever they carry (a "
+            "second file format, a payload) travels with the archive unchecked")))
     if facts.record_unreadable:
         findings.append(Finding("IV702", f"{extraction.top}/{RECORD}",
                                 message=f"SEAL/verification.json is {facts.record_unreadable}: no record of what "
