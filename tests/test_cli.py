@@ -131,13 +131,3 @@ def test_every_rule_has_documentation_and_examples():
     assert spec_codes <= set(rules), sorted(spec_codes - set(rules))
     for rule in rules.values():
         assert rule.title and len(rule.explain) > 40 and rule.bad and rule.good, rule.code
-
-
-def test_readme_rule_table_matches_the_registry():
-    from pathlib import Path
-
-    from itera_verify.report.rules_format import markdown_table
-    from itera_verify.rules import all_rules
-
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert markdown_table(all_rules()) in readme, "regenerate the README table from rules_format.markdown_table"

@@ -116,6 +116,23 @@ def test_audit_verifies_the_oms_signature_with_the_public_key(oms_signed, keys, 
     assert report.audit["signature"]["model_signing"]["state"] == "invalid"
 
 
+def test_a_forged_bundle_is_IV802_with_the_public_key(oms_signed, keys, tmp_path):
+    """The bundle's signed manifest rewritten to name a planted file's digest, its signature kept (issue 35 item 8):
+    the library refuses the envelope; a bundle that is no bundle at all is refused before the library sees it."""
+    members = members_of(oms_signed)
+    bundle = json.loads(members[f"{CAMPAIGN}/{OMS_SIGNATURE}"])
+    statement = json.loads(base64.b64decode(bundle["dsseEnvelope"]["payload"]))
+    statement["predicate"]["resources"][0]["digest"] = "0" * 64
+    bundle["dsseEnvelope"]["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+    forged = rewrite(oms_signed, tmp_path / f"{CAMPAIGN}.tar.zst", {OMS_SIGNATURE: json.dumps(bundle).encode()})
+    report = audit(forged, oms_public_key=keys["alice"][1])
+    assert signature_codes(report) == ["IV802"] and report.audit["signature"]["model_signing"]["state"] == "invalid"
+    not_a_bundle = rewrite(oms_signed, tmp_path / "x.tar.zst", {OMS_SIGNATURE: b'{"mediaType": "text/plain"}'})
+    report = audit(not_a_bundle, oms_public_key=keys["alice"][1])
+    assert signature_codes(report) == ["IV802"]
+    assert "not a JSON Sigstore bundle" in report.audit["signature"]["model_signing"]["problem"]
+
+
 def test_audit_without_the_public_key_says_it_was_not_checked(oms_signed):
     report = audit(oms_signed)
     oms = report.audit["signature"]["model_signing"]
@@ -180,7 +197,11 @@ def test_without_the_library_the_seal_names_the_extra(built, keys, tmp_path):
 @pytest.mark.skipif(shutil.which("ssh-keygen") is None or shutil.which("ssh-agent") is None,
                     reason="needs OpenSSH's ssh-keygen and ssh-agent")
 def test_ssh_and_model_signing_together_cover_each_other(built, keys, tmp_path):
-    """Both keys: the OMS signature is made last, over the signed statement too; the audit checks both."""
+    """Both keys: the OMS signature is made first, over every file but the statement pair; the signed statement
+    binds model.sig's digest, so the SSH signer alone covers every member (issue 35 item 3). The audit checks both,
+    and the library's own command line still accepts the extracted folder."""
+    import hashlib
+
     from tests.test_signatures import allowed_signers, keygen
 
     shutil.copytree(built["package"], tmp_path / "pkg", symlinks=True)
@@ -188,15 +209,23 @@ def test_ssh_and_model_signing_together_cover_each_other(built, keys, tmp_path):
     report = verify(tmp_path / "pkg", settle(reload=False, output=tmp_path, sign=(f"ssh:{ssh_key}", f"model-signing:{keys['alice'][0]}")))
     assert report.sealed and report.archive["signature"] and report.archive["model_signing"]
     archive = tmp_path / f"{CAMPAIGN}.tar.zst"
-    bundle = json.loads(members_of(archive)[f"{CAMPAIGN}/{OMS_SIGNATURE}"])
-    signed = {r["name"] for r in json.loads(base64.b64decode(bundle["dsseEnvelope"]["payload"]))["predicate"]
-              ["resources"]}
-    assert {"SEAL/SHA256SUMS", "SEAL/statement.json", "SEAL/statement.json.sig", "manifest.json"} <= signed
-    assert OMS_SIGNATURE not in signed
+    members = members_of(archive)
+    bundle = json.loads(members[f"{CAMPAIGN}/{OMS_SIGNATURE}"])
+    payload = json.loads(base64.b64decode(bundle["dsseEnvelope"]["payload"]))["predicate"]
+    signed = {r["name"] for r in payload["resources"]}
+    assert {"SEAL/SHA256SUMS", "SEAL/verification.json", "SEAL/report.html", "manifest.json"} <= signed
+    assert not signed & {OMS_SIGNATURE, "SEAL/statement.json", "SEAL/statement.json.sig"}
+    statement = json.loads(members[f"{CAMPAIGN}/SEAL/statement.json"])
+    assert statement["sha256"][OMS_SIGNATURE] == hashlib.sha256(members[f"{CAMPAIGN}/{OMS_SIGNATURE}"]).hexdigest()
     allowed = allowed_signers(tmp_path / "allowed", ("alice@example.com", ssh_key.with_suffix(".pub")))
     report = audit(archive, settle(reviewer=True, allowed_signers=allowed, oms_public_key=keys["alice"][1]))
     assert signature_codes(report) == [], [f.to_json() for f in report.findings]
     assert report.audit["signature"]["model_signing"]["state"] == "valid"
     assert report.audit["signature"]["statement"]["state"] == "valid"
+    report = audit(archive, allowed_signers=allowed)  # the SSH signer alone covers model.sig too
+    assert report.verdict == "pass" and report.audit["signature"]["uncovered"] == [], \
+        [f.to_json() for f in report.findings]
+    done = model_signing_verify(extracted(archive, tmp_path / "x"), keys["alice"][1])
+    assert done.returncode == 0 and "Verification succeeded" in done.stdout, done.stdout + done.stderr
     with pytest.raises(UsageError, match="one ssh key per seal"):
         verify(tmp_path / "pkg", settle(reload=False, output=tmp_path, sign=(f"ssh:{ssh_key}", f"ssh:{ssh_key}")))

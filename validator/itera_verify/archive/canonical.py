@@ -12,7 +12,10 @@ top folder `.local` or `.ssh` in the reviewer's home) and is refused before anyt
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import re
+from typing import Iterable
 
 from ..format.names import ID
 from .errors import ArchiveError
@@ -60,6 +63,24 @@ def header(name: str, kind: bytes, *, size: int = 0, mode: int | None = None, mt
     if mode not in allowed or (kind == DIRECTORY) != name.endswith("/") or (kind == SYMLINK) != bool(linkname):
         raise ValueError(f"not a member the seal writes: {name!r} {kind!r} mode {mode:o}")
     return tar_header(name, kind, size=size, mode=mode, mtime=mtime, linkname=linkname)
+
+
+# One member as its header says it: (name as in the header, a folder's ending in /; kind: file, directory or
+# symlink as archive/reader.py names it; size; mode; mtime; link target). Every field GNU tar restores.
+HeaderFacts = tuple[str, str, int, int, int, str]
+
+
+def member_listing(members: Iterable[HeaderFacts]) -> tuple[int, str]:
+    """(count, SHA-256) of the listing of `members` in archive order: one line per member, the JSON array
+    `[name, kind, size, mode, mtime, link target]` (ASCII, no spaces). Since every header the audit accepts is
+    the one `header()` builds from exactly these fields, two archives with one listing have the same headers; a
+    signed statement that holds the listing's digest binds every folder, link, mode and time (docs/format.md)."""
+    digest, count = hashlib.sha256(), 0
+    for name, kind, size, mode, mtime, linkname in members:
+        digest.update(json.dumps([name, kind, size, mode, mtime, linkname], ensure_ascii=True,
+                                 separators=(",", ":")).encode("ascii") + b"\n")
+        count += 1
+    return count, digest.hexdigest()
 
 
 def top_folder_problem(name: str, kind: bytes) -> str | None:

@@ -16,9 +16,12 @@ workflow turns them into findings. Defences:
 - names seen twice, names with empty or `.` components: refused (the reader has already refused every header
   outside the seal's profile, archive/profile.py, and the whole stream with it);
 - the caller's reserved folder (`Reserved`: the seal's `SEAL/`) is never written into the tree: the members it
-  names as kept are held in memory (bounded); any other file there is hashed and, when the caller gives a
-  `seal_side` folder, written there (outside the tree) so it can be scanned; the extracted tree is the package
-  as it was sealed.
+  names as kept are held in memory (bounded); every file there, kept or not, is hashed and, when the caller
+  gives a `seal_side` folder, written there (outside the tree) so it can be scanned like every file; the
+  extracted tree is the package as it was sealed.
+
+Besides what it extracted, the result says what `tar -xf` would act on: every member's header facts in order
+(`headers`, refused members too: canonical.member_listing) and the skippable zstd frames that hold bytes.
 """
 from __future__ import annotations
 
@@ -27,9 +30,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .canonical import NotCanonical, top_folder_problem
+from .canonical import HeaderFacts, NotCanonical, top_folder_problem
 from .errors import ArchiveError
 from .reader import ArchiveReader, Member
+from .zstdframes import Skipped
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,7 @@ class Extraction:
     top: str | None = None
     files: dict[str, str] = field(default_factory=dict)  # name under the top folder -> sha256 (regular files)
     seal_files: dict[str, bytes] = field(default_factory=dict)  # the reserved folder's kept members
-    seal_side: dict[str, str] = field(default_factory=dict)  # its other files -> where they were written
+    seal_side: dict[str, str] = field(default_factory=dict)  # its files -> where they were written (to scan)
     seal_extras: list[tuple[str, str]] = field(default_factory=list)  # (a member there it never holds, what)
     refused: list[tuple[str, str]] = field(default_factory=list)  # (member name, why)
     members: int = 0
@@ -56,6 +60,8 @@ class Extraction:
     archive_sha256: str = ""
     archive_bytes: int = 0
     expanded_bytes: int = 0
+    headers: list[HeaderFacts] = field(default_factory=list)  # every member read, in order (refused ones too)
+    skippable: Skipped = field(default_factory=Skipped)  # the skippable zstd frames that hold bytes
 
 
 def member_parts(name: str) -> list[str] | str:
@@ -229,7 +235,7 @@ class _Extractor:
         if limit is not None and member.size > limit:
             return self.refuse(member, f"{member.size} bytes, more than a seal record can be ({limit})")
         digest, kept, fd = hashlib.sha256(), [], None
-        if limit is None and self.seal_side is not None:
+        if self.seal_side is not None:
             side = os.path.join(self.seal_side, f"{len(self.result.seal_side)}-{rel.rsplit('/', 1)[-1]}"[:200])
             fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             self.result.seal_side[rel] = side
@@ -238,7 +244,7 @@ class _Extractor:
                 digest.update(piece)
                 if limit is not None:
                     kept.append(bytes(piece))
-                elif fd is not None:
+                if fd is not None:
                     _write_all(fd, piece)
                 self.on_bytes(len(piece))
         finally:
@@ -279,8 +285,11 @@ def safe_extract(fileobj, root: str, *, max_expanded: int | None,
         reader = ArchiveReader(fileobj, max_expanded=max_expanded, frames="scan", hash_archive=hash_archive)
         for member in reader:
             result.members += 1
+            result.headers.append((member.name, member.kind, member.size, member.mode, member.mtime,
+                                   member.linkname))
             extractor.add(reader, member)
         result.archive_sha256, result.archive_bytes = reader.archive_sha256, reader.archive_bytes
+        result.skippable = reader.skippable
     except ArchiveError as exc:
         result.error = exc
     finally:

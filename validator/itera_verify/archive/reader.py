@@ -28,7 +28,7 @@ from . import canonical, profile
 from .errors import ArchiveError, Corrupt, NotZstd, TooLarge, Truncated  # noqa: F401 (ArchiveError re-exported)
 from .parallel import FrameParallelExpanded
 from .profile import OutsideProfile, parse_pax  # noqa: F401 (parse_pax re-exported)
-from .zstdframes import FrameError, FrameScanner, frame_table
+from .zstdframes import FrameError, FrameScanner, Skipped, frame_table, skippable_frames
 
 BLOCK = 512
 RAW_CHUNK = 1 << 20
@@ -215,9 +215,14 @@ class ArchiveReader:
 
     def __init__(self, fileobj, *, max_expanded: int | None = None,
                  frames: list[tuple[int, int]] | str | None = None, hash_archive: bool = True, tap=None):
-        if frames == "scan":
+        scanned = frames == "scan"
+        if scanned:
             frames = _scan(fileobj)
+        self._skippable: Skipped | None = None
         if frames and len(frames) > 1:
+            # Frames the caller knows are its writer's own (no skippable frame; an O_DIRECT descriptor, which
+            # refuses small reads): only a scanned table is looked into.
+            self._skippable = skippable_frames(fileobj.fileno(), frames) if scanned else Skipped()
             self._expanded = FrameParallelExpanded(fileobj.fileno(), frames, limit=max_expanded,
                                                    hash_archive=hash_archive, tap=tap)
         else:
@@ -368,6 +373,14 @@ class ArchiveReader:
     @property
     def expanded_bytes(self) -> int:
         return self._expanded.total
+
+    @property
+    def skippable(self) -> Skipped:
+        """The skippable zstd frames that hold bytes (zstdframes.py): zstd and tar pass over them unread, the seal
+        writes none. Complete once the members were read to the end."""
+        if self._skippable is not None:
+            return self._skippable
+        return self._expanded.source.scanner.skippable
 
     def close(self) -> None:
         self._expanded.close()

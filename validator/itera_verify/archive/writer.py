@@ -24,7 +24,7 @@ from typing import Iterable, Iterator
 
 import zstandard
 
-from .canonical import DIRECTORY_MODE, FILE_MODES, header as canonical_header
+from .canonical import DIRECTORY_MODE, FILE_MODES, SYMLINK_MODE, HeaderFacts, header as canonical_header
 from .output import ArchiveOutput
 from .tarheader import DIRECTORY, END_OF_ARCHIVE, REGULAR, SYMLINK, padding
 
@@ -102,6 +102,7 @@ class ArchiveWriter:
         self.tar_bytes = 0
         self.frames: list[tuple[int, int]] = []  # (start, end) of each zstd frame in the file
         self.fast_files = 0
+        self.headers: list[HeaderFacts] = []  # every member written, as canonical.member_listing reads it
 
     # ---- frames --------------------------------------------------------------------------------------
     def _use(self, profile: str) -> None:
@@ -165,10 +166,13 @@ class ArchiveWriter:
 
     # ---- members: every header is canonical.header(), the one the audit expects (ValueError for another mode)
     def add_directory(self, name: str, *, mode: int = DIRECTORY_MODE, mtime: int = 0) -> None:
-        self._write(canonical_header(name.rstrip("/") + "/", DIRECTORY, mode=mode, mtime=mtime))
+        name = name.rstrip("/") + "/"
+        self._write(canonical_header(name, DIRECTORY, mode=mode, mtime=mtime))
+        self.headers.append((name, "directory", 0, mode, mtime, ""))
 
     def add_symlink(self, name: str, target: str, *, mtime: int = 0) -> None:
         self._write(canonical_header(name, SYMLINK, mtime=mtime, linkname=target))
+        self.headers.append((name, "symlink", 0, SYMLINK_MODE, mtime, target))
 
     def add_bytes(self, name: str, data: bytes, *, mode: int = FILE_MODES[0], mtime: int = 0) -> str:
         return self.add_file(name, len(data), [data], mode=mode, mtime=mtime)
@@ -186,6 +190,7 @@ class ArchiveWriter:
             self._use(profile)
         digest = hashlib.sha256() if hash_data else None
         header = canonical_header(name, REGULAR, size=size, mode=mode, mtime=mtime)
+        self.headers.append((name, "file", size, mode, mtime, ""))
         if first is None:
             first = b""
         if len(first) == size and size <= 65536:  # a small file: one compressor call for the whole member

@@ -3,16 +3,36 @@
 Why: the zstd library stops without an error when its input ends inside a frame, so a truncated archive would
 read as a shorter valid one. Walking the frame headers and block headers (RFC 8878 §3.1) as the bytes pass
 tells exactly whether the stream ended on a frame boundary, and rejects a file that is not zstd at all.
+
+Skippable frames (magic 0x184D2A50-0x184D2A5F, RFC 8878 §3.1.2) are valid zstd that `zstd -d` and `tar --zstd`
+pass over unread: the seal writes none, so both readers here count those that hold bytes (`Skipped`) for the
+audit to refuse. Counted, never listed: a stream of millions of tiny ones costs no memory.
 """
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import zstandard
 
 ZSTD_MAGIC = 0xFD2FB528
 SKIPPABLE_MASK, SKIPPABLE_MAGIC = 0xFFFFFFF0, 0x184D2A50
 MAX_BLOCK = 128 << 10
+
+
+@dataclass
+class Skipped:
+    """The skippable frames of a stream that hold bytes: how many, how many bytes, where the first one starts."""
+
+    frames: int = 0
+    bytes: int = 0
+    first: int | None = None
+
+    def add(self, offset: int, size: int) -> None:
+        self.frames += 1
+        self.bytes += size
+        if self.first is None:
+            self.first = offset
 
 
 class FrameError(Exception):
@@ -34,6 +54,7 @@ class FrameScanner:
         self._skip = 0  # body bytes to pass over
         self._state = "magic"
         self._checksum = False
+        self.skippable = Skipped()
 
     def feed(self, data: bytes) -> None:
         view = memoryview(data)
@@ -71,6 +92,8 @@ class FrameScanner:
             self._state, self._need = "after-skip", 4
             if not self._skip:
                 self._end_frame()
+            else:
+                self.skippable.add(self.offset - 8, self._skip)
         elif state == "descriptor":
             descriptor = header[0]
             if descriptor & 0x08:
@@ -137,6 +160,9 @@ def frame_table(fd: int, *, max_blocks: int = 1_000_000) -> list[tuple[int, int]
         start = position
         magic = int.from_bytes(read(position, 4), "little")
         if magic & SKIPPABLE_MASK == SKIPPABLE_MAGIC:
+            blocks += 1  # a stream of millions of empty frames: read in one pass instead, as for many blocks
+            if blocks > max_blocks:
+                return None
             position += 8 + int.from_bytes(read(position + 4, 4), "little")
         elif magic != ZSTD_MAGIC:
             if not frames:
@@ -167,6 +193,16 @@ def frame_table(fd: int, *, max_blocks: int = 1_000_000) -> list[tuple[int, int]
     if not frames:
         raise FrameError("not-zstd", "empty file (not a zstd stream)")
     return frames
+
+
+def skippable_frames(fd: int, frames: list[tuple[int, int]]) -> Skipped:
+    """The skippable frames with content among `frames` (frame_table's) of the file."""
+    found = Skipped()
+    for start, end in frames:
+        magic = int.from_bytes(os.pread(fd, 4, start), "little")
+        if magic & SKIPPABLE_MASK == SKIPPABLE_MAGIC and end - start > 8:
+            found.add(start, end - start - 8)
+    return found
 
 
 def declared_content_size(fd: int) -> int | None:

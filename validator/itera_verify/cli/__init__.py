@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from ..version import __version__
+from ..version import FORMAT, __version__
 from ..runtime.allocator import keep_freed_buffers
 from ..flows.config import Config, load_config, settle
 from ..runtime.environment import Environment
@@ -144,7 +144,9 @@ class DefaultCommandGroup(click.Group):
 
 
 @click.group(cls=DefaultCommandGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="itera-verify")
+# The tool's version and the package format it writes and reads: a reviewer can tell whether it can audit an archive.
+@click.version_option(__version__, prog_name="itera-verify",
+                      message=f"%(prog)s %(version)s (package format: writes {FORMAT}, reads {FORMAT})")
 def main() -> None:
     """Check a campaign output folder, reload every artifact, and seal it into a checksummed archive.
 

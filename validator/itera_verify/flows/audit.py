@@ -10,10 +10,10 @@ corrupt stream, or a file that is not zstd at all, is IV701 (its bytes are not w
 outside the tar profile the seal writes (archive/profile.py: GNU tar could read other members than the audit
 does) is IV703, named after its member; expanding past --max-size is IV705. None of them is a traceback, and
 after any of them nothing is re-checked (a partial package would only produce noise). SEAL/ holds what the
-seal wrote and nothing else: any other member there is IV702, and every file there beside the two records is
-scanned for a pickle. Default --max-size: 20 × the archive's size, at least 1 GiB — weight
-shards expand about 1.3×, JSONL and text 5-10×, so a real package stays far below, while a bomb (thousands to
-one) is stopped after a bounded amount of work and disk.
+seal wrote and nothing else: any other member there is IV702, and every file there, the seal's own records,
+statement pair and model.sig included, is scanned for a pickle (IV506). Default --max-size: 20 × the archive's
+size, at least 1 GiB — weight shards expand about 1.3×, JSONL and text 5-10×, so a real package stays far below,
+while a bomb (thousands to one) is stopped after a bounded amount of work and disk.
 """
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ from ..report import Report
 from ..options import RunOptions
 from ..rules import all_rules
 from ..rules.archive import RECORD, AuditFacts, audit_findings
+from ..rules.pickles import seal_findings as pickle_findings
 from ..seal import termination_unwinds
 from ..seal.plan import SEAL_LAYOUT
 from .config import settle
@@ -123,7 +124,7 @@ def audit(archive: str | os.PathLike, options: RunOptions | None = None, *,
                                  and bool(comparison.get("unexplained_blocking", True)))
     facts.contradicting_codes = tuple(comparison.get("unexplained_blocking") or ())
     facts.record_unreadable = comparison.get("error")
-    archive_findings = audit_findings(facts)
+    archive_findings = audit_findings(facts) + pickle_findings(extraction.top, facts.seal_scans)
     for finding in archive_findings:
         finding.severity = Severity.ERROR
     if signatures is not None:
@@ -296,7 +297,8 @@ def _recheck(path: Path, size: int, workdir: str, extraction: Extraction, option
 
 
 def _scan_seal_files(extraction: Extraction) -> dict:
-    """Every SEAL/ file beside the two records, written aside by the extraction: scanned like any pickle."""
+    """Every SEAL/ file, written aside by the extraction (the records and signatures also kept in memory):
+    scanned like every file of the package."""
     from ..package.pickles import scan_file
 
     return {rel: scan_file(side) for rel, side in extraction.seal_side.items()}

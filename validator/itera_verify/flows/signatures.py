@@ -14,11 +14,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..archive import SumsError, parse_sums
+from ..archive.canonical import member_listing
 from ..archive.extract import Extraction
 from ..format import sshsig
-from ..format.names import ARCHIVE_SIG_SUFFIX, RECORD, STATEMENT, STATEMENT_SIG, SUMS
-from ..format.statement import SealSignatures, check_seal
-from ..format.names import OMS_SIGNATURE
+from ..format.names import ARCHIVE_SIG_SUFFIX, OMS_SIGNATURE, RECORD, STATEMENT, STATEMENT_SIG, SUMS
+from ..format.statement import SealedContent, SealSignatures, check_seal
 from ..model import UsageError
 
 ALLOWED_SIGNERS_MAX = 16 << 20
@@ -99,14 +100,33 @@ def check_signatures(archive: Path, fd: int | None, extraction: Extraction, revi
     seal = extraction.seal_files
     signature = (_archive_signature(archive) if remote is None
                  else remote.sidecar(ARCHIVE_SIG_SUFFIX, sshsig.MAX_SIGNATURE_FILE))
-    result = check_seal(statement=seal.get(STATEMENT), statement_sig=seal.get(STATEMENT_SIG),
-                        archive_sig=signature, archive_digest=digest, sums=seal.get(SUMS),
-                        record=seal.get(RECORD), top=extraction.top, allowed=reviewer.allowed,
-                        principal=reviewer.principal, now=time.time())
-    result.allowed_signers = reviewer.name
-    result.unreadable_lines = list(reviewer.unreadable_lines)
+    model_signing = None
     if OMS_SIGNATURE in seal or reviewer.oms_public_key is not None:
         from ..seal.oms import check
 
-        result.model_signing = check(seal.get(OMS_SIGNATURE), reviewer.oms_public_key, extraction.files)
+        model_signing = check(seal.get(OMS_SIGNATURE), reviewer.oms_public_key, extraction.files)
+    result = check_seal(statement=seal.get(STATEMENT), statement_sig=seal.get(STATEMENT_SIG),
+                        archive_sig=signature, archive_digest=digest, content=sealed_content(extraction),
+                        allowed=reviewer.allowed, principal=reviewer.principal, now=time.time(),
+                        model_signature_verified=(model_signing or {}).get("state") == "valid")
+    result.allowed_signers = reviewer.name
+    result.unreadable_lines = list(reviewer.unreadable_lines)
+    result.model_signing = model_signing
     return result
+
+
+def sealed_content(extraction: Extraction) -> SealedContent:
+    """What the statement is compared with: the SEAL/ records, every file's digest, SHA256SUMS parsed, the listing
+    of every header but the statement pair's, the members that are not files, the skippable frames."""
+    top, seal = extraction.top, extraction.seal_files
+    try:
+        listed = parse_sums(seal[SUMS]) if SUMS in seal else None
+    except SumsError:
+        listed = None  # IV701 (rules/archive.py)
+    pair = {f"{top}/{STATEMENT}", f"{top}/{STATEMENT_SIG}"}
+    headers = [h for h in extraction.headers if not (h[1] == "file" and h[0] in pair)]
+    others = [(name[len(top) + 1:].rstrip("/"), kind) for name, kind, *_ in extraction.headers
+              if kind != "file" and (name == f"{top}/" or name.startswith(f"{top}/"))]
+    return SealedContent(top, seal.get(SUMS), seal.get(RECORD), seal.get(OMS_SIGNATURE), dict(extraction.files),
+                         listed, member_listing(headers), others,
+                         (extraction.skippable.frames, extraction.skippable.bytes, extraction.skippable.first))

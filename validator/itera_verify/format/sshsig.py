@@ -42,6 +42,11 @@ def string(data: bytes) -> bytes:
     return struct.pack(">I", len(data)) + data
 
 
+def mpint(value: int) -> bytes:
+    """A non-negative number as OpenSSH writes it: big-endian, minimal, a 0 byte first when the top bit is set."""
+    return string(value.to_bytes((value.bit_length() + 8) // 8, "big") if value else b"")
+
+
 class _Reader:
     def __init__(self, data: bytes, what: str):
         self.data, self.pos, self.what = data, 0, what
@@ -86,7 +91,7 @@ def _text(value: bytes) -> str:
 @dataclass(frozen=True)
 class PublicKey:
     algorithm: str  # ssh-ed25519 | ecdsa-sha2-nistp256 | ... | ssh-rsa
-    blob: bytes  # the key in the wire format; two keys are the same key when their blobs are equal
+    blob: bytes  # the key in the wire format as OpenSSH writes it; two keys are the same key when their blobs are equal
     params: tuple = field(compare=False, repr=False)
 
     @property
@@ -129,6 +134,10 @@ def parse_public_key(blob: bytes) -> PublicKey:
         if problem:
             raise SshSigError(problem)
         params = (e, n)
+        # OpenSSH reads numbers with leading zero bytes, compares keys by value and fingerprints them written
+        # again: the blob kept is the key as OpenSSH writes it.
+        reader.end()
+        return PublicKey(algorithm, string(b"ssh-rsa") + mpint(e) + mpint(n), params)
     else:
         raise SshSigError(f"unsupported key type {algorithm[:60]!r} (supported: {', '.join(KEY_TYPES)})")
     reader.end()
@@ -308,19 +317,32 @@ def _options(text: str, pos: int) -> tuple[dict, int]:
         pos += 1
 
 
+_DIGITS = re.compile(r"[0-9]{8}([0-9]{4}([0-9]{2})?)?")
+
+
 def _timestamp(value: str) -> float:
-    """YYYYMMDD[HHMM[SS]], local time, or UTC with a trailing Z (ssh-keygen's parse_absolute_time)."""
-    utc = value.endswith(("Z", "z"))
-    digits = value[:-1] if utc else value
-    if not digits.isdigit() or len(digits) not in (8, 12, 14):
+    """ssh-keygen's parse_absolute_time: YYYYMMDD[HHMM[SS]] in local standard time (OpenSSH hands mktime a
+    tm_isdst of 0, so a July noon in Paris is 11:00Z), or UTC with a trailing Z or UTC in any case; each field in
+    strptime's range (month 1-12, day 1-31, hour 0-23, minute 0-59, second 0-61), then normalised as timegm and
+    mktime do (February 30 is March 2); a time at or before 1970-01-01T00:00:00Z refuses the line."""
+    utc, digits = False, value
+    if len(value) > 1 and value[-1] in "Zz":
+        utc, digits = True, value[:-1]
+    elif len(value) > 3 and value[-3:].upper() == "UTC":
+        utc, digits = True, value[:-3]
+    if not _DIGITS.fullmatch(digits):
         raise SshSigError(f"a time {value[:30]!r} not written YYYYMMDD[HHMM[SS]][Z]")
-    fields = [int(digits[0:4]), int(digits[4:6]), int(digits[6:8]), int(digits[8:10] or 0),
-              int(digits[10:12] or 0), int(digits[12:14] or 0)]
+    year, month, day, hour, minute, second = (int(digits[i:i + 2 + 2 * (i == 0)] or 0) for i in (0, 4, 6, 8, 10, 12))
+    if not (1 <= month <= 12 and 1 <= day <= 31 and hour <= 23 and minute <= 59 and second <= 61):
+        raise SshSigError(f"a time {value[:30]!r} that does not exist")
     try:
-        stamp = time.struct_time((*fields, 0, 0, -1))
-        return float(calendar.timegm(stamp) if utc else time.mktime(stamp))
-    except (ValueError, OverflowError):
+        fields = (year, month, day, hour, minute, second, 0, 0, 0)
+        stamp = float(calendar.timegm(fields) if utc else time.mktime(fields))
+    except (ValueError, OverflowError):  # year 0, or past what the platform's time_t holds
         raise SshSigError(f"a time {value[:30]!r} that does not exist") from None
+    if stamp <= 0:
+        raise SshSigError(f"a time {value[:30]!r} at or before 1970-01-01T00:00:00Z")
+    return stamp
 
 
 _KEY_WORD = re.compile(r"(ssh-|ecdsa-|sk-)[A-Za-z0-9@._-]+[ \t]")

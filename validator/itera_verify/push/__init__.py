@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import re
 import stat as stat_module
 import time
@@ -25,8 +24,11 @@ from pathlib import Path
 from ..format.push import (CHECKSUM_LOCAL, CHECKSUM_SUFFIX, DEFAULT_PART_SIZE, METADATA_SHA256, PROBE_TAG,
                            RECEIPT_FORMAT, SIGNATURE_SUFFIX, VERIFIED_BY_READ_BACK, VERIFIED_BY_STORE_CRC,
                            receipt_name)
+from ..format.sshsig import MAX_SIGNATURE_FILE
 from ..runtime.progress import NULL_PROGRESS, Progress
 from .store import PushError, PushUnverified, S3Location, is_s3
+
+CHECKSUM_FILE_MAX = 4096  # `<64 hex>  <name>\n`, a name of at most 255 bytes
 
 __all__ = ["PushError", "PushResult", "PushUnverified", "check_destination", "is_s3", "push", "seal_follower"]
 
@@ -106,10 +108,22 @@ def archive_sidecars(archive: Path) -> tuple[str, list[tuple[str, bytes]]]:
     """The archive's SHA-256 (its `.sha256`) and what goes beside it: `.sha256`, then `.sig` when signed."""
     sha256, checksum_text = _archive_sha256(archive)
     sidecars = [(archive.name + CHECKSUM_SUFFIX, checksum_text)]
-    signature = archive.with_name(archive.name + SIGNATURE_SUFFIX)
-    if signature.is_file():
-        sidecars.append((signature.name, signature.read_bytes()))
+    signature = _read_beside(archive.with_name(archive.name + SIGNATURE_SUFFIX), MAX_SIGNATURE_FILE,
+                             "an OpenSSH signature")
+    if signature is not None:
+        sidecars.append((archive.name + SIGNATURE_SUFFIX, signature))
     return sha256, sidecars
+
+
+def _read_beside(path: Path, limit: int, what: str) -> bytes | None:
+    from .beside import NotSmallFile, read_beside
+
+    try:
+        return read_beside(path, limit)
+    except NotSmallFile as exc:
+        raise PushError(f"{path}: not {what} ({exc.strerror})") from None
+    except OSError as exc:
+        raise PushError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
 def _check_archive(archive: Path) -> None:
@@ -130,14 +144,11 @@ def _archive_sha256(archive: Path) -> tuple[str, bytes]:
     """The SHA-256 the seal wrote beside the archive (the upload compares the bytes it sends with it before the
     object exists), or, without `.sha256`, one computed now."""
     beside = archive.with_name(archive.name + CHECKSUM_SUFFIX)
-    try:
-        text = beside.read_bytes()
-    except FileNotFoundError:
+    text = _read_beside(beside, CHECKSUM_FILE_MAX, f"`<sha256>  {archive.name}`")
+    if text is None:
         with open(archive, "rb") as reader:
             digest = hashlib.file_digest(reader, "sha256").hexdigest()
         return digest, f"{digest}  {archive.name}\n".encode()
-    except OSError as exc:
-        raise PushError(f"{beside}: cannot read ({exc.strerror or exc})") from None
     match = _CHECKSUM_LINE.fullmatch(text.decode("utf-8", "replace"))
     if match is None or match.group(2) != archive.name:
         raise PushError(f"{beside}: not `<sha256>  {archive.name}` (the seal writes it so)")
@@ -156,19 +167,16 @@ def _receipt(destination: str, key: str, *, version_id, etag, size: int, sha256:
 
 
 def _write_receipt_here(archive: Path, receipt: dict) -> tuple[Path, bytes]:
+    """The receipt beside the archive, written anew from this push's facts (whatever was there before is never
+    read: nothing of an old receipt steers a push)."""
+    from .beside import write_beside
+
     path = archive.with_name(receipt_name(archive.name))
     data = (json.dumps(receipt, indent=2) + "\n").encode("utf-8")
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
-        with open(partial, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(partial, path)
+        write_beside(path, data)
     except OSError as exc:
         raise PushError(f"{path}: cannot write the receipt ({exc.strerror or exc})") from None
-    finally:
-        partial.unlink(missing_ok=True)
     return path, data
 
 
@@ -265,7 +273,7 @@ def _tags_kept_apart(s3, sidecar: S3Location, data: bytes, sha256: str) -> bool:
     except Exception:  # noqa: BLE001 - a store without tags: the .sha256 and the receipt carry the SHA-256
         accepted = False
     try:
-        unchanged = _read_small(s3, sidecar) == data
+        unchanged = _read_small(s3, sidecar, data) == data
     except Exception as exc:  # noqa: BLE001 - one line
         raise explain(exc, f"reading {sidecar.key.rsplit('/', 1)[-1]} back", sidecar.url) from None
     if not unchanged:
@@ -341,13 +349,11 @@ def _verify_object(s3, location: S3Location, *, size: int, sha256: str, crc: int
     return "; ".join(ways), METADATA_SHA256 in metadata
 
 
-def _read_small(s3, location: S3Location) -> bytes:
-    """A sidecar's bytes, whole (store errors are the caller's to explain)."""
-    body = s3.get_object(Bucket=location.bucket, Key=location.key)["Body"]
-    try:
-        return body.read()
-    finally:
-        body.close()
+def _read_small(s3, location: S3Location, data: bytes) -> bytes:
+    """A sidecar just sent, read back: at most one byte more than `data` (store errors are the caller's)."""
+    from .ranged import read_start
+
+    return read_start(s3, location.bucket, location.key, len(data))
 
 
 def _put_small(s3, location: S3Location, data: bytes) -> None:
@@ -360,7 +366,7 @@ def _put_small(s3, location: S3Location, data: bytes) -> None:
     for attempt in range(3):
         try:
             s3.put_object(Bucket=location.bucket, Key=location.key, Body=data, ContentMD5=md5)
-            back = _read_small(s3, location)
+            back = _read_small(s3, location, data)
         except Exception as exc:  # noqa: BLE001 - one line
             if error_code(exc) in DIGEST_MISMATCH and attempt < 2:
                 continue  # changed in flight and refused by the store: send it again

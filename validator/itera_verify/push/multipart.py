@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..archive.direct import ALIGN, aligned_buffer, clear_direct, open_direct, round_up
-from ..format.push import CHECKSUM_CRC64NVME, CHECKSUM_MD5, METADATA_SHA256, part_size_for
+from ..format.push import CHECKSUM_CRC64NVME, CHECKSUM_MD5, MAX_PARTS, METADATA_SHA256, part_size_for
 from ..runtime.progress import NULL_PROGRESS, Progress
 from . import journal as journals
 from .store import (CHECKSUM_REFUSED, DIGEST_MISMATCH, PushError, PushUnverified, S3Location, error_code, explain,
@@ -169,12 +169,19 @@ def _resume(s3, location: S3Location, journal_file: Path, wanted: journals.Journ
             _abort(s3, location, old.upload_id)
         journals.remove(journal_file)
         return None, {}
-    listed: dict[int, tuple[str, int]] = {}
+    listed: dict[int, tuple[str, int, str | None]] = {}
     try:
         for page in s3.get_paginator("list_parts").paginate(Bucket=location.bucket, Key=location.key,
-                                                            UploadId=old.upload_id):
-            for part in page.get("Parts", []):
-                listed[int(part["PartNumber"])] = (_etag(part.get("ETag")), int(part.get("Size", -1)))
+                                                            UploadId=old.upload_id,
+                                                            PaginationConfig={"MaxItems": MAX_PARTS}):
+            parts = page.get("Parts") or []
+            for part in parts[:MAX_PARTS]:
+                number = part.get("PartNumber")
+                if isinstance(number, int) and 1 <= number <= MAX_PARTS:
+                    listed[number] = (_etag(part.get("ETag")), part.get("Size", -1),
+                                      part.get("ChecksumCRC64NVME"))
+            if not parts or len(listed) >= MAX_PARTS:  # a store that pages on and on: at most 10,000 pages
+                break
     except Exception as exc:  # noqa: BLE001 - classified below
         if error_code(exc) in ("NoSuchUpload", "404"):  # completed or aborted meanwhile: start again
             journals.remove(journal_file)
@@ -369,7 +376,7 @@ def _send(s3, archive: Path, location: S3Location, journal: journals.Journal, jo
                 full_crc = crc64nvme(data, full_crc)
                 crc = crc64nvme(data)
                 md5 = part_md5(journal, data) if number not in listed else hashlib.md5(data).hexdigest()
-                if _already_there(journal, listed.get(number), number, md5, crc, len(data)):
+                if _already_there(listed.get(number), md5, crc, len(data)):
                     done[number] = listed[number][0]
                     journal.parts[str(number)] = {"etag": listed[number][0], "md5": md5, "crc64nvme": crc_hex(crc),
                                                   "bytes": len(data)}
@@ -409,15 +416,12 @@ def part_md5(journal: journals.Journal, data) -> str | None:
     return hashlib.md5(data).hexdigest() if journal.checksum != CHECKSUM_CRC64NVME else None
 
 
-def _already_there(journal: journals.Journal, listed, number: int, md5: str, crc: int, length: int) -> bool:
-    """A part the store lists with this size and either the MD5 of the bytes here as its ETag (the usual ETag
-    of a part) or the ETag the journal recorded for these same bytes (the same MD5, or, for a part sent with
-    its CRC64NVME and no MD5, the same CRC64NVME)."""
+def _already_there(listed, md5: str, crc: int, length: int) -> bool:
+    """A part the store lists with this size and, as its ETag, the MD5 of the bytes here (the usual ETag of a
+    part), or, as its CRC64NVME, theirs: the store's word on the bytes it holds, never the journal's."""
     if listed is None or listed[1] != length:
         return False
-    recorded = journal.parts.get(str(number)) or {}
-    same_bytes = recorded.get("md5") == md5 if recorded.get("md5") else recorded.get("crc64nvme") == crc_hex(crc)
-    return listed[0] == md5 or (recorded.get("etag") == listed[0] and same_bytes)
+    return listed[0] == md5 or (listed[2] is not None and listed[2] == crc_base64(crc))
 
 
 def _collect(finished, running: set, journal, journal_file: Path, done: dict, progress: Progress,

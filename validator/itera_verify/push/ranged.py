@@ -2,31 +2,41 @@
 
 Several ranges are in flight at once (the store serves each on its own connection) and are handed out in
 order, so a SHA-256 or the archive reader consumes one sequential stream. Every range is asked for with
-If-Match on the ETag seen first: an object replaced while it is read fails (ObjectChanged) instead of mixing
-two versions.
+If-Match on the ETag seen first, and its answer must name that ETag and that range: an object replaced while it
+is read fails (ObjectChanged) instead of mixing two versions. A range is read with the length asked for and no
+more (answers.py bounds the body; here it must be exactly that long): a store that answers more or fewer bytes is
+its own one-line error, never retried. Memory: at most `jobs * 2 + 1` ranges of RANGE_BYTES.
 """
 from __future__ import annotations
 
+import re
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
+from .answers import AnswerRefused, printable
 from .store import PushError, error_code, explain, is_connection_error
 
 RANGE_BYTES = 8 << 20
-ATTEMPTS = 3
+ATTEMPTS = 3  # a body cut short (the connection dropped mid-range) is asked for again, this many times in all
 
 
 class ObjectChanged(PushError):
     """The object's ETag changed while it was read."""
 
 
+def _etag(value) -> str:
+    return str(value or "").removeprefix("W/").strip('"')
+
+
 class RangedReader:
-    """A read-only, sequential file object over `s3://bucket/key` (`read(n)`, `close()`), fetched ahead."""
+    """A read-only, sequential file object over `s3://bucket/key` (`read(n)`, `close()`), fetched ahead. `what`
+    names the reading in errors; `resume`: a push's read-back (an audit is never told to resume)."""
 
     def __init__(self, s3, bucket: str, key: str, size: int, etag: str | None, *, jobs: int = 4,
-                 range_bytes: int = RANGE_BYTES, version_id: str | None = None):
+                 range_bytes: int = RANGE_BYTES, version_id: str | None = None, what: str = "reading it back",
+                 resume: bool = True):
         self.s3, self.bucket, self.key, self.size, self.etag = s3, bucket, key, size, etag
-        self.version_id = version_id
+        self.version_id, self.what, self.resume = version_id, what, resume
         self.range_bytes = range_bytes
         self._pool = ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="range-read")
         self._ahead = max(2, jobs * 2)
@@ -35,7 +45,11 @@ class RangedReader:
         self._buffer = memoryview(b"")
         self._closed = False
 
-    def _fetch(self, start: int, end: int) -> bytes:
+    @property
+    def url(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+    def _fetch(self, start: int, end: int) -> bytearray:
         arguments = {"Bucket": self.bucket, "Key": self.key, "Range": f"bytes={start}-{end - 1}"}
         if self.etag:
             arguments["IfMatch"] = self.etag
@@ -43,22 +57,42 @@ class RangedReader:
             arguments["VersionId"] = self.version_id
         for attempt in range(ATTEMPTS):
             try:
-                body = self.s3.get_object(**arguments)["Body"]
-                try:
-                    data = body.read()
-                finally:
-                    body.close()
-                if len(data) != end - start:
-                    raise ConnectionError(f"{len(data)} bytes for a range of {end - start}")
-                return data
+                response = self.s3.get_object(**arguments)  # botocore has retried what it retries
             except Exception as exc:  # noqa: BLE001 - every store error becomes one line below
                 if error_code(exc) in ("PreconditionFailed", "412"):
-                    raise ObjectChanged(f"s3://{self.bucket}/{self.key}: the object changed while it was read "
-                                        "(its ETag is no longer the one seen first)") from None
-                if is_connection_error(exc) and attempt + 1 < ATTEMPTS:
+                    raise self._changed() from None
+                raise explain(exc, self.what, self.url, resume=self.resume) from None
+            body = response["Body"]
+            try:
+                self._same_range(response, start, end)
+                return _read_exactly(body, end - start)
+            except _CutShort as cut:
+                if attempt + 1 < ATTEMPTS:
                     continue
-                raise explain(exc, "reading it back", f"s3://{self.bucket}/{self.key}") from None
+                raise PushError(f"{self.url}: the store answered {cut.got} bytes for a range of {end - start} "
+                                f"while {self.what} (its answer stopped {ATTEMPTS} times: {cut.why})") from None
+            except AnswerRefused as exc:
+                raise explain(exc, self.what, self.url) from None
+            finally:
+                body.close()
         raise AssertionError("unreachable")
+
+    def _changed(self) -> ObjectChanged:
+        return ObjectChanged(f"{self.url}: the object changed while it was read (its ETag is no longer the one "
+                             "seen first)")
+
+    def _same_range(self, response: dict, start: int, end: int) -> None:
+        """The answer is of the object first seen (its ETag) and of the range asked for (Content-Length,
+        Content-Range), before any byte of its body is read."""
+        if self.etag and response.get("ETag") and _etag(response["ETag"]) != _etag(self.etag):
+            raise self._changed()
+        length = response.get("ContentLength")
+        if isinstance(length, int) and length != end - start:
+            raise AnswerRefused(f"the store answered {length} bytes for a range of {end - start}")
+        content_range = response.get("ContentRange")
+        if content_range is not None and _content_range(content_range) != (start, end - 1, self.size):
+            raise AnswerRefused(f"the store answered the range {str(content_range)[:80]!r} for bytes "
+                                f"{start}-{end - 1}/{self.size}")
 
     def _fill_window(self) -> None:
         while len(self._pending) < self._ahead and self._next_offset < self.size:
@@ -98,13 +132,60 @@ class RangedReader:
 
 
 def read_back_sha256(s3, bucket: str, key: str, size: int, etag: str | None, jobs: int,
-                     version_id: str | None = None, algorithm: str = "sha256") -> tuple[str, int]:
+                     version_id: str | None = None, algorithm: str = "sha256", what: str = "reading it back",
+                     resume: bool = True) -> tuple[str, int]:
     """(hex digest, bytes read) of the object, read in parallel ranges (`algorithm`: a hashlib name)."""
     import hashlib
 
     digest, total = hashlib.new(algorithm), 0
-    with RangedReader(s3, bucket, key, size, etag, jobs=jobs, version_id=version_id) as reader:
+    with RangedReader(s3, bucket, key, size, etag, jobs=jobs, version_id=version_id, what=what,
+                      resume=resume) as reader:
         while piece := reader.read(RANGE_BYTES):
             digest.update(piece)
             total += len(piece)
     return digest.hexdigest(), total
+
+
+class _CutShort(Exception):
+    """The body ended before the range did: the connection dropped (asked for again) or the store stopped."""
+
+    def __init__(self, got: int, why: str):
+        super().__init__(why)
+        self.got, self.why = got, why
+
+
+def _read_exactly(body, length: int) -> bytearray:
+    """`length` bytes of a GetObject body, then the proof that there are no more (AnswerRefused otherwise)."""
+    from botocore.exceptions import IncompleteReadError
+
+    data = bytearray(length)
+    got = 0
+    with memoryview(data) as view:
+        while got < length:
+            try:
+                count = body.readinto(view[got:])
+            except Exception as exc:  # noqa: BLE001 - a dropped connection, a read timeout, a short body
+                if not (is_connection_error(exc) or isinstance(exc, IncompleteReadError)):
+                    raise
+                raise _CutShort(got, printable(str(exc) or type(exc).__name__)) from None
+            if count == 0:
+                raise AnswerRefused(f"the store answered {got} bytes for a range of {length}")
+            got += count
+    if body.read(1):
+        raise AnswerRefused(f"the store answered more than {length} bytes for a range of {length}")
+    return data
+
+
+def _content_range(value) -> tuple[int, int, int] | None:
+    match = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+)", str(value).strip())
+    return tuple(int(g) for g in match.groups()) if match else None
+
+
+def read_start(s3, bucket: str, key: str, limit: int) -> bytes:
+    """The first `limit` + 1 bytes of a small object at most (a sidecar: its `.sha256`, `.sig`, receipt), so a
+    caller sees one that is too large. Store errors are the caller's to explain."""
+    body = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{limit}")["Body"]
+    try:
+        return body.read(limit + 1)
+    finally:
+        body.close()

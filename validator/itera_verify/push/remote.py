@@ -11,11 +11,14 @@ import json
 import re
 from dataclasses import dataclass
 
-from ..format.push import CHECKSUM_SUFFIX, METADATA_SHA256, RECEIPT_SUFFIX
-from .ranged import RangedReader, read_back_sha256
+from ..format.push import CHECKSUM_SUFFIX, MAX_PART_SIZE, MAX_PARTS, METADATA_SHA256, RECEIPT_SUFFIX
+from .answers import LIMITS, StoreLimits, printable
+from .ranged import RangedReader, read_back_sha256, read_start
 from .store import PushError, S3Location, client, error_code, explain, parse_s3
 
 SIDECAR_MAX = 1 << 20  # a checksum file or a receipt; anything larger is not one
+MAX_OBJECT_SIZE = MAX_PART_SIZE * MAX_PARTS  # the largest object a multipart upload can make (about 54 TB)
+READING = "reading the archive"  # what an audit from a bucket is doing when the store fails it
 
 
 @dataclass
@@ -40,27 +43,22 @@ class RemoteArchive:
 
     def open(self) -> RangedReader:
         return RangedReader(self.s3, self.bucket, self.key, self.size, self.etag, jobs=self.jobs,
-                            version_id=self.version_id)
+                            version_id=self.version_id, what=READING, resume=False)
 
     def sha256(self, algorithm: str = "sha256") -> str:
         """The object's digest, read again in ranges (the audit's stream hashes sha256 itself)."""
         return read_back_sha256(self.s3, self.bucket, self.key, self.size, self.etag, self.jobs,
-                                version_id=self.version_id, algorithm=algorithm)[0]
+                                version_id=self.version_id, algorithm=algorithm, what=READING, resume=False)[0]
 
     def sidecar(self, suffix: str, limit: int = SIDECAR_MAX) -> bytes | None:
         """`<key><suffix>` beside the object (its `.sha256`, `.sig`, receipt): at most `limit` + 1 bytes, so a
         caller sees one too large; None when there is none."""
         try:
-            response = self.s3.get_object(Bucket=self.bucket, Key=self.key + suffix, Range=f"bytes=0-{limit}")
-            body = response["Body"]
-            try:
-                return body.read(limit + 1)
-            finally:
-                body.close()
+            return read_start(self.s3, self.bucket, self.key + suffix, limit)
         except Exception as exc:  # noqa: BLE001 - a missing sidecar is no error; the rest is one line
             if error_code(exc) in ("NoSuchKey", "404", "AccessDenied", "InvalidRange"):
                 return None
-            raise explain(exc, f"reading {self.name}{suffix}", self.url) from None
+            raise explain(exc, f"reading {self.name}{suffix}", self.url, resume=False) from None
 
     def detached(self, streamed_sha256: str) -> tuple[str, bool] | None:
         """What the push recorded of the archive's SHA-256 (metadata, `.sha256`, receipt), and whether every one
@@ -78,7 +76,7 @@ class RemoteArchive:
         if receipt is not None:
             try:
                 value = json.loads(receipt).get("sha256")
-            except (ValueError, AttributeError):
+            except (ValueError, AttributeError, RecursionError):  # RecursionError: `[[[[...` a megabyte deep
                 value = None
             recorded.append((self.name + RECEIPT_SUFFIX, value.lower() if isinstance(value, str) else ""))
         if not recorded:
@@ -87,21 +85,26 @@ class RemoteArchive:
         return (", ".join(differing or [what for what, _ in recorded]), not differing)
 
 
-def open_remote(url: str, endpoint_url: str | None = None, jobs: int = 4) -> RemoteArchive:
+def open_remote(url: str, endpoint_url: str | None = None, jobs: int = 4,
+                limits: StoreLimits = LIMITS) -> RemoteArchive:
     """HEAD the object once: its size, ETag and version are what the whole audit reads. PushError (exit 2)."""
     location = parse_s3(url)
     if not location.key or location.key.endswith("/"):
         raise PushError(f"{url}: give the archive's key (s3://bucket/prefix/name.tar.zst)")
-    s3 = client(endpoint_url, jobs)
+    s3 = client(endpoint_url, jobs, limits)
     try:
         head = s3.head_object(Bucket=location.bucket, Key=location.key)
     except Exception as exc:  # noqa: BLE001 - one line
         if error_code(exc) in ("404", "NoSuchKey", "NotFound"):
             raise PushError(f"{url}: no such object") from None
-        raise explain(exc, "reading the archive", url) from None
+        raise explain(exc, READING, url, resume=False) from None
+    size = head.get("ContentLength")
+    if not isinstance(size, int) or not 0 <= size <= MAX_OBJECT_SIZE:
+        raise PushError(f"{url}: the store answered a size of {printable(size, 40)} bytes for the object (at most "
+                        f"{MAX_OBJECT_SIZE} can be one)")
     in_metadata, tag = recorded_sha256(s3, location, head)
-    return RemoteArchive(s3, location.bucket, location.key, int(head["ContentLength"]), head.get("ETag"),
-                         head.get("VersionId"), in_metadata, jobs, tag)
+    return RemoteArchive(s3, location.bucket, location.key, size, head.get("ETag"), head.get("VersionId"),
+                         in_metadata, jobs, tag)
 
 
 def recorded_sha256(s3, location: S3Location, head: dict) -> tuple[str | None, str | None]:

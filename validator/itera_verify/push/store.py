@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..model import UsageError
+from .answers import LIMITS, AnswerRefused, StoreLimits, bound_answers, printable
 
 
 class PushError(UsageError):
@@ -66,19 +67,19 @@ def folder_destination(dest: str | os.PathLike) -> Path:
 _CLIENTS: dict = {}  # one client per endpoint, pool size and AWS environment, for the life of the process
 
 
-def client(endpoint_url: str | None, connections: int):
-    """A boto3 S3 client, or PushError when boto3 is missing or no credentials are found. Made once per process
-    for the same endpoint, pool and AWS environment (thread-safe): making one loads the S3 service model, about
-    0.15 s of CPU, which `--push` otherwise paid twice (checking the destination, then the upload beside the
-    seal)."""
+def client(endpoint_url: str | None, connections: int, limits: StoreLimits = LIMITS):
+    """A boto3 S3 client whose every answer is bounded (answers.py), or PushError when boto3 is missing or no
+    credentials are found. Made once per process for the same endpoint, pool, limits and AWS environment
+    (thread-safe): making one loads the S3 service model, about 0.15 s of CPU, which `--push` otherwise paid twice
+    (checking the destination, then the upload beside the seal)."""
     pool = max(10, connections + 2)
-    key = (endpoint_url, pool, tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))))
+    key = (endpoint_url, pool, limits, tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))))
     if key not in _CLIENTS:
-        _CLIENTS[key] = _new_client(endpoint_url, pool)
+        _CLIENTS[key] = _new_client(endpoint_url, pool, limits)
     return _CLIENTS[key]
 
 
-def _new_client(endpoint_url: str | None, pool: int):
+def _new_client(endpoint_url: str | None, pool: int, limits: StoreLimits):
     try:
         import boto3
         from botocore.config import Config
@@ -89,18 +90,30 @@ def _new_client(endpoint_url: str | None, pool: int):
         raise PushError("no AWS credentials found (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or "
                         "~/.aws/credentials)")
     config = Config(request_checksum_calculation="when_required", response_checksum_validation="when_required",
-                    retries={"mode": "standard", "max_attempts": 3}, connect_timeout=10, read_timeout=60,
+                    retries={"mode": "standard", "max_attempts": limits.attempts},
+                    connect_timeout=limits.connect_seconds, read_timeout=limits.silence_seconds,
                     max_pool_connections=pool,
                     # An S3-compatible endpoint (MinIO, SeaweedFS, a bare IP) rarely resolves bucket subdomains.
                     s3={"addressing_style": "path"} if endpoint_url or _endpoint_from_environment() else None)
     try:
-        return session.client("s3", endpoint_url=endpoint_url or None, config=config,
-                               region_name=session.region_name or "us-east-1")
+        s3 = session.client("s3", endpoint_url=endpoint_url or None, config=config,
+                            region_name=session.region_name or "us-east-1")
     except ValueError as exc:  # botocore: "Invalid endpoint: ..."
         source = (f"--endpoint-url {endpoint_url}" if endpoint_url else
                   "the endpoint from the AWS environment or config (AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, "
                   "endpoint_url)")
         raise PushError(f"{source}: {exc}") from None
+    try:
+        bound_answers(s3, limits)
+    except RuntimeError as exc:
+        raise PushError(f"botocore {_botocore_version()}: {exc}") from None
+    return s3
+
+
+def _botocore_version() -> str:
+    import botocore
+
+    return botocore.__version__
 
 
 def require_awscrt() -> None:
@@ -132,7 +145,7 @@ RESUME = "run the same command again to resume"  # what `push` says after a lost
 
 def error_code(exc) -> str:
     response = getattr(exc, "response", None) or {}
-    return str((response.get("Error") or {}).get("Code") or "")
+    return printable((response.get("Error") or {}).get("Code") or "", 100)
 
 
 def is_client_error(exc) -> bool:
@@ -148,10 +161,13 @@ def is_connection_error(exc) -> bool:
     return isinstance(exc, (BotoConnectionError, HTTPClientError, ConnectionError, TimeoutError))
 
 
-def explain(exc, what: str, where: str) -> PushError:
-    """One line for a store error that stops the push (exit 2)."""
+def explain(exc, what: str, where: str, *, resume: bool = True) -> PushError:
+    """One line for a store error that stops the push or the audit (exit 2). `resume`: a push, which the same
+    command resumes after a lost connection (never said of an audit)."""
     from botocore.exceptions import BotoCoreError, NoCredentialsError, PartialCredentialsError
 
+    if isinstance(exc, AnswerRefused):  # the store answered, wrongly: nothing to resume
+        return PushError(f"{where}: {exc} while {what}")
     code = error_code(exc)
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
         return PushError(f"{where}: no usable AWS credentials ({exc})")
@@ -163,9 +179,10 @@ def explain(exc, what: str, where: str) -> PushError:
     if code in FULL:
         return PushError(f"{where}: the store refused the data while {what} ({code}: it is full or over quota)")
     if is_connection_error(exc):
-        return PushError(f"{where}: the store cannot be reached while {what} ({_first_line(exc)}); {RESUME}")
+        return PushError(f"{where}: the store cannot be reached while {what} ({_first_line(exc)})"
+                         + (f"; {RESUME}" if resume else ""))
     if code:
-        message = (getattr(exc, "response", {}).get("Error") or {}).get("Message") or ""
+        message = printable((getattr(exc, "response", {}).get("Error") or {}).get("Message") or "")
         return PushError(f"{where}: the store answered {code} while {what}" + (f" ({message})" if message else ""))
     if isinstance(exc, BotoCoreError):
         return PushError(f"{where}: {what} failed ({_first_line(exc)})")
@@ -174,4 +191,4 @@ def explain(exc, what: str, where: str) -> PushError:
 
 def _first_line(exc) -> str:
     text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:300]
+    return printable(text[0] if text else type(exc).__name__, 300)

@@ -28,9 +28,11 @@ RULES = [
          explain="SEAL/SHA256SUMS and the archive must name the same files. A missing member means something "
                  "sealed is not delivered (a truncated archive reads this way: everything after the cut is "
                  "missing); an unlisted one was added after the seal and nothing vouches for it. SEAL/ holds "
-                 "what the seal wrote (SHA256SUMS, verification.json, report.html, and statement.json with its "
-                 ".sig when signed) and nothing else: any other "
-                 "member there is refused even when SHA256SUMS lists it, and a pickle there is named.",
+                 "what the seal wrote (SHA256SUMS, verification.json, report.html, statement.json with its "
+                 ".sig and model.sig when signed) and nothing else: any other "
+                 "member there is refused even when SHA256SUMS lists it; every file there, the seal's own "
+                 "included, is scanned, and a pickle there is named (IV506 besides, when it names a global "
+                 "outside the allowlist).",
          bad="predictions/extra.jsonl in the archive, not in SEAL/SHA256SUMS",
          good="the same set of file names on both sides"),
     Rule("IV703", Severity.ERROR, "audit: an unsafe member",
@@ -43,7 +45,8 @@ RULES = [
                  "archive starts with its top folder, the manifest's campaign_id (never `.local`, `.ssh`, "
                  "`.git`...), or nothing is extracted. A header outside the tar profile the seal writes (GNU long "
                  "names, global or sparse headers, unknown PAX keys, a file named like a folder) refuses the "
-                 "whole archive, since GNU tar may extract other members than the audit reads. The seal refuses "
+                 "whole archive, since GNU tar may extract other members than the audit reads. A skippable zstd "
+                 "frame holding bytes (which zstd and tar pass over unread) is refused as well. The seal refuses "
                  "to produce such members too (a fifo or device inside the package, a link that leaves it or is "
                  "broken).",
          bad="../../home/reviewer/.bashrc  or  artifacts/base -> /etc  or  .local/lib/python3.11/site-packages/x.pth",
@@ -115,7 +118,7 @@ class AuditFacts:
     archive_name: str
     limit: int  # --max-size
     extraction: "Extraction"
-    seal_scans: dict[str, "ScanResult"] = field(default_factory=dict)  # SEAL/ files written aside, scanned
+    seal_scans: dict[str, "ScanResult"] = field(default_factory=dict)  # every SEAL/ file, written aside, scanned
     detached: tuple[str, bool] | None = None  # (<archive>.sha256, whether it names this archive's bytes)
     unwalkable: str | None = None  # why the extracted package could not be walked
     record_contradicted: bool = False  # the recorded verdict is pass, the re-check fails
@@ -163,6 +166,12 @@ def audit_findings(facts: AuditFacts) -> list[Finding]:
         findings.append(Finding("IV701", facts.archive_name,
                                 message=f"the archive's SHA-256 does not match {facts.detached[0]}"))
     findings += _sums_findings(extraction)
+    skipped = extraction.skippable
+    if skipped.frames:
+        findings.append(Finding("IV703", facts.archive_name, message=(
+            f"{skipped.frames} skippable zstd frame(s) holding {skipped.bytes} bytes, the first at offset "
+            f"{skipped.first}: the seal writes none; zstd and tar pass over them unread, so whatever they carry (a "
+            "second file format, a payload) travels with the archive unchecked")))
     if facts.record_unreadable:
         findings.append(Finding("IV702", f"{extraction.top}/{RECORD}",
                                 message=f"SEAL/verification.json is {facts.record_unreadable}: no record of what "
@@ -182,7 +191,8 @@ def _seal_extra_findings(facts: AuditFacts) -> list[Finding]:
     pickle found in a SEAL/ file."""
     top = facts.extraction.top
     findings = [Finding("IV702", name, message=f"SEAL/ holds {what}: only SHA256SUMS, verification.json, "
-                                               "report.html and the signed statement are the seal's; not trusted")
+                                               "report.html, model.sig and the signed statement are the seal's; "
+                                               "not trusted")
                 for name, what in facts.extraction.seal_extras]
     for rel, scan in sorted(facts.seal_scans.items()):
         if scan.is_pickle:

@@ -5,7 +5,7 @@ from typing import Iterator
 
 from ..model import Finding, Rule, Severity
 from ..package import RunContext
-from ..package.pickles import scan_package
+from ..package.pickles import ScanResult, scan_package
 
 # Relative CPU time on a package of many files; run_checks balances its processes by it.
 COST = 15  # reads the head of every file to find pickles
@@ -42,6 +42,17 @@ def _owner(ctx: RunContext, rel: str) -> tuple[str | None, str | None]:
             art = artifact.get("id") if isinstance(artifact.get("id"), str) else None
             return run, art
     return None, None
+
+
+def seal_findings(top: str | None, scans: dict[str, ScanResult]) -> list[Finding]:
+    """IV506 for every pickle the audit found in a SEAL/ member (flows/audit.py scans each one, the statement
+    pair and model.sig included): the same allowlist as for the package's files; these are never loaded."""
+    findings = []
+    for rel, result in sorted(scans.items()):
+        if result.unsafe or (result.is_pickle and result.error):
+            findings.append(Finding("IV506", f"{top}/{rel}", severity=Severity.ERROR,
+                                    message=f"a pickle in the seal's {rel}, which {result.refusal()}; never loaded"))
+    return findings
 
 
 def check(ctx: RunContext) -> Iterator[Finding]:

@@ -31,9 +31,17 @@ RULES = [
                  "SEAL/verification.json by their SHA-256, and its campaign. A changed member with a recomputed "
                  "SHA256SUMS (a re-sealed archive), a swapped statement or report, a damaged signature, "
                  f"`<archive>{ARCHIVE_SIG_SUFFIX}` for other bytes, or two different keys for the statement and the "
-                 "archive are reported here, with or without --allowed-signers. So is an OpenSSF model-signing "
-                 f"signature ({OMS_SIGNATURE}) that the reviewer's --oms-public-key does not verify, or whose signed "
-                 "file digests differ from the archive's files. Ask the sender for the archive and its .sig again.",
+                 "archive are reported here, with or without --allowed-signers; so is a statement without its "
+                 "signature. The statement also binds SEAL/model.sig and the listing of every member's header "
+                 "(name, type, size, mode, time, link target): a member added, removed or renamed, a folder, link, "
+                 "mode or time changed is reported here too. With --allowed-signers every member must be covered "
+                 "by what the allowed signer signed, with or without the archive's .sig: a skippable zstd frame "
+                 "holding bytes, and, in an archive sealed by an older version (whose statement binds the files "
+                 "SHA256SUMS lists only), an unlisted file, a link, a folder holding no listed file or a "
+                 f"{OMS_SIGNATURE} not verified with --oms-public-key, is IV802. So is an OpenSSF model-signing "
+                 f"signature ({OMS_SIGNATURE}) that is not a JSON Sigstore bundle, that the reviewer's "
+                 "--oms-public-key does not verify, or whose signed file digests differ from the archive's files. "
+                 "Ask the sender for the archive and its .sig again.",
          bad="SEAL/SHA256SUMS is not the one signed (a member was changed and the sums recomputed)",
          good=_VERIFY + "   # Good \"itera-verify-seal@v1\" signature"),
     Rule("IV803", Severity.ERROR, "audit: the signer is not an allowed signer",
@@ -69,6 +77,10 @@ def signature_findings(facts: SealSignatures, top: str | None, archive_name: str
     for problem in facts.content:
         findings.append(Finding("IV802", f"{top}/{STATEMENT}",
                                 message=f"the signed statement does not cover this archive: {problem}"))
+    for path, problem in facts.uncovered:
+        findings.append(Finding("IV802", path or archive_name, message=(
+            f"not covered by what the allowed signer signed (--allowed-signers {facts.allowed_signers}): "
+            f"{problem}")))
     if facts.two_keys:
         findings.append(Finding("IV802", sig_name, message=(
             f"the statement is signed by {facts.statement.key.fingerprint} and the archive by "
@@ -80,7 +92,7 @@ def signature_findings(facts: SealSignatures, top: str | None, archive_name: str
             "the archive carries no model-signing signature and the reviewer requires one (--oms-public-key)")))
     elif oms.get("state") == "invalid":
         findings.append(Finding("IV802", oms_path, message=(
-            f"the model-signing signature does not verify with --oms-public-key: {oms.get('problem')}")))
+            f"the model-signing signature does not verify: {oms.get('problem')}")))
     signer = facts.signer
     if facts.required and signer is not None and not facts.principals:
         wanted = f" for {facts.principal!r}" if facts.principal else ""

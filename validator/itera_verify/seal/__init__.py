@@ -153,7 +153,8 @@ class Sealing:
         if signer is not None:
             sign = partial(signed_members, signer, self.campaign_id, record=members.get(RECORD))
         if oms_signer is not None:
-            oms = partial(oms_signer.members, self.campaign_id, links=list(self.package.inventory.links))
+            oms = partial(oms_signer.members, self.campaign_id, links=list(self.package.inventory.links),
+                          statement=signer is not None)
         signature_file = self.destination.with_name(self.destination.name + ARCHIVE_SIG_SUFFIX)
         try:
             with termination_unwinds():

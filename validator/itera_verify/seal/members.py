@@ -9,7 +9,8 @@ import time
 from typing import Callable
 
 from ..archive import FileFeeder, SizeChanged, format_sums
-from ..archive.canonical import file_mode
+from ..archive.canonical import FILE_MODES, file_mode, member_listing
+from ..format.names import OMS_SIGNATURE
 from ..model import UsageError
 from ..package import RunContext
 from ..runtime.progress import Progress
@@ -85,22 +86,28 @@ def write_package_members(ctx: RunContext, campaign_id: str, plan: list[MemberEn
 
 
 def write_seal_members(writer, campaign_id: str, digests: dict[str, str], expected: list[tuple],
-                       extra: dict[str, bytes], sign: Callable[[bytes], dict[str, bytes]] | None = None,
+                       extra: dict[str, bytes], sign: Callable[..., dict[str, bytes]] | None = None,
                        oms: Callable[[dict[str, str]], dict[str, bytes]] | None = None) -> None:
-    """SEAL/ last: SHA256SUMS is the product of the pass, then the workflow's own members and, with `sign`, the
-    signed statement over SHA256SUMS (not listed in it: it holds SHA256SUMS's digest); with `oms`, the OMS
-    signature over every other file, from their digests (seal/oms.py); then the end."""
+    """SEAL/ last: SHA256SUMS is the product of the pass, then the workflow's own members; with `oms`, the OMS
+    signature over every other file but the statement pair, from their digests (seal/oms.py); with `sign`, the
+    signed statement, which binds SHA256SUMS, the report, model.sig and the listing of every member's header
+    (format/statement.py: neither statement member is in SHA256SUMS or the listing); then the end."""
     now = int(time.time())
     writer.add_directory(f"{campaign_id}/{SEAL_DIR}", mtime=now)
     expected.append((f"{campaign_id}/{SEAL_DIR}/", "directory", 0, ""))
     for member, data in extra.items():
         digests[member] = hashlib.sha256(data).hexdigest()
     sums = format_sums(digests)
-    signed = sign(sums) if sign is not None else {}
-    if oms is not None:  # last: it covers SHA256SUMS and the signed statement too
-        seal = {SUMS: sums, **extra, **signed}
-        signed.update(oms({**digests, **{m: hashlib.sha256(d).hexdigest() for m, d in seal.items()}}))
-    for member, data in sorted({SUMS: sums, **extra, **signed}.items(), key=lambda kv: archive_order(kv[0])):
-        digest = writer.add_bytes(f"{campaign_id}/{member}", data, mtime=now)
+    seal = {SUMS: sums, **extra}
+    if oms is not None:  # before the statement, which binds it
+        seal.update(oms({**digests, SUMS: hashlib.sha256(sums).hexdigest()}))
+    if sign is not None:
+        # The headers add_bytes will write for the SEAL/ files below (mode and time as there), in archive order.
+        planned = [(f"{campaign_id}/{member}", "file", len(data), FILE_MODES[0], now, "")
+                   for member, data in sorted(seal.items(), key=lambda kv: archive_order(kv[0]))]
+        seal.update(sign(sums, model_signature=seal.get(OMS_SIGNATURE),
+                         members=member_listing([*writer.headers, *planned])))
+    for member, data in sorted(seal.items(), key=lambda kv: archive_order(kv[0])):
+        digest = writer.add_bytes(f"{campaign_id}/{member}", data, mode=FILE_MODES[0], mtime=now)
         expected.append((f"{campaign_id}/{member}", "file", len(data), digest))
     writer.close()

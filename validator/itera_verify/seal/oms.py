@@ -2,8 +2,10 @@
 
 The seal writes `SEAL/model.sig` (format/names.py OMS_SIGNATURE), a Sigstore bundle made by the `model-signing`
 library's `key` method (a local EC private key: nothing is sent anywhere), over every other regular file of the
-extracted `<campaign_id>/` folder: the package's files and SEAL/ (SHA256SUMS, the report, the signed statement).
-So the reviewer's `model_signing verify key <campaign_id> --signature <campaign_id>/SEAL/model.sig --public_key
+extracted `<campaign_id>/` folder: the package's files and SEAL/ (SHA256SUMS, the report). A seal signed with an
+SSH key too makes this signature first and its signed statement next, binding model.sig's digest: the statement
+pair is then left out here, so that every member is covered by the SSH signer (format/statement.py). So the
+reviewer's `model_signing verify key <campaign_id> --signature <campaign_id>/SEAL/model.sig --public_key
 PUB.pem` accepts the extracted folder as it is (with `--allow_symlinks` when the package holds links).
 
 Nothing is read twice: the manifest is built from the digests the seal's pass computed (SHA-256, the library's
@@ -18,12 +20,13 @@ imports pyOpenSSL (`OpenSSL.crypto`, for its certificate method) without declari
 from __future__ import annotations
 
 import hashlib
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Iterable
 
-from ..format.names import OMS_SIGNATURE
+from ..format.names import OMS_SIGNATURE, STATEMENT, STATEMENT_SIG
 from ..model import UsageError
 
 EXTRA = "pip install 'itera-verify[model-signing]'"
@@ -50,10 +53,12 @@ def _ignored(rel: str, ignore: Iterable[str]) -> bool:
     return any(rel == p or rel.startswith(p.rstrip("/") + "/") for p in ignore)
 
 
-def ignore_paths(files: Iterable[str], links: Iterable[str]) -> list[str]:
-    """What an OMS signature over a package with these files and links says it leaves out."""
+def ignore_paths(files: Iterable[str], links: Iterable[str], statement: bool = False) -> list[str]:
+    """What an OMS signature over a package with these files and links says it leaves out; `statement`: the seal
+    is SSH-signed too, and its statement pair, made after this signature and binding it, is left out."""
     present = {rel.split("/", 1)[0] for rel in files} | {rel.split("/", 1)[0] for rel in links}
-    return [OMS_SIGNATURE, *sorted(links), *(p for p in GIT_PATHS if p in present)]
+    pair = [STATEMENT, STATEMENT_SIG] if statement else []
+    return [OMS_SIGNATURE, *pair, *sorted(links), *(p for p in GIT_PATHS if p in present)]
 
 
 def covered(digests: dict[str, str], ignore: Iterable[str]) -> dict[str, str]:
@@ -73,10 +78,12 @@ class OmsSigner:
     hint: str
     _signer: object = field(repr=False)
 
-    def members(self, campaign_id: str, digests: dict[str, str], links: Iterable[str]) -> dict[str, bytes]:
-        """SEAL/model.sig over `digests` (every other regular file of the folder: path -> sha256)."""
+    def members(self, campaign_id: str, digests: dict[str, str], links: Iterable[str],
+                statement: bool = False) -> dict[str, bytes]:
+        """SEAL/model.sig over `digests` (every other regular file of the folder but the statement pair, which
+        `statement` says the seal writes next: path -> sha256)."""
         manifest, Digest, _, _, signing = library()
-        ignore = ignore_paths(digests, links)
+        ignore = ignore_paths(digests, links, statement)
         items = [manifest.FileManifestItem(path=PurePosixPath(rel), digest=Digest("sha256", bytes.fromhex(sha)))
                  for rel, sha in sorted(covered(digests, ignore).items())]
         serialization = manifest._FileSerialization("sha256", True, [PurePosixPath(p) for p in ignore])
@@ -130,11 +137,46 @@ def read_public_key(path: Path) -> bytes:
     return data
 
 
+# A Sigstore bundle in JSON (sigstore protobuf-specs `Bundle`): its media type, its verification material and one
+# content, nothing else. What model-signing writes; the shape is checked without the library.
+BUNDLE_MEDIA_TYPE = re.compile(r"application/vnd\.dev\.sigstore\.bundle(\.v0\.[0-9]+\+json|\+json;version=0\.[0-9]+)")
+BUNDLE_CONTENTS = ("dsseEnvelope", "messageSignature")
+BUNDLE_KEYS = frozenset({"mediaType", "verificationMaterial", *BUNDLE_CONTENTS})
+
+
+def bundle_problem(bundle: bytes) -> str | None:
+    """Why `bundle` is not a JSON Sigstore bundle (SEAL/model.sig must be one), or None."""
+    from ..package.jsonread import read_json
+
+    try:
+        parsed = read_json(bundle)
+    except ValueError as exc:  # JSONLimitError, JSONDecodeError, UnicodeDecodeError
+        return f"not a JSON Sigstore bundle ({str(exc).splitlines()[0][:120] if str(exc) else 'not JSON'})"
+    if not isinstance(parsed, dict):
+        return "not a JSON Sigstore bundle (not a JSON object)"
+    unknown = sorted(k[:40] for k in set(parsed) - BUNDLE_KEYS)
+    media = parsed.get("mediaType")
+    contents = [k for k in BUNDLE_CONTENTS if isinstance(parsed.get(k), dict)]
+    if unknown or not isinstance(media, str) or not BUNDLE_MEDIA_TYPE.fullmatch(media) or \
+            not isinstance(parsed.get("verificationMaterial"), dict) or len(contents) != 1 or \
+            any(k in parsed for k in BUNDLE_CONTENTS if k not in contents):
+        why = (f"keys a bundle does not have: {', '.join(unknown[:5])}" if unknown else
+               f"mediaType {str(media)[:80]!r}" if not isinstance(media, str) or not BUNDLE_MEDIA_TYPE.fullmatch(media)
+               else "no verificationMaterial object" if not isinstance(parsed.get("verificationMaterial"), dict)
+               else "not exactly one of dsseEnvelope and messageSignature")
+        return f"not a JSON Sigstore bundle ({why})"
+    return None
+
+
 def check(bundle: bytes | None, public_key: Path | None, files: dict[str, str]) -> dict:
     """The audit's facts on SEAL/model.sig: `state` absent | valid | invalid | unchecked, and why. `files`: every
-    regular file of the archive under its top folder -> the sha256 the audit computed from its stream."""
+    regular file of the archive under its top folder -> the sha256 the audit computed from its stream. Anything
+    that is not a JSON Sigstore bundle is invalid, with or without the key."""
     if bundle is None:
         return {"state": "absent", "required": public_key is not None}
+    problem = bundle_problem(bundle)
+    if problem is not None:
+        return {"state": "invalid", "problem": problem}
     if public_key is None:
         return {"state": "unchecked", "problem": "no --oms-public-key given: run `model_signing verify key` on the "
                                                  "extracted folder with the sender's public key"}

@@ -155,11 +155,13 @@ def host_facts() -> dict:
             "machine": platform.machine(), "python": platform.python_version()}
 
 
-def signed_members(signer: Signer, campaign_id: str, sums: bytes, record: bytes | None) -> dict[str, bytes]:
-    """SEAL/statement.json and its signature, for the SHA256SUMS the seal just formed."""
-    statement = statement_bytes(campaign_id=campaign_id, sums=sums, record=record, tool="itera-verify",
-                                version=__version__, sealed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                host=host_facts(), signer=signer.key)
+def signed_members(signer: Signer, campaign_id: str, sums: bytes, record: bytes | None,
+                   model_signature: bytes | None, members: tuple[int, str]) -> dict[str, bytes]:
+    """SEAL/statement.json and its signature, for the SHA256SUMS, model.sig and member listing the seal formed."""
+    statement = statement_bytes(campaign_id=campaign_id, sums=sums, record=record, model_signature=model_signature,
+                                members=members, tool="itera-verify", version=__version__,
+                                sealed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), host=host_facts(),
+                                signer=signer.key)
     return {STATEMENT: statement, STATEMENT_SIG: signer.sign_bytes(statement)}
 
 
