@@ -125,10 +125,10 @@ def test_a_forged_bundle_is_IV802_with_the_public_key(oms_signed, keys, tmp_path
     statement["predicate"]["resources"][0]["digest"] = "0" * 64
     bundle["dsseEnvelope"]["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
     forged = rewrite(oms_signed, tmp_path / f"{CAMPAIGN}.tar.zst", {OMS_SIGNATURE: json.dumps(bundle).encode()})
-    report = audit(forged, oms_public_key=keys["alice"][1])
+    report = audit(forged, settle(reviewer=True, oms_public_key=keys["alice"][1]))
     assert signature_codes(report) == ["IV802"] and report.audit["signature"]["model_signing"]["state"] == "invalid"
     not_a_bundle = rewrite(oms_signed, tmp_path / "x.tar.zst", {OMS_SIGNATURE: b'{"mediaType": "text/plain"}'})
-    report = audit(not_a_bundle, oms_public_key=keys["alice"][1])
+    report = audit(not_a_bundle, settle(reviewer=True, oms_public_key=keys["alice"][1]))
     assert signature_codes(report) == ["IV802"]
     assert "not a JSON Sigstore bundle" in report.audit["signature"]["model_signing"]["problem"]
 
@@ -222,7 +222,7 @@ def test_ssh_and_model_signing_together_cover_each_other(built, keys, tmp_path):
     assert signature_codes(report) == [], [f.to_json() for f in report.findings]
     assert report.audit["signature"]["model_signing"]["state"] == "valid"
     assert report.audit["signature"]["statement"]["state"] == "valid"
-    report = audit(archive, allowed_signers=allowed)  # the SSH signer alone covers model.sig too
+    report = audit(archive, settle(reviewer=True, allowed_signers=allowed))  # the SSH signer alone covers model.sig too
     assert report.verdict == "pass" and report.audit["signature"]["uncovered"] == [], \
         [f.to_json() for f in report.findings]
     done = model_signing_verify(extracted(archive, tmp_path / "x"), keys["alice"][1])

@@ -24,6 +24,7 @@ from itera_verify.format.names import OMS_SIGNATURE, STATEMENT, STATEMENT_SIG
 from itera_verify.format.statement import NAMESPACE
 from tests.tar_forms import gnu_extract, payload_pickle
 from tests.test_signatures import allowed_signers, keygen, members_of, openssh_verifies
+from itera_verify import settle
 
 pytestmark = [pytest.mark.usefixtures("private_tmp"),
               pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs OpenSSH's ssh-keygen")]
@@ -49,7 +50,7 @@ def signed(built, alice, tmp_path_factory) -> Path:
     """The example package sealed with --sign ssh:alice (a private key file), once for this module."""
     folder = tmp_path_factory.mktemp("signed-members")
     shutil.copytree(built["package"], folder / "pkg", symlinks=True)
-    report = verify(folder / "pkg", reload=False, output=folder, sign=f"ssh:{alice['key']}")
+    report = verify(folder / "pkg", settle(reload=False, output=folder, sign=f"ssh:{alice['key']}"))
     assert report.sealed, [f.to_json() for f in report.findings]
     return folder / f"{CAMPAIGN}.tar.zst"
 
@@ -97,7 +98,7 @@ def iv802(report) -> list[str]:
 # ---- the clean case ------------------------------------------------------------------------------------------
 def test_a_clean_signed_archive_passes_with_or_without_its_sig_and_openssh_verifies_its_statement(signed, alice,
                                                                                                    tmp_path):
-    report = audit(signed, allowed_signers=alice["allowed"], signer="alice@example.com")
+    report = audit(signed, settle(reviewer=True, allowed_signers=alice["allowed"], signer="alice@example.com"))
     assert report.verdict == "pass" and report.audit["signature"]["uncovered"] == [], \
         [f.to_json() for f in report.findings]
     members = members_of(signed)
@@ -111,7 +112,7 @@ def test_a_clean_signed_archive_passes_with_or_without_its_sig_and_openssh_verif
     # The statement alone covers every member: the same bytes without the optional .sig beside pass too.
     alone = tmp_path / signed.name
     shutil.copy(signed, alone)
-    assert audit(alone, allowed_signers=alice["allowed"], signer="alice@example.com").verdict == "pass"
+    assert audit(alone, settle(reviewer=True, allowed_signers=alice["allowed"], signer="alice@example.com")).verdict == "pass"
 
 
 def _names(archive: Path) -> list[str]:
@@ -137,7 +138,7 @@ def test_a_pickle_added_as_SEAL_model_sig_to_a_signed_archive_is_IV506_and_IV802
     hostile = rebuild(signed, tmp_path / signed.name, add={OMS_SIGNATURE: payload_pickle(marker)})
     name = f"{CAMPAIGN}/{OMS_SIGNATURE}"
     for options in ({}, {"allowed_signers": alice["allowed"], "signer": "alice@example.com"}):
-        report = audit(hostile, **options)
+        report = audit(hostile, settle(reviewer=True, **options))
         assert report.verdict == "fail"
         assert ("IV506", name) in codes_at(report) and ("IV802", name) in codes_at(report), options
         assert any("not a JSON Sigstore bundle" in m for m in iv802(report))
@@ -151,7 +152,7 @@ def test_dropping_the_archive_sig_and_adding_a_model_sig_is_IV802_under_allowed_
     assert not hostile.with_name(hostile.name + ".sig").exists()
     assert gnu_extract(hostile, tmp_path / "x") == 0
     assert (tmp_path / "x" / CAMPAIGN / OMS_SIGNATURE).read_bytes() == FORGED_BUNDLE
-    report = audit(hostile, allowed_signers=alice["allowed"], signer="alice@example.com")
+    report = audit(hostile, settle(reviewer=True, allowed_signers=alice["allowed"], signer="alice@example.com"))
     assert report.verdict == "fail" and {f.code for f in report.findings} == {"IV802"}, \
         [f.to_json() for f in report.findings]
     messages = " ".join(iv802(report))
@@ -170,14 +171,14 @@ def test_a_skippable_frame_with_content_is_IV802_under_allowed_signers_and_IV703
     report = audit(hostile)
     assert report.verdict == "fail" and [f.code for f in report.findings] == ["IV703"]
     assert f"1 skippable zstd frame(s) holding {len(payload)} bytes" in report.findings[0].message
-    report = audit(hostile, allowed_signers=alice["allowed"])
+    report = audit(hostile, settle(reviewer=True, allowed_signers=alice["allowed"]))
     assert {f.code for f in report.findings} == {"IV703", "IV802"}
     assert any("skippable zstd frame" in m for m in iv802(report))
     # an empty skippable frame carries nothing: no finding
     empty = tmp_path / "empty" / signed.name
     empty.parent.mkdir()
     empty.write_bytes(signed.read_bytes() + (0x184D2A50).to_bytes(4, "little") + bytes(4))
-    assert audit(empty, allowed_signers=alice["allowed"]).verdict == "pass"
+    assert audit(empty, settle(reviewer=True, allowed_signers=alice["allowed"])).verdict == "pass"
 
 
 def test_the_frame_scanner_counts_the_skippable_frames_with_content():
@@ -196,7 +197,7 @@ def test_the_frame_scanner_counts_the_skippable_frames_with_content():
 
 def test_an_extra_member_not_in_SHA256SUMS_is_IV702_and_IV802_under_allowed_signers(signed, alice, tmp_path):
     hostile = rebuild(signed, tmp_path / signed.name, add={"analysis/extra.md": b"# signed by nobody\n"})
-    report = audit(hostile, allowed_signers=alice["allowed"])
+    report = audit(hostile, settle(reviewer=True, allowed_signers=alice["allowed"]))
     assert ("IV702", f"{CAMPAIGN}/analysis/extra.md") in codes_at(report)
     assert any("not in the signed SHA256SUMS: analysis/extra.md" in m for m in iv802(report))
 
@@ -211,7 +212,7 @@ def test_a_link_a_folder_or_a_mode_changed_in_a_signed_archive_is_IV802(signed, 
     hostile = rebuild(signed, tmp_path / signed.name, **options)
     unsigned = audit(hostile)  # nothing else sees these: only the signed listing does
     assert {f.code for f in unsigned.findings} == {"IV802"}, [f.to_json() for f in unsigned.findings]
-    report = audit(hostile, allowed_signers=alice["allowed"], signer="alice@example.com")
+    report = audit(hostile, settle(reviewer=True, allowed_signers=alice["allowed"], signer="alice@example.com"))
     assert report.verdict == "fail" and any("members are not the ones signed" in m for m in iv802(report))
 
 
@@ -220,7 +221,7 @@ def test_a_statement_without_its_sig_is_IV802_and_IV801_when_a_signer_is_require
     report = audit(hostile)
     assert [f.code for f in report.findings] == ["IV802"]
     assert "statement.json.sig is missing" in report.findings[0].message
-    report = audit(hostile, allowed_signers=alice["allowed"])
+    report = audit(hostile, settle(reviewer=True, allowed_signers=alice["allowed"]))
     assert {f.code for f in report.findings} == {"IV801", "IV802"}
 
 
@@ -244,7 +245,7 @@ def test_a_second_statement_member_is_refused(signed, alice, tmp_path):
     """GNU tar keeps the last of two members of one name; the audit refuses the second (IV703)."""
     statement = members_of(signed)[f"{CAMPAIGN}/{STATEMENT}"]
     hostile = rebuild(signed, tmp_path / signed.name, add={STATEMENT: statement.replace(b"Linux", b"Linus")})
-    report = audit(hostile, allowed_signers=alice["allowed"])
+    report = audit(hostile, settle(reviewer=True, allowed_signers=alice["allowed"]))
     assert ("IV703", f"{CAMPAIGN}/{STATEMENT}") in codes_at(report) and report.verdict == "fail"
 
 
@@ -256,7 +257,7 @@ def test_data_past_the_end_is_refused_under_allowed_signers(signed, alice, tmp_p
     extra = (zstandard.ZstdCompressor().compress(b"x".ljust(1024, b"\0")) if tail.startswith("tar")
              else b"\x00hidden bytes")
     hostile.write_bytes(signed.read_bytes() + extra)
-    report = audit(hostile, allowed_signers=alice["allowed"])
+    report = audit(hostile, settle(reviewer=True, allowed_signers=alice["allowed"]))
     assert report.verdict == "fail" and "IV701" in {f.code for f in report.findings}
 
 
@@ -277,12 +278,12 @@ def _older_statement(archive: Path, key: Path, folder: Path, out: Path) -> Path:
 
 def test_an_older_statement_still_passes_and_binds_its_files_but_not_an_added_link(signed, alice, tmp_path):
     older = _older_statement(signed, alice["key"], tmp_path, tmp_path / signed.name)
-    report = audit(older, allowed_signers=alice["allowed"], signer="alice@example.com")
+    report = audit(older, settle(reviewer=True, allowed_signers=alice["allowed"], signer="alice@example.com"))
     assert report.verdict == "pass", [f.to_json() for f in report.findings]
     (tmp_path / "link").mkdir()
     with_link = rebuild(older, tmp_path / "link" / signed.name, links={"analysis/latest": "errors.md"})
     assert audit(with_link).verdict == "pass"  # unsigned reviewers see no difference: nothing lists links
-    report = audit(with_link, allowed_signers=alice["allowed"])
+    report = audit(with_link, settle(reviewer=True, allowed_signers=alice["allowed"]))
     assert [(f.code, f.path) for f in report.findings] == [("IV802", f"{CAMPAIGN}/analysis/latest")]
     assert "older seal" in report.findings[0].message
 
@@ -296,19 +297,18 @@ def test_an_unverified_model_sig_while_signers_are_required_is_IV802(built, alic
     private, public = ec_key(tmp_path, "oms")
     shutil.copytree(built["package"], tmp_path / "pkg", symlinks=True)
     (tmp_path / "dual").mkdir()
-    report = verify(tmp_path / "pkg", reload=False, output=tmp_path / "dual",
-                    sign=(f"ssh:{alice['key']}", f"model-signing:{private}"))
+    report = verify(tmp_path / "pkg", settle(reload=False, output=tmp_path / "dual", sign=(f"ssh:{alice['key']}", f"model-signing:{private}")))
     assert report.sealed
     older = _older_statement(tmp_path / "dual" / f"{CAMPAIGN}.tar.zst", alice["key"], tmp_path,
                              tmp_path / f"{CAMPAIGN}.tar.zst")
-    report = audit(older, allowed_signers=alice["allowed"])
+    report = audit(older, settle(reviewer=True, allowed_signers=alice["allowed"]))
     assert [(f.code, f.path) for f in report.findings] == [("IV802", f"{CAMPAIGN}/{OMS_SIGNATURE}")]
     assert "not verified with --oms-public-key" in report.findings[0].message
-    report = audit(older, allowed_signers=alice["allowed"], oms_public_key=public)
+    report = audit(older, settle(reviewer=True, allowed_signers=alice["allowed"], oms_public_key=public))
     assert report.verdict == "pass", [f.to_json() for f in report.findings]
     # the new statement binds model.sig itself: no key needed, and a swapped bundle is named
     dual = tmp_path / "dual" / f"{CAMPAIGN}.tar.zst"
-    assert audit(dual, allowed_signers=alice["allowed"]).verdict == "pass"
+    assert audit(dual, settle(reviewer=True, allowed_signers=alice["allowed"])).verdict == "pass"
     swapped = rebuild(dual, tmp_path / "swapped.tar.zst", replace={OMS_SIGNATURE: FORGED_BUNDLE})
     assert any("SEAL/model.sig is not the one signed" in m for m in iv802(audit(swapped)))
     assert hashlib.sha256(FORGED_BUNDLE).hexdigest() != json.loads(
@@ -320,9 +320,9 @@ def test_a_principal_pattern_admits_the_signer_asked_for_and_a_negated_one_does_
     (tests/test_sshsig_differential.py compares the two on every pattern form)."""
     pattern = allowed_signers(tmp_path / "pattern", ("*@example.com,!mallory@example.com",
                                                      alice["key"].with_suffix(".pub")))
-    assert audit(signed, allowed_signers=pattern, signer="alice@example.com").verdict == "pass"
+    assert audit(signed, settle(reviewer=True, allowed_signers=pattern, signer="alice@example.com")).verdict == "pass"
     for who in ("mallory@example.com", "alice@example.org"):
-        assert [f.code for f in audit(signed, allowed_signers=pattern, signer=who).findings] == ["IV803"], who
+        assert [f.code for f in audit(signed, settle(reviewer=True, allowed_signers=pattern, signer=who)).findings] == ["IV803"], who
 
 
 def test_many_skippable_frames_are_counted_not_listed(tmp_path):
