@@ -72,6 +72,8 @@ def audit(archive, *, config: Config | None = None, reload: bool = False, max_si
     reviewer = read_reviewer(allowed_signers, signer, oms_public_key)
     options = settle(config, reviewer=True, selection=selection, device=device, timeout=timeout,
                      tmp_patterns=tmp_patterns, tariffs=tariffs)
+    if reload and options.environment.torch_advisory:  # before any work: the reloads would unpickle with it
+        raise UsageError(f"audit --reload: {options.environment.torch_advisory}; an archive is untrusted input")
     selection, device, timeout = options.selection, options.device, options.timeout
     tmp_patterns, tariffs, configuration = options.tmp_patterns, options.tariffs, options.configuration
     remote = _open_remote(archive, endpoint_url)

@@ -235,5 +235,7 @@ def settle(config: Config | None, *, reviewer: bool = False, selection=None, dev
                    timeout=timeout or config.timeout or DEFAULT_TIMEOUT,
                    tmp_patterns=tuple(config.tmp_patterns if tmp_patterns is None else tmp_patterns),
                    tariffs=config.tariffs if tariffs is None else tariffs,
-                   configuration={**describe(config), "environment": environment.applied()},
+                   configuration={**describe(config), "environment": environment.applied(),
+                                  "torch": {"version": environment.torch_version,
+                                            "advisory": environment.torch_advisory}},
                    environment=environment)

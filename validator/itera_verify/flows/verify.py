@@ -94,6 +94,8 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
                      tariffs=tariffs)
     selection, device, timeout = options.selection, options.device, options.timeout
     tmp_patterns, tariffs = options.tmp_patterns, options.tariffs
+    if reload and options.environment.torch_advisory:  # the sender's own files: a warning, not a refusal
+        progress.log(f"WARNING: {options.environment.torch_advisory}")
     resolved_device = None
     if reload:
         from ..reload import resolve_device
