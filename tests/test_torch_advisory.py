@@ -79,6 +79,7 @@ def _tiny(tmp_path):
     return root
 
 
+@pytest.mark.slow
 def test_verify_on_torch_2_9_warns_in_the_log_and_the_report_and_fails_nothing(tmp_path):
     old, current = _Lines(), _Lines()
     warned = verify(_tiny(tmp_path), seal=False, config=_reviewer_on("2.9.1"), progress=old)
@@ -89,3 +90,6 @@ def test_verify_on_torch_2_9_warns_in_the_log_and_the_report_and_fails_nothing(t
     assert warned.configuration["torch"] == {"version": "2.9.1", "advisory": advisory("2.9.1")}
     assert plain.configuration["torch"]["advisory"] is None
     assert warned.verdict == plain.verdict and [f.code for f in warned.findings] == [f.code for f in plain.findings]
+    from itera_verify.report import renderer
+
+    assert "CVE-2026-24747" in renderer("text")(warned, {}) and "CVE" not in renderer("text")(plain, {})
