@@ -59,7 +59,8 @@ def check_header(path: Path, size: int, outcome: Outcome) -> None:
     if isinstance(limit, int) and header.reader_bytes > limit - LIBRARIES_PEAK:
         raise Stop(LOAD, f"{outcome.rel(path)}: {header.largest_array}: the key-values hold {header.elements:,} array "
                          f"elements; the gguf package would need about {header.reader_bytes >> 20:,} MiB to read them, "
-                         f"more than this reload's memory limit ({limit >> 20:,} MiB)", path)
+                         f"more than the {(limit - LIBRARIES_PEAK) >> 20:,} MiB this reload's memory limit "
+                         f"({limit >> 20:,} MiB) leaves beside the libraries", path)
 
 
 def field_value(reader, key: str):
