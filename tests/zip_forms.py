@@ -123,3 +123,52 @@ def case_twin(archive: bytes, data_pkl: bytes) -> bytes:
         name = next(n for n in target.namelist() if n.endswith("/data.pkl"))
         target.writestr(name[: -len("data.pkl")] + "DATA.PKL", data_pkl)
     return out.getvalue()
+
+
+# ---- 7z (nullifAI): the archive format no reader of the scanner opens ------------------------------------
+
+def _number_7z(value: int) -> bytes:
+    """7z's variable-length number: the leading 1-bits of the first byte count the bytes that follow it."""
+    for extra in range(8):
+        if value < 1 << (7 * (extra + 1)):
+            return (bytes([((0xFF00 >> extra) & 0xFF) | (value >> (8 * extra))])
+                    + (value & ((1 << (8 * extra)) - 1)).to_bytes(extra, "little"))
+    return b"\xff" + value.to_bytes(8, "little")
+
+
+def seven_zip(name: str, data: bytes, compress: bool = True) -> bytes:
+    """A one-file 7z archive as 7-Zip writes it (7zFormat.txt): signature header, packed stream, plain header;
+    LZMA2 (method 21) or copy (method 00). `7zz t` and `7zz x` read it."""
+    import lzma
+    import zlib
+
+    n = _number_7z
+    if compress:
+        packed = lzma.compress(data, format=lzma.FORMAT_RAW, filters=[{"id": lzma.FILTER_LZMA2, "dict_size": 1 << 20}])
+        coder = b"\x21\x21" + n(1) + bytes([16])  # id size 1 with properties; LZMA2; a 1 MiB dictionary
+    else:
+        packed, coder = data, b"\x01\x00"
+    names = name.encode("utf-16-le") + b"\x00\x00"
+    header = (b"\x01\x04"  # Header, MainStreamsInfo
+              + b"\x06" + n(0) + n(1) + b"\x09" + n(len(packed)) + b"\x00"  # PackInfo: one stream at 0
+              + b"\x07\x0b" + n(1) + b"\x00" + n(1) + coder  # UnpackInfo: one folder of one coder
+              + b"\x0c" + n(len(data)) + b"\x0a\x01" + struct.pack("<L", zlib.crc32(data)) + b"\x00"
+              + b"\x00"  # end of MainStreamsInfo
+              + b"\x05" + n(1) + b"\x11" + n(len(names) + 1) + b"\x00" + names + b"\x00"  # FilesInfo: the name
+              + b"\x00")
+    start = struct.pack("<QQL", len(packed), len(header), zlib.crc32(header))
+    return b"7z\xbc\xaf\x27\x1c\x00\x04" + struct.pack("<L", zlib.crc32(start)) + start + packed + header
+
+
+def unseven_zip(archive: bytes) -> bytes:
+    """The one file of an archive seven_zip wrote (the live proof's reader: the scanner has none)."""
+    import lzma
+
+    next_offset, next_size, _ = struct.unpack_from("<QQL", archive, 12)
+    packed, header = archive[32:32 + next_offset], archive[32 + next_offset:32 + next_offset + next_size]
+    coder = header[header.index(b"\x07\x0b\x01\x00\x01") + 5:][:2]
+    if coder == b"\x01\x00":  # copy
+        return packed
+    assert coder == b"\x21\x21", coder
+    return lzma.decompress(packed, format=lzma.FORMAT_RAW,
+                           filters=[{"id": lzma.FILTER_LZMA2, "dict_size": 1 << 20}])

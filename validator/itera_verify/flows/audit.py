@@ -70,6 +70,8 @@ def audit(archive: str | os.PathLike, options: RunOptions | None = None, *,
     progress = NULL_PROGRESS if progress is None else progress
     reviewer = read_reviewer(options.allowed_signers, options.signer, options.oms_public_key)
     endpoint_url = options.endpoint_url
+    if options.reload and options.environment.torch_advisory:  # before any work: the reloads would unpickle
+        raise UsageError(f"audit --reload: {options.environment.torch_advisory}; an archive is untrusted input")
     remote = _open_remote(archive, endpoint_url)
     path = Path(archive) if remote is None else Path(remote.name)
     resolved_device = None

@@ -243,7 +243,9 @@ def settle(config: Config | None = None, *, reviewer: bool = False, **overrides:
             fields[name] = Path(fields[name])
     _validate(fields)
     return make_options(environment=environment, selection=selection,
-                        configuration={**describe(config), "environment": environment.applied()}, **fields)
+                        configuration={**describe(config), "environment": environment.applied(),
+                                       "torch": {"version": environment.torch_version,
+                                                 "advisory": environment.torch_advisory}}, **fields)
 
 
 def _validate(fields: dict[str, Any]) -> None:

@@ -94,6 +94,8 @@ def verify(path: str | os.PathLike, options: RunOptions | None = None, *, progre
     options = settle() if options is None else options
     progress = NULL_PROGRESS if progress is None else progress
     started = time.monotonic()
+    if options.reload and options.environment.torch_advisory:  # the sender's own files: a warning, not a refusal
+        progress.log(f"WARNING: {options.environment.torch_advisory}")
     resolved_device = None
     if options.reload:
         from ..reload import resolve_device

@@ -112,6 +112,9 @@ def _configuration(console: Console, report: Report) -> None:
     for passed in configuration.get("not_applied") or []:
         if isinstance(passed, dict):
             console.print(f"  not applied: {clean(passed.get('path'))} ({clean(passed.get('why'))})", soft_wrap=True)
+    torch = configuration.get("torch")
+    if isinstance(torch, dict) and torch.get("advisory"):  # runtime/torchsafety.py: the reloads' second lock is weak
+        console.print(f"warning: {clean(torch['advisory'])}", style="yellow", soft_wrap=True)
 
 
 def _findings(console: Console, report: Report) -> None:

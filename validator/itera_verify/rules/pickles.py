@@ -27,7 +27,8 @@ RULES = [
              "anything else is never loaded, even if no artifact uses it: a delivered package must not carry a payload "
              "for its reviewer. So is a pickle that cannot be scanned whole, exactly as its loaders would read "
              "it: a zip whose layout two readers could read differently, bytes after the last pickle stream "
-             "that are not torch's storage records, a damaged or truncated file. Save weights as safetensors "
+             "that are not torch's storage records, a damaged or truncated file, a 7z archive (no reader here opens "
+             "one, so what it holds is never judged harmless). Save weights as safetensors "
              "and optimizer/RNG state with torch.save of tensors and plain containers."),
          bad="torch.save({'weight': w, 'hook': MyCallback()}, 'optimizer.pt')   # names __main__.MyCallback",
          good="torch.save(optimizer.state_dict(), 'optimizer.pt')   # tensors, numbers and dicts only"),

@@ -27,13 +27,24 @@ SETTINGS = (RELOAD_HOST_MEMORY, RELOAD_GPU_MEMORY, CUDA_VISIBLE_DEVICES, HF_HUB_
 
 @dataclass(frozen=True)
 class Environment:
-    """A frozen copy of the environment variables at the entry point."""
+    """A frozen copy of the environment variables at the entry point, and the installed torch's version (read
+    with them: which torch unpickles is a fact of the machine, runtime/torchsafety.py)."""
 
     variables: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    torch_version: str | None = None
 
     @classmethod
     def read(cls, environ: Mapping[str, str] | None = None) -> "Environment":
-        return cls(MappingProxyType(dict(os.environ if environ is None else environ)))
+        from .torchsafety import installed_torch
+
+        return cls(MappingProxyType(dict(os.environ if environ is None else environ)), installed_torch())
+
+    @property
+    def torch_advisory(self) -> str | None:
+        """One line when the installed torch's weights_only unpickler has a published hole (torchsafety.py)."""
+        from .torchsafety import advisory
+
+        return advisory(self.torch_version)
 
     def get(self, name: str) -> str | None:
         return self.variables.get(name)

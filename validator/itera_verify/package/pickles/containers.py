@@ -27,6 +27,12 @@ from .zips import open_checked
 
 ZIP_MAGIC = b"PK\x03\x04"
 NPY_MAGIC = b"\x93NUMPY"
+SEVEN_ZIP_MAGIC = b"7z\xbc\xaf\x27\x1c"
+# nullifAI (2025) hid pickles in 7z-compressed PyTorch files that scanners passed because they could not open them.
+# No reader here opens 7z (neither does torch, numpy or pickle), so what one holds is never judged "not a pickle":
+# it cannot be scanned, whatever its name (docs/format.md, "What the pickle scan refuses").
+SEVEN_ZIP_REFUSAL = ("a 7z archive: the scanner has no 7z reader, so a pickle inside it cannot be judged; ship it "
+                     "as a zip, tar or gzip/xz/zstd file, which the scanner opens")
 MAX_DEPTH = 3
 MAX_NPY_HEADER = 1 << 20  # numpy reads up to 10,000 characters unless allow_pickle=True; we read this far
 MAX_DECOMPRESSED = 1 << 30
@@ -149,11 +155,13 @@ PICKLE_LIKE = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle", ".npy", ".npz"
 
 
 def from_head(head: bytes) -> str | None:
-    """The container the first bytes announce: 'zip', 'npy', a compression, 'pickle' (PROTO), 'opcode'."""
+    """The container the first bytes announce: 'zip', 'npy', '7z', a compression, 'pickle' (PROTO), 'opcode'."""
     if head.startswith(ZIP_MAGIC):
         return "zip"
     if head.startswith(NPY_MAGIC):
         return "npy"
+    if head.startswith(SEVEN_ZIP_MAGIC):
+        return "7z"
     if (kind := compression_of(head)) is not None:
         return kind
     if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
@@ -185,6 +193,8 @@ def scan_container(fh, size: int, name: str, found: set[str], depth: int = 1, ce
         result = _scan_zip(fh, size, name, found, depth, budget)
     elif kind == "npy":
         result = _scan_npy(fh, size, found, budget)
+    elif kind == "7z":
+        result = True, SEVEN_ZIP_REFUSAL
     elif kind in ("gzip", "bz2", "lzma", "zstd", "zlib"):
         result = _scan_compressed(kind, fh, name, found, depth, certain, budget)
         if result == (False, None):
@@ -300,4 +310,4 @@ def _scan_npy(fh, size, found, budget) -> tuple[bool, str | None]:
     return scan_raw(fh, consumed, size - consumed, found, certain=True, budget=budget)
 
 
-__all__ = ["NPY_MAGIC", "ZIP_MAGIC", "compression_of", "from_head", "is_tar", "scan_container"]
+__all__ = ["NPY_MAGIC", "SEVEN_ZIP_MAGIC", "ZIP_MAGIC", "compression_of", "from_head", "is_tar", "scan_container"]

@@ -5,6 +5,7 @@ import io
 import pickletools
 import re
 import zipfile
+import zlib
 
 from .containers import ZIP_MAGIC
 from .zips import open_checked
@@ -29,7 +30,11 @@ def pickled_strings(data: bytes) -> list[str] | None:
         for info in archive.infolist():
             if info.is_dir() or _STORAGE.fullmatch(info.filename) or info.file_size > MAX_MEMBER:
                 continue
-            found = _stream_strings(archive.read(info))
+            try:
+                data = archive.read(info)
+            except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, zlib.error):
+                continue  # a record zipfile cannot read (a CRC torch never checks): IV506 refuses the file
+            found = _stream_strings(data)
             if found is not None:
                 strings = (strings or []) + found
     return strings

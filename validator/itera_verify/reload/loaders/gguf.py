@@ -9,9 +9,11 @@ its own model: names, shapes and the q/k permutation it expects) and one forward
 """
 from __future__ import annotations
 
+import os
 from math import prod
 from pathlib import Path
 
+from ...format.gguf import HeaderProblem, walk
 from ...package.jsonread import read_json_file
 from ..common import LOAD, Outcome, Stop, forward_pass, nonfinite_count, require, short
 
@@ -22,6 +24,10 @@ TOKENS, TOKENIZER_MODEL, ARCHITECTURE = "tokenizer.ggml.tokens", "tokenizer.ggml
 SIZES = {"block_count": ("num_hidden_layers", "n_layer"), "embedding_length": ("hidden_size", "n_embd"),
          "feed_forward_length": ("intermediate_size", "n_inner"),
          "attention.head_count": ("num_attention_heads", "n_head")}
+# What transformers' GGUF load holds at its peak, per parameter: the dequantized float32 state dict and the
+# float32 model it is copied into; and the libraries' own memory in a CPU child (limits.py measured under 0.6 GiB).
+LOAD_BYTES_PER_PARAMETER = 8
+LIBRARIES_PEAK = 1 << 30
 
 
 def open_reader(path: Path, outcome: Outcome):
@@ -29,12 +35,32 @@ def open_reader(path: Path, outcome: Outcome):
     if not path.is_file():
         raise Stop(LOAD, f"{outcome.rel(path)} is not a file", path)
     size = path.stat().st_size
+    check_header(path, size, outcome)
     try:
         reader = gguf.GGUFReader(str(path))
     except Exception as exc:  # the reader fails with reshape or index errors on a short file
         raise Stop(LOAD, f"{outcome.rel(path)} does not read as GGUF ({size:,} bytes; truncated or not GGUF): "
                          f"{short(exc)}", path) from exc
     return gguf, reader, size
+
+
+def check_header(path: Path, size: int, outcome: Outcome) -> None:
+    """The header walked with limits (format/gguf.py) before gguf.GGUFReader builds a view per value: a count or
+    length out of bounds, or more values than the reader can hold within this reload's memory limit, stops the
+    reload naming the key, in milliseconds instead of a child killed at its limit."""
+    try:
+        with open(path, "rb") as fh:
+            header = walk(lambda offset, n: os.pread(fh.fileno(), n, offset), size)
+    except HeaderProblem as exc:
+        raise Stop(LOAD, f"{outcome.rel(path)}: {exc} (refused before the gguf package reads it)", path) from exc
+    except OSError as exc:
+        raise Stop(LOAD, f"{outcome.rel(path)} cannot be read: {short(exc)}", path) from exc
+    limit = outcome.job.get("memory_limit")
+    if isinstance(limit, int) and header.reader_bytes > limit - LIBRARIES_PEAK:
+        raise Stop(LOAD, f"{outcome.rel(path)}: {header.largest_array}: the key-values hold {header.elements:,} array "
+                         f"elements; the gguf package would need about {header.reader_bytes >> 20:,} MiB to read them, "
+                         f"more than the {(limit - LIBRARIES_PEAK) >> 20:,} MiB this reload's memory limit "
+                         f"({limit >> 20:,} MiB) leaves beside the libraries", path)
 
 
 def field_value(reader, key: str):
@@ -156,12 +182,6 @@ def reload(job: dict, device, outcome: Outcome) -> None:
     if outcome.problems:
         raise Stop.recorded()  # a file already shown broken is not loaded again
     outcome.forward = transformers_forward(path, job, device, outcome)
-
-
-# What transformers' GGUF load holds at its peak, per parameter: the dequantized float32 state dict and the
-# float32 model it is copied into; and the libraries' own memory in a CPU child (limits.py measured under 0.6 GiB).
-LOAD_BYTES_PER_PARAMETER = 8
-LIBRARIES_PEAK = 1 << 30
 
 
 def transformers_forward(path: Path, job: dict, device, outcome: Outcome) -> str:
