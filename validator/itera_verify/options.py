@@ -75,6 +75,10 @@ class RunOptions:
     scan_budget: int | None = None  # the pickle scan's work units (an audit: --max-size); None: the package's size
     deadline: str | None = None  # --deadline: when the rental ends (RFC 3339)
     pushing: bool = False  # a push follows the seal: the rental's estimate counts it
+    # --part: one lot's part of a campaign (docs/record.md, "Two lots"): what only the whole campaign can hold (the
+    # decision, exactly one control, the cost per accepted run) is left to the assembled package; sealed as
+    # <campaign_id>.<lot>.part.tar.zst
+    part: bool = False
     # the reloads
     reload: bool = True
     device: str = DEFAULT_DEVICE  # auto, cuda or cpu, as asked (reload.resolve_device says which it is)

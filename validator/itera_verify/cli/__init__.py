@@ -155,6 +155,7 @@ def main() -> None:
       itera-verify verify OUTDIR        the same; say `verify` when OUTDIR is named like a subcommand
       itera-verify audit ARCHIVE        audit a delivered archive as hostile input
       itera-verify push ARCHIVE DEST    send it to s3://bucket/prefix/ or a folder, verified, with a receipt
+      itera-verify assemble PART... -o DIR   join the lots' parts into one campaign
       itera-verify init OUTDIR          write a template package to start a campaign from
       itera-verify rules [CODE]         list the rules, or explain one
     """
@@ -261,6 +262,8 @@ def _rfc3339(ctx, param, value):
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default=None, help="Where reloads run.")
 @click.option("--no-reload", is_flag=True, help="Skip the reloads (the report says nothing was reloaded).")
 @click.option("--no-seal", is_flag=True, help="Run every check but do not write the archive.")
+@click.option("--part", is_flag=True, help="OUTDIR is one lot's part of a campaign: seal it as "
+                                           "CAMPAIGN.LOT.part.tar.zst for `assemble` (docs/record.md).")
 @click.option("-o", "--output", type=click.Path(),  # a str: Path() would drop the trailing / that means a folder
               help="Archive file (NAME.tar.zst) or folder (DIR/, created if its parent exists).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing archive of the same name.")
@@ -290,7 +293,7 @@ def _rfc3339(ctx, param, value):
               help="When the rental ends (RFC 3339, e.g. 2026-11-23T08:00:00Z): overrides the lots' started_at + "
                    "days; the seal (and push) are estimated against it.")
 @_verbose
-def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, reports, strict, select, ignore,
+def verify_command(outdir, device, no_reload, no_seal, part, output, overwrite, fmt, reports, strict, select, ignore,
                    hf_cache, timeout, jobs, isolation, level, threads, config_path, sign,
                    push_dest, endpoint_url, read_back, part_size, deadline, quiet, verbose):
     """Check OUTDIR, reload every artifact and seal it (exit 0 pass, 1 findings, 2 could not run); with --push,
@@ -306,7 +309,7 @@ def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, r
         options = settle(config, selection=_selection(config, select, ignore, strict), device=device,
                          reload=not no_reload, seal=not no_seal, output=output, overwrite=overwrite,
                          hf_cache=hf_cache, timeout=timeout, jobs=jobs, level=level, threads=threads,
-                         isolation=isolation, sign=sign, deadline=deadline, pushing=bool(push_dest))
+                         isolation=isolation, sign=sign, deadline=deadline, pushing=bool(push_dest), part=part)
         follower = None
         if push_dest:  # no such folder, no s3:// address: said now (credentials: before the seal, follow.connect)
             from ..push import check_destination
@@ -496,6 +499,8 @@ def rules_command(code):
 
     _run(action)
 
+
+from . import assemble as _assemble  # noqa: E402,F401  (registers `assemble` on the group)
 
 if __name__ == "__main__":
     main()

@@ -29,6 +29,7 @@ from pathlib import Path
 from ..version import __version__
 from ..archive.extract import Extraction, safe_extract
 from ..archive.zstdframes import declared_content_size
+from ..format.parts import is_part_archive
 from ..runtime.environment import Environment
 from ..model import Severity, UsageError
 from ..package import RunContext, discover
@@ -54,7 +55,7 @@ def default_max_size(archive_bytes: int) -> int:
 
 
 def audit(archive: str | os.PathLike, options: RunOptions | None = None, *,
-          progress: Progress | None = None) -> Report:
+          progress: Progress | None = None, extracted_by_tar: bool = True) -> Report:
     """Audit a sealed archive. Raises UsageError (exit 2) when it cannot be read at all.
 
     `options`: the reviewer's (flows/config.py `settle(config, reviewer=True, **overrides)`; None: the file the
@@ -65,7 +66,8 @@ def audit(archive: str | os.PathLike, options: RunOptions | None = None, *,
     IV801-IV803); without it a signature present is still checked and its signer shown. `oms_public_key` (PEM)
     requires SEAL/model.sig, an OpenSSF model-signing signature, and verifies it. `archive` may be
     `s3://bucket/key.tar.zst` (push/remote.py): streamed from the store, never copied here; its signatures are
-    checked as a file's, the `.sig` read from beside the object."""
+    checked as a file's, the `.sig` read from beside the object. `extracted_by_tar` False: the caller extracts
+    the archive itself (assemble), so where GNU tar would collide with an existing folder is not asked."""
     options = settle(reviewer=True) if options is None else options
     progress = NULL_PROGRESS if progress is None else progress
     reviewer = read_reviewer(options.allowed_signers, options.signer, options.oms_public_key)
@@ -74,6 +76,8 @@ def audit(archive: str | os.PathLike, options: RunOptions | None = None, *,
         raise UsageError(f"audit --reload: {options.environment.torch_advisory}; an archive is untrusted input")
     remote = _open_remote(archive, endpoint_url)
     path = Path(archive) if remote is None else Path(remote.name)
+    if is_part_archive(path.name):  # one lot's part (format/parts.py): re-checked as `--part` sealed it
+        options = replace(options, part=True)
     resolved_device = None
     if options.reload:
         from ..reload import resolve_device
@@ -98,7 +102,7 @@ def audit(archive: str | os.PathLike, options: RunOptions | None = None, *,
                                    detached=None if detached is NOT_COMPARED else detached, unwalkable=unwalkable)
                 # The top folder is the manifest's campaign_id (the seal names it so): compared once re-checked.
                 facts.rechecked, facts.campaign_id = bool(report.audit.get("rechecked")), report.campaign_id
-                facts.collisions = extraction_collisions(path, extraction.top)
+                facts.collisions = extraction_collisions(path, extraction.top) if extracted_by_tar else ()
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
                 shutil.rmtree(seal_side, ignore_errors=True)

@@ -266,5 +266,7 @@ def _validate(fields: dict[str, Any]) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
             span = f"between {low} and {high}" if high is not None else f"at least {low}"
             raise UsageError(f"{name} {value!r}: a whole number {span}")
+    if not isinstance(fields.get("part", False), bool):
+        raise UsageError(f"part {fields['part']!r}: True (one lot's part of a campaign) or False")
     if fields.get("sign") and fields.get("seal") is False:
         raise UsageError("--sign signs the seal: it cannot be used with --no-seal")

@@ -17,10 +17,13 @@ from .config import settle
 
 
 def default_archive_path(ctx: RunContext, campaign_id: str, output: str | os.PathLike | None) -> Path:
-    """-o FILE.tar.zst, -o FOLDER/ (created), or `<campaign_id>.tar.zst` beside the package (seal/destination.py)."""
+    """-o FILE.tar.zst, -o FOLDER/ (created), or `<campaign_id>.tar.zst` beside the package (seal/destination.py);
+    a lot's part (--part) is named `<campaign_id>.<lot>.part.tar.zst` (format/parts.py)."""
+    from ..format.parts import part_archive_stem, part_lot
     from ..seal.destination import archive_destination
 
-    return archive_destination(ctx.inventory.root, campaign_id, output, create=True)
+    name = part_archive_stem(campaign_id, part_lot(ctx.documents.manifest)) if ctx.options.part else campaign_id
+    return archive_destination(ctx.inventory.root, name, output, create=True)
 
 
 PARALLEL_MIN_FILES = 1000
@@ -49,11 +52,13 @@ def check_package(ctx: RunContext, *, device: str | None, progress: Progress, pr
                                                                        processes=processes)
     if ctx.options.reload:
         from ..reload import run_reloads
+        from .partproofs import stand_in
 
         options = ctx.options
         reloads = run_reloads(ctx, device=device or "cpu", timeout=options.timeout, jobs=options.jobs,
                               progress=progress, isolation=options.isolation, prestarted=prestarted)
-        ctx = replace(ctx, reloads=reloads)
+        # An assembled campaign: a lot's signed proof for what this machine lacks the memory to reload.
+        ctx = replace(ctx, reloads=stand_in(ctx, reloads))
         findings += run_checks(ctx, selection, "reload")
     return ctx, findings
 

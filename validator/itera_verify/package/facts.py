@@ -13,10 +13,11 @@ from decimal import Decimal
 from typing import Any
 
 from ..format.money import cost_per_accepted, lots, other_expenses, rental_usd, total_usd, usd
+from ..format.parts import run_lot
 from ..format.values import is_number, listed
 from .budget import lots_window_hours
-from .campaign import accepted_declared, filled_text, first_run_start, parse_time, runs_by_id, section, \
-    stopped_by_record
+from .campaign import accepted_declared, filled_text, first_run_start, indexed_runs, parse_time, runs_by_id, \
+    section, stopped_by_record
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,43 @@ class Hours:
         return parse_time(self.declared_at)
 
 
+@dataclass(frozen=True)
+class Lot:
+    """One lot of the plan and what ran on it (runs[].lot names its id): a machine of its own, with its own
+    window (days x 24 h from its started_at, else from its first run) and its own GPUs."""
+
+    index: int
+    id: str | None
+    lot: dict
+    runs: tuple[int, ...]  # indexes in manifest.runs
+    started_at: datetime | None  # the lot's started_at, else its first run's start
+    ended_at: datetime | None  # its last run's end (runs without an end are not counted)
+
+    @property
+    def window_hours(self) -> float | None:
+        days = self.lot.get("days")
+        return days * 24 if is_number(days) and days > 0 else None
+
+    @property
+    def gpus(self) -> int:
+        count = self.lot.get("gpus")
+        return count if isinstance(count, int) and not isinstance(count, bool) and count >= 1 else 1
+
+    @property
+    def observed_hours(self) -> float | None:
+        """From the lot's start to its last run's end: the hours its machine was used."""
+        if self.started_at is None or self.ended_at is None or self.ended_at < self.started_at:
+            return None
+        return round((self.ended_at - self.started_at).total_seconds() / 3600, 2)
+
+
+def lots_used(ctx) -> tuple[Lot, ...]:
+    """Each lot of the plan with its runs, when the campaign says where its runs ran (a lot id that a run
+    names); () for a campaign on one machine as before (no run names a lot), whose hours and GPUs are the
+    whole campaign's."""
+    return ctx.documents.derived("lots", lambda: _lots_used(ctx))
+
+
 def budget(ctx) -> Budget:
     return ctx.documents.derived("budget", lambda: _budget(ctx))
 
@@ -112,4 +150,20 @@ def _hours(ctx) -> Hours:
                  first_run=first_run_start(ctx))
 
 
-__all__ = ["Budget", "Deviation", "Hours", "budget", "hours"]
+def _lots_used(ctx) -> tuple[Lot, ...]:
+    plan = section(ctx.documents.manifest, "plan")
+    runs = list(indexed_runs(ctx))
+    if not any(run_lot(run) for _, run, _ in runs):
+        return ()
+    out = []
+    for index, lot in lots(plan):
+        lot_id = lot.get("id") if isinstance(lot.get("id"), str) else None
+        mine = tuple(i for i, run, _ in runs if lot_id is not None and run_lot(run) == lot_id)
+        starts = [m for i, run, _ in runs if i in mine and (m := parse_time(run.get("started_at"))) is not None]
+        ends = [m for i, run, _ in runs if i in mine and (m := parse_time(run.get("ended_at"))) is not None]
+        start = parse_time(lot.get("started_at")) or (min(starts) if starts else None)
+        out.append(Lot(index, lot_id, lot, mine, start, max(ends) if ends else None))
+    return tuple(out)
+
+
+__all__ = ["Budget", "Deviation", "Hours", "Lot", "budget", "hours", "lots_used"]

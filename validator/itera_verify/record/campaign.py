@@ -16,6 +16,7 @@ from ..format.money import money
 from .errors import RecordError
 from .files import read_bytes, remove_stale_temps, write_atomic
 from .ids import check_id
+from .lots import check_lot, check_plan_lots, check_reopen
 from .run import Run
 from .stoprules import validate_rules
 from .store import EVAL_IDS, MANIFEST, RELOAD, STOPS, now, parse_time, read, transaction
@@ -64,7 +65,7 @@ def _eval_ids_bytes(eval_ids: Iterable[str] | str | os.PathLike, what: str = "ev
 def open_campaign(path: str | os.PathLike, campaign_id: str, question: str, corpus_name: str,
                   corpus_revision: str, eval_ids: Iterable[str] | str | os.PathLike, *,
                   main_process: bool | None = None, clock: Callable[[], str] | None = None,
-                  train_ids: Iterable[str] | str | os.PathLike | None = None) -> Campaign:
+                  train_ids: Iterable[str] | str | os.PathLike | None = None, lot: str | None = None) -> Campaign:
     """Create the campaign folder, or reopen it (after a crash, from another process): reopening with another
     id, question or corpus is refused, since what a run was compared on is frozen.
 
@@ -72,9 +73,11 @@ def open_campaign(path: str | os.PathLike, campaign_id: str, question: str, corp
     corpus/eval_ids.txt and hashed. On every process but the main one (RANK != 0) nothing is written.
     `clock`: what "now" is (an RFC 3339 string); the real UTC clock by default, a fixed one for a reproducible
     build. `train_ids`: the training example ids (a list or a file), written to corpus/train_ids.txt with their
-    sha256, so the checker can prove no evaluation id leaked into training (IV309)."""
+    sha256, so the checker can prove no evaluation id leaked into training (IV309). `lot`: the plan lot
+    (plan.lots[].id) this machine is, when the campaign runs on several: its runs record it (runs[].lot), and
+    the folder is this lot's part (`itera-verify OUTDIR --part`, then `itera-verify assemble`)."""
     writer = is_main_process() if main_process is None else main_process
-    campaign = Campaign(Path(path).absolute(), writer, clock or now)
+    campaign = Campaign(Path(path).absolute(), writer, clock or now, check_lot(lot))
     if not writer:
         return campaign
     check_id("campaign_id", campaign_id)
@@ -98,6 +101,7 @@ def open_campaign(path: str | os.PathLike, campaign_id: str, question: str, corp
             tx.get(STOPS), tx.get(RELOAD)  # written as {"stops": []} and {"artifacts": {}}
         else:
             campaign._check_reopen(manifest, campaign_id, question, corpus_name, corpus_revision, ids)
+            check_reopen(manifest, campaign.lot, root)
         if trained_on is not None:
             corpus = tx.get(MANIFEST)["corpus"]
             digest = hashlib.sha256(trained_on).hexdigest()
@@ -116,10 +120,11 @@ def open_campaign(path: str | os.PathLike, campaign_id: str, question: str, corp
 
 
 class Campaign:
-    def __init__(self, root: Path, writer: bool, clock: Callable[[], str] = now):
+    def __init__(self, root: Path, writer: bool, clock: Callable[[], str] = now, lot: str | None = None):
         self.root = root
         self.writer = writer
         self.now = clock
+        self.lot = lot  # the plan lot this machine is (open_campaign(..., lot=)), None on one machine
 
     # ---- reading ------------------------------------------------------------------------------------
     @property
@@ -163,6 +168,7 @@ class Campaign:
         if not lots or not all(isinstance(lot, dict) and {"gpu", "days", "price_usd"} <= lot.keys() for lot in lots):
             raise RecordError("plan lots: a non-empty list of {gpu, days, price_usd, gpus?, started_at?}")
         lots = [dict(lot) for lot in lots]
+        check_plan_lots(lots, self.lot)
         for lot in lots:
             if lot.get("started_at") is None and started_at is not None:
                 lot["started_at"] = started_at
@@ -256,6 +262,10 @@ class Campaign:
         reserved - their sum, IV605) are recorded with it. Returns the manifest."""
         if not self.writer:
             return {}
+        if self.lot is not None:
+            raise RecordError(f"this folder is lot {self.lot!r}'s part: a campaign closes once, over every lot's "
+                              "runs; seal the part (itera-verify DIR --part), assemble the parts, then close the "
+                              "assembled campaign (open_campaign without lot=)")
         if outcome not in ("positive", "negative", "inconclusive"):
             raise RecordError(f"outcome is positive, negative or inconclusive, not {outcome!r}")
         if not isinstance(summary, str) or not summary.strip():

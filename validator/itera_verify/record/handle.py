@@ -16,6 +16,8 @@ class CampaignClock(Protocol):
     @property
     def writer(self) -> bool: ...
 
+    lot: str | None  # the plan lot this machine is (runs[].lot), None on one machine
+
     def now(self) -> str: ...
 
 

@@ -19,6 +19,7 @@ from .handle import CampaignClock
 from .files import append_lines, cut_partial_line, dumps, json_line, read_bytes, write_atomic
 from .ids import check_id
 from .lock import package_lock
+from .lots import check_continued, lot_of_new_run
 from .proofs import DEFAULT_TIMEOUT, Proof, Proofs, check_mode
 from .stoprules import Violation, check, check_inputs, inputs_metrics
 from .store import EVAL_IDS, MANIFEST, STOPS, read, run_entry, transaction
@@ -90,6 +91,7 @@ class Run:
             self._rules = manifest["stop_rules"]["rules"]
             old = next((r for r in manifest["runs"] if r.get("id") == self.id), None)
             if old is not None:
+                check_continued(old, self.campaign.lot, self.id)
                 if old.get("config_sha256") != digest:
                     raise RecordError(
                         f"run {self.id!r} was started with another configuration (config_sha256 "
@@ -103,11 +105,12 @@ class Run:
             if self.role == "control" and any(r.get("role") == "control" for r in manifest["runs"]):
                 raise RecordError(f"run {self.id!r}: the campaign already has its control (IV302); "
                                   "start it as a variant")
+            lot = lot_of_new_run(manifest, self.campaign.lot, self.id)
             write_atomic(self.root, params_rel, data)
             manifest["runs"].append({
                 "id": self.id, "role": self.role, "category": self.category, "status": "running",
                 "started_at": self.campaign.now(), "params": params_rel, "config_sha256": digest,
-                "metrics": self.metrics_path, "predictions": self.predictions_path})
+                "metrics": self.metrics_path, "predictions": self.predictions_path, **({"lot": lot} if lot else {})})
         self.params, self.started = merged, True  # only once recorded: a refused start logs nothing
         return self
 

@@ -45,6 +45,17 @@ STARVED_WORDS = ("Thread creation failed", "Resource temporarily unavailable", "
                  "can't allocate memory", "std::bad_alloc", "MemoryError")
 
 
+# What a reload that failed for want of memory says, and nothing else does (over_limit below; child.py's device
+# and MemoryError words; runner.py's for a child killed or starved): an assembled campaign's verify lets a lot's
+# signed reload proof stand for such an artifact only (flows/partproofs.py), never for another failure.
+MEMORY_FAILURES = ("of host memory, its limit", "out of device memory on", "out of memory (MemoryError)",
+                   "(the system may have run out of memory)", "(the process could not get memory")
+
+
+def lacked_memory(message: str | None) -> bool:
+    return isinstance(message, str) and any(words in message for words in MEMORY_FAILURES)
+
+
 def configured_limit(environment: Environment) -> int | None:
     """ITERA_RELOAD_HOST_MEMORY, from the run's environment (read once, at the entry point)."""
     return parse_bytes(environment.reload_host_memory)

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..model import Severity
 from . import Report
+from .lots import lot_line, part_words, where_words
 from .words import signer_line
 from .html_charts import comparison_chart, plan_bar
 from .text_format import (clean, cost_per_accepted, findings_by_file, hours, human_bytes, location, memory_cell,
@@ -209,6 +210,9 @@ def _plan(report: Report) -> str:
              ("First run started", plan.get("first_run_started_at") or "-")]
     if plan.get("lots_window_hours") is not None:
         facts.insert(1, ("Lots' window", hours(plan.get("lots_window_hours"))))
+    facts += [(f"Lot {lot.get('id')}", lot_line(lot)) for lot in _dicts(plan.get("lots"))]
+    if isinstance(plan.get("part"), dict):
+        facts.append(("Part", part_words(plan["part"])))
     rental = plan.get("rental") if isinstance(plan.get("rental"), dict) else None
     if rental:
         push = rental.get("push_estimate_seconds")
@@ -297,7 +301,7 @@ def _reloads(report: Report) -> str:
         return '<p class="muted">No artifact to reload.</p>'
     rows = []
     for r in report.reloads:
-        detail = r.error if not r.ok else r.forward
+        detail = r.error if not r.ok else (where_words(r) or r.forward)
         rows.append((f"<b>{esc(r.artifact)}</b><div class='small muted'>{esc(r.kind)} {esc(r.path)}</div>",
                      esc(", ".join(r.devices) or r.device), badge("ok") if r.ok else badge("failed"),
                      f"{r.seconds:.1f} s", esc(memory_cell(r)), esc(detail or "")))

@@ -18,6 +18,7 @@ from ..package.campaign import (accepted_declared, indexed_runs, is_number,
 from ..format.values import spoken_duration
 from ..format.money import cost_per_accepted, fmt_usd, money
 from ..seal.rate import Measured
+from .lots import lots_summary, part_summary
 
 
 # ---------------------------------------------------------------------------------------------- budget
@@ -80,7 +81,7 @@ def scalar(value: Any) -> Any:
 
 
 def _lot(lot: dict) -> dict[str, Any]:
-    return {key: scalar(lot.get(key)) for key in ("gpu", "days", "gpus", "price_usd") if key in lot}
+    return {key: scalar(lot.get(key)) for key in ("id", "gpu", "days", "gpus", "price_usd") if key in lot}
 
 
 def _undefined_reason(declared: list[str], rejected: list[dict], total: Decimal | None) -> str:
@@ -122,6 +123,8 @@ def plan_summary(ctx, rental: dict[str, Any] | None = None) -> dict[str, Any]:
         "decisions_after_pilot": [d for d in decisions if isinstance(d.get("after"), str)
                                   and d["after"].strip().lower() == "pilot"],
         "rental": rental,
+        "lots": lots_summary(ctx),  # a line per lot, when the runs say where they ran (report/lots.py)
+        "part": part_summary(ctx),
     }
 
 

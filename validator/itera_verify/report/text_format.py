@@ -16,6 +16,7 @@ from rich.text import Text
 
 from ..model import Severity
 from . import Report
+from .lots import lot_line, part_words, reloaded_on
 from .words import signer_line
 from .text_tables import reloads_table, runs_table, saves_table
 # The shared words, imported from here by the other renderers.
@@ -48,6 +49,9 @@ def _reload_clause(report: Report) -> str:
     total = len(report.reloads)
     ok = sum(1 for r in report.reloads if r.ok)
     devices = report.device or ", ".join(sorted({clean(r.device) for r in report.reloads})) or "?"
+    on_lots = sum(1 for r in report.reloads if r.ok and reloaded_on(r))
+    if on_lots:  # an assembled campaign: a lot's signed record stands for what this machine could not reload
+        devices += f" ({on_lots} of them by their lot's signed record)"
     if total == ok:
         return f"{plural(total, 'artifact')} reloaded on {devices}"
     return f"{ok} of {plural(total, 'artifact')} reloaded on {devices}, {total - ok} failed"
@@ -141,7 +145,8 @@ def _budget(console: Console, budget: dict | None) -> None:
         return
     console.print(Text("Budget", style="bold"))
     lots = [lot for lot in budget.get("lots") or [] if isinstance(lot, dict)]
-    lot_words = "; ".join(f"{clean(lot.get('gpu'))} × {clean(lot.get('gpus'))}, {clean(lot.get('days'))} days, "
+    lot_words = "; ".join(("" if lot.get("id") is None else f"{clean(lot.get('id'))}: ")
+                          + f"{clean(lot.get('gpu'))} × {clean(lot.get('gpus'))}, {clean(lot.get('days'))} days, "
                           f"{usd(lot.get('price_usd'))}" for lot in lots)
     console.print(f"  rental {usd(budget.get('rental_usd'))}" + (f" ({lot_words})" if lot_words else ""),
                   soft_wrap=True)
@@ -171,6 +176,11 @@ def _plan(console: Console, plan: dict | None) -> None:
     console.print(f"  window {hours(plan.get('window_hours'))} · reserved {hours(plan.get('reserved_hours'))} · "
                   f"observed {hours(plan.get('observed_hours'))} · uncommitted margin "
                   f"{hours(plan.get('uncommitted_margin_hours'))}", soft_wrap=True)
+    for lot in plan.get("lots") or []:
+        if isinstance(lot, dict):
+            console.print(f"  lot {lot_line(lot)}", soft_wrap=True)
+    if isinstance(plan.get("part"), dict):
+        console.print(f"  {part_words(plan['part'])}", soft_wrap=True)
     for deviation in plan.get("deviations") or []:
         if isinstance(deviation, dict):
             console.print(f"  deviation {hours(deviation.get('hours'))}: {clean(deviation.get('explanation'))}",

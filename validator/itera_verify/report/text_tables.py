@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import Report
+from .lots import where_words
 from .words import clean, human_bytes, memory_cell, metric_value, plural, run_metrics, run_stop
 
 
@@ -109,7 +110,7 @@ def reloads_table(console: Console, report: Report, verbose: bool) -> None:
     details = []
     for reload in report.reloads:
         ok = Text("ok", style="green") if reload.ok else Text("FAILED", style="bold red")
-        detail = clean(reload.error if not reload.ok else (reload.forward if verbose else ""))
+        detail = clean(reload.error if not reload.ok else (where_words(reload) or (reload.forward if verbose else "")))
         if detail:
             details.append(Text(f"  {clean(reload.artifact)}: {detail}", style="" if reload.ok else "red"))
         table.add_row(clean(reload.artifact), clean(reload.loader), clean(", ".join(reload.devices) or reload.device),

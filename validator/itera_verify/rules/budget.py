@@ -30,7 +30,9 @@ RULES = [
          explain="Lots bought together run side by side: the window is the longest lot, days x 24 hours. "
                  "`timeline.observed_hours` (wall clock from preparation to retrieval of the results) beyond it "
                  "means the machine was gone before the work ended, or more was spent than planned. Buy the "
-                 "next lot (the finding names it) or reduce the protocol.",
+                 "next lot (the finding names it) or reduce the protocol. When the runs say which lot they ran "
+                 "on (`runs[].lot`), each lot is judged on its own: from its `started_at` (else its first run) "
+                 "to its last run's end, against its own days.",
          bad='"lots": [{"days": 3, ...}], "timeline": {"observed_hours": 78}',
          good='"lots": [{"days": 7, "price_usd": 110, ...}], "timeline": {"observed_hours": 78}'),
     Rule("IV604", Severity.ERROR, "wrong cost per accepted run",
@@ -102,14 +104,20 @@ def check(ctx: RunContext) -> Iterator[Finding]:
     plan, spent, hours = section(manifest, "plan"), facts.budget(ctx), facts.hours(ctx)
     yield from _rental_total(spent)
     yield from _catalog_prices(plan, tariffs(ctx))
-    yield from _observed_within_window(hours, tariffs(ctx))
-    yield from _cost_per_accepted(ctx, spent)
+    used = facts.lots_used(ctx)
+    if used:  # runs say which lot they ran on: each lot against its own window, not the campaign's hours
+        yield from _lots_within_their_windows(used, tariffs(ctx))
+    else:
+        yield from _observed_within_window(hours, tariffs(ctx))
     yield from _deviations_explained(hours, "deviations" in section(manifest, "timeline"))
     yield from _reserved_within_window(hours)
-    yield from _decision_recorded(ctx)
-    yield from _error_analysis(ctx)
     yield from _accepted_once(ctx)
     yield from _plan_declared_first(hours)
+    if ctx.options.part:
+        return  # a lot's part: the decision, its cost per run and the pilot's are the assembled campaign's
+    yield from _cost_per_accepted(ctx, spent)
+    yield from _decision_recorded(ctx)
+    yield from _error_analysis(ctx)
     yield from _pilot_decision(ctx)
 
 
@@ -169,6 +177,22 @@ def _observed_within_window(hours: facts.Hours, catalog: dict) -> Iterator[Findi
     yield Finding("IV603", MANIFEST, pointer="/timeline/observed_hours",
                   message=f"observed {fmt_hours(observed)} exceeds the {longest['days']:g}-day lot window "
                           f"({fmt_hours(hours)}) by {fmt_hours(round(observed - hours, 2))}: {remedy}")
+
+
+def _lots_within_their_windows(used: tuple[facts.Lot, ...], catalog: dict) -> Iterator[Finding]:
+    """Lots that say which runs ran on them: each lot's machine from its start to its last run's end, against
+    its own days (lots bought at different moments: the campaign's hours span them all)."""
+    for lot in used:
+        observed, window = lot.observed_hours, lot.window_hours
+        if observed is None or window is None or observed <= window:
+            continue
+        longer = longer_lot(catalog, lot.lot, observed)
+        remedy = (f"consider the {longer[0]:g}-day lot ({_price(longer[1])})" if longer else
+                  "consider a longer lot") + " or a reduced protocol"
+        yield Finding("IV603", MANIFEST, pointer=pointer_of(["plan", "lots", lot.index]),
+                      message=f"lot {lot.id} ran {fmt_hours(observed)} (from {lot.started_at:%Y-%m-%dT%H:%M:%SZ} "
+                              f"to its last run's end), beyond its {lot.lot['days']:g}-day window "
+                              f"({fmt_hours(window)}) by {fmt_hours(round(observed - window, 2))}: {remedy}")
 
 
 def _price(amount: Decimal) -> str:

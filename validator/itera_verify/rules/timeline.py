@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Iterator
 
 from ..model import Finding, Rule, Severity
-from ..package import MANIFEST, STOPS, RunContext, pointer_of
+from ..package import MANIFEST, STOPS, RunContext, facts, pointer_of
 from ..package.campaign import (indexed_runs, is_number, listed, parse_time, recorded_world_size, section, shown,
                                 stop_records)
 
@@ -31,7 +31,8 @@ RULES = [
                  "more GPUs than the plan's lots hold (each lot's `gpus`, 1 by default). Two steps on the same GPU "
                  "do not become parallel because they have two lines in a table: runs that overlap on one GPU "
                  "were either run one after the other (fix their times) or on a machine the plan does not pay "
-                 "for (add the lot).",
+                 "for (add the lot). When the runs say which lot they ran on (`runs[].lot`), each lot's runs are "
+                 "judged against that lot's GPUs alone: two machines do not pool their GPUs.",
          bad='lots: [{"gpu": "RTX 4090", "gpus": 1, ...}]; control 09:00-21:00 and lora-r16 10:00-14:00',
          good='lots: [{"gpu": "RTX 4090", "gpus": 1, ...}]; control 09:00-21:00 and lora-r16 21:00-23:00'),
 ]
@@ -101,9 +102,20 @@ def _gpus_in_use(ctx: RunContext) -> Iterator[Finding]:
     lots = [lot for lot in listed(section(ctx.documents.manifest, "plan"), "lots") if isinstance(lot, dict)]
     if not lots:
         return  # no plan: the budget rules say so
-    held = sum(_count(lot.get("gpus")) or 1 for lot in lots)
+    used = facts.lots_used(ctx)
+    if not used:  # one machine, or lots that do not say which runs they held: every GPU bought, together
+        yield from _gpus_on(ctx, None, sum(_count(lot.get("gpus")) or 1 for lot in lots), "the lots hold")
+        return
+    for lot in used:  # each machine's GPUs hold its own runs (a run on no declared lot is IV616)
+        if lot.runs:
+            yield from _gpus_on(ctx, set(lot.runs), lot.gpus, f"lot {lot.id} holds")
+
+
+def _gpus_on(ctx: RunContext, runs: set[int] | None, held: int, holder: str) -> Iterator[Finding]:
     events = []  # (moment, 0 = an end before a start at the same second, run index, gpus)
     for index, run, run_id in indexed_runs(ctx):
+        if runs is not None and index not in runs:
+            continue
         started = to_second(parse_time(run.get("started_at")))
         ended = to_second(parse_time(run.get("ended_at")))
         if started is None or ended is None or ended <= started:
@@ -125,5 +137,5 @@ def _gpus_in_use(ctx: RunContext) -> Iterator[Finding]:
             yield Finding("IV613", MANIFEST, pointer=pointer_of(["runs", index, "started_at"]),
                           run=runs[index].get("id") if isinstance(runs[index].get("id"), str) else None,
                           message=f"at {moment.strftime('%Y-%m-%dT%H:%M:%SZ')} the runs in progress need "
-                                  f"{sum(running.values())} GPUs ({names}), but the lots hold {held}: runs on one "
+                                  f"{sum(running.values())} GPUs ({names}), but {holder} {held}: runs on one "
                                   f"GPU do not overlap; fix their times, or add the lot that ran them")
