@@ -1,15 +1,13 @@
 """`itera-verify assemble PART... -o DIR`: one campaign from the parts its lots sealed (flows/assemble.py)."""
 from __future__ import annotations
 
-import json
-from dataclasses import replace
 from pathlib import Path
 
 import click
 
 from ..flows.config import load_config, settle
+from ..report import FORMATS, renderer
 from ..report.words import clean, plain_lines
-from ..runtime.environment import Environment
 from . import _make_progress, _run, main
 
 
@@ -27,7 +25,8 @@ from . import _make_progress, _run, main
               help="Refuse a part that expands beyond this many bytes (default: 20 × its size, at least 1 GiB).")
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
               help="The reviewer's configuration (as for audit).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text",
+              help="Output format on stdout (default text).")
 @click.option("-q", "--quiet", is_flag=True, help="Only the verdict and the refusals.")
 def assemble_command(parts, output, allowed_signers, signer, endpoint_url, max_size, config_path, fmt, quiet):
     """Join the lots' PARTs (archives, folders holding *.part.tar.zst, s3:// keys or prefixes) into one
@@ -36,22 +35,21 @@ def assemble_command(parts, output, allowed_signers, signer, endpoint_url, max_s
     from ..flows.assemble import assemble
 
     def action() -> int:
-        environment = Environment.read()
-        config = replace(load_config(explicit=config_path, reviewer=True), environment=environment)
+        config = load_config(explicit=config_path, reviewer=True)  # settle() reads the environment, once
         options = settle(config, reviewer=True, endpoint_url=endpoint_url, max_size=max_size,
                          allowed_signers=allowed_signers, signer=signer)
-        with _make_progress(quiet or fmt == "json", False) as progress:
+        with _make_progress(quiet or fmt != "text", False) as progress:
             assembly = assemble(list(parts), output, options, progress=progress)
-        if fmt == "json":
-            click.echo(json.dumps(assembly.to_json(), indent=2))
-        else:
-            click.echo(plain_lines(clean_lines(assembly, quiet)), nl=False)
+        if fmt == "text":
+            click.echo(plain_lines(text_lines(assembly, quiet)), nl=False)
+        else:  # the shared renderers, over the report of mode `assemble`
+            click.echo(renderer(fmt)(assembly.report(), {"quiet": quiet}), nl=False)
         return 0 if assembly.verdict == "pass" else 1
 
     _run(action)
 
 
-def clean_lines(assembly, quiet: bool) -> str:
+def text_lines(assembly, quiet: bool) -> str:
     """The parts, each refusal with its code, and one verdict line."""
     lines = []
     for part in assembly.parts:

@@ -24,11 +24,12 @@ from pathlib import Path
 from ..archive.extract import safe_extract
 from ..format.names import MANIFEST, RELOAD, SEAL_DIR, STATEMENT, STATEMENT_SIG, STOPS, SUMS, RECORD
 from ..format.parts import MERGED_DOCUMENTS, PART_SUFFIX, PROVENANCE, lot_ids, lot_of_archive_name
-from ..model import Finding, UsageError
+from ..model import Finding, Severity, UsageError
 from ..options import RunOptions
 from ..package import shortened
 from ..package.jsonread import read_json
 from ..record.files import dumps
+from ..report import Report
 from ..runtime.progress import NULL_PROGRESS, Progress
 from ..seal.plan import SEAL_LAYOUT
 from .assemble_merge import PartContent, merge
@@ -77,13 +78,20 @@ class Assembly:
     def verdict(self) -> str:
         return "pass" if self.package is not None else "fail"
 
-    def to_json(self) -> dict:
-        from ..version import __version__
-
-        return {"tool": "itera-verify", "version": __version__, "mode": "assemble", "verdict": self.verdict,
-                "campaign_id": self.campaign_id, "package": str(self.package) if self.package else None,
-                "output": str(self.output), "parts": [p.to_json() for p in self.parts],
-                "lots_without_part": self.lots_without_part, "findings": [f.to_json() for f in self.findings]}
+    def report(self) -> Report:
+        """The one report object every renderer reads (mode `assemble`): the refusals, each part's own with its
+        archive's name before the path, and the parts in `audit.parts`."""
+        report = Report(package=str(self.package or self.output), mode="assemble", reloaded=False)
+        report.campaign_id = self.campaign_id
+        for finding in self.findings:
+            finding.severity = Severity.ERROR  # a refusal: no configuration makes two lots one campaign
+        report.findings = list(self.findings) + [
+            replace(f, path=f"{part.name}:{f.path}" if f.path else part.name) for part in self.parts
+            for f in part.findings]
+        report.audit = {"parts": [part.to_json() for part in self.parts], "output": str(self.output),
+                        "lots_without_part": list(self.lots_without_part),
+                        "assembled": str(self.package) if self.package else None}
+        return report
 
 
 def assemble(sources: list[str | os.PathLike], output: str | os.PathLike, options: RunOptions | None = None, *,
@@ -109,6 +117,8 @@ def assemble(sources: list[str | os.PathLike], output: str | os.PathLike, option
                     for index, part in enumerate(assembly.parts)]
         if assembly.findings:
             return assembly
+        for part, (content, _, _) in zip(assembly.parts, contents):
+            part.lot = content.lot
         plan_lots = lot_ids(contents[0][0].documents[MANIFEST].get("plan"))
         order = sorted(range(len(contents)), key=lambda i: (_position(plan_lots, contents[i][0].lot),
                                                             contents[i][0].name))
@@ -118,8 +128,6 @@ def assemble(sources: list[str | os.PathLike], output: str | os.PathLike, option
         assembly.findings += merged.findings
         if merged.findings:
             return assembly
-        for part, (content, _, _) in zip(assembly.parts, contents):
-            part.lot = content.lot
         manifest = merged.documents[MANIFEST]
         manifest["parts"] = [part.record() for part in assembly.parts]
         assembly.campaign_id = str(manifest.get("campaign_id"))
@@ -270,7 +278,7 @@ def _build(tree: Path, contents, merged, parts: list[PartAudit]) -> None:
         os.rename(roots[index] / rel, destination)
     for name in (MANIFEST, STOPS, RELOAD):
         (tree / name).write_bytes(dumps(merged.documents[name]))
-    for part, (content, root, extraction) in zip(parts, contents):
+    for part, (_, root, extraction) in zip(parts, contents):
         kept = tree / PROVENANCE / str(part.lot)
         kept.mkdir(parents=True)
         for name in MERGED_DOCUMENTS:

@@ -48,6 +48,8 @@ def merge(parts: list[PartContent]) -> Merged:
     merged.findings += _ids(parts, "artifacts", words.artifact_on_two_lots)
     merged.findings += _reload_entries(parts)
     merged.findings += _files(parts, merged.sources)
+    # One refusal said once (an artifact is in the manifest and in reload.json of both parts).
+    merged.findings = list({(f.code, f.path, f.message): f for f in merged.findings}.values())
     if not merged.findings:
         merged.documents = {MANIFEST: _manifest(parts), STOPS: _stops(parts), RELOAD: _reload(parts)}
     return merged
@@ -131,7 +133,7 @@ def _ids(parts: list[PartContent], key: str, refusal) -> list[Finding]:
             name = entry.get("id") if isinstance(entry, dict) else None
             if not isinstance(name, str):
                 continue
-            if name in owner and owner[name] is not part:
+            if name in owner and owner[name] is not part and owner[name].lot != part.lot:  # one lot twice: IV617
                 findings.append(refusal(name, owner[name].lot or owner[name].name, part.lot or part.name))
             owner.setdefault(name, part)
     return findings
@@ -141,7 +143,7 @@ def _reload_entries(parts: list[PartContent]) -> list[Finding]:
     findings, owner = [], {}
     for part in parts:
         for name in part.documents[RELOAD].get("artifacts") or {}:
-            if name in owner:
+            if name in owner and owner[name] != (part.lot or part.name):
                 findings.append(words.artifact_on_two_lots(name, owner[name], part.lot or part.name))
             owner.setdefault(name, part.lot or part.name)
     return findings
