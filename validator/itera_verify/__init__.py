@@ -41,6 +41,15 @@ def audit(archive: str | os.PathLike, options: RunOptions | None = None, *,
     return _audit(archive, options, progress=progress)
 
 
+def assemble(parts, output: str | os.PathLike, options: RunOptions | None = None, *, progress: Progress | None = None):
+    """Join the parts the lots sealed (archives, folders of them, s3:// keys or prefixes) into
+    `output/<campaign_id>/`, each audited as hostile input first; returns the Assembly (`verdict`, `package`,
+    `parts`, `findings`, `report()`). `options` None: `settle(reviewer=True)`. docs/record.md, "Two lots"."""
+    from .flows.assemble import assemble as _assemble
+
+    return _assemble(list(parts), output, options, progress=progress)
+
+
 def settle(config=None, *, reviewer: bool = False, **overrides) -> RunOptions:
     """The options of one run (flows/config.py): the configuration file's settings, then `overrides` (the
     names of RunOptions' fields), validated. `config`: a flows.config.Config, None for the file the command line
@@ -58,5 +67,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["FORMAT", "Finding", "Report", "RunOptions", "Selection", "Severity", "__version__", "audit", "settle",
-           "verify"]
+__all__ = ["FORMAT", "Finding", "Report", "RunOptions", "Selection", "Severity", "__version__", "assemble", "audit",
+           "settle", "verify"]

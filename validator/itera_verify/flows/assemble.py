@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..archive.extract import safe_extract
-from ..format.names import MANIFEST, RELOAD, SEAL_DIR, STATEMENT, STATEMENT_SIG, STOPS, SUMS, RECORD
-from ..format.parts import MERGED_DOCUMENTS, PART_SUFFIX, PROVENANCE, lot_ids, lot_of_archive_name
+from ..format.names import ID, MANIFEST, RELOAD, SEAL_DIR, STOPS
+from ..format.parts import MERGED_DOCUMENTS, PART_SUFFIX, PROVENANCE, SEAL_RECORDS, lot_ids, lot_of_archive_name
 from ..model import Finding, Severity, UsageError
 from ..options import RunOptions
 from ..package import shortened
@@ -36,10 +36,6 @@ from .assemble_merge import PartContent, merge
 from .audit import audit, default_max_size
 from .config import settle
 from .signatures import read_reviewer
-
-KEPT_RECORDS = {SUMS: "SHA256SUMS", RECORD: "verification.json", STATEMENT: "statement.json",
-                STATEMENT_SIG: "statement.json.sig"}  # a part's SEAL/ member -> its name under provenance/<lot>/
-
 
 @dataclass
 class PartAudit:
@@ -141,7 +137,9 @@ def assemble(sources: list[str | os.PathLike], output: str | os.PathLike, option
 
 
 def _refuse_existing(out: Path, campaign_id) -> Path:
-    target = out / str(campaign_id)
+    if not isinstance(campaign_id, str) or not ID.fullmatch(campaign_id):  # the audit's IV703 said so already
+        raise UsageError(f"the parts' campaign_id {campaign_id!r} cannot name a folder")
+    target = out / campaign_id
     if os.path.lexists(target):
         raise UsageError(f"{shortened(str(target))}: already exists; assemble writes a new folder (move the old "
                          "one away, or give another -o)")
@@ -283,7 +281,7 @@ def _build(tree: Path, contents, merged, parts: list[PartAudit]) -> None:
         kept.mkdir(parents=True)
         for name in MERGED_DOCUMENTS:
             os.rename(root / name, kept / name)
-        for member, name in KEPT_RECORDS.items():
+        for member, name in SEAL_RECORDS.items():
             if member in extraction.seal_files:
                 (kept / name).write_bytes(extraction.seal_files[member])
     for folder, dirs, _ in os.walk(tree):

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..format.names import MANIFEST, RELOAD, STOPS
-from ..format.parts import HEADER_TIMES, MERGED_DOCUMENTS, PER_LOT_KEYS, PROVENANCE, WHOLE_CAMPAIGN_KEYS, \
-    lot_ids, lot_of_archive_name, part_lot
+from ..format.names import ID, MANIFEST, RELOAD, STOPS
+from ..format.parts import HEADER_TIMES, LOT_TIMES, MERGED_DOCUMENTS, PER_LOT_KEYS, PROVENANCE, \
+    WHOLE_CAMPAIGN_KEYS, lot_ids, lot_of_archive_name, part_lot
 from ..model import Finding
 from ..package.campaign import parse_time
 from ..rules import parts as words
@@ -68,6 +68,9 @@ def _lots(parts: list[PartContent]) -> list[Finding]:
             findings.append(words.part_holds(lot, f"{PROVENANCE}/", part.name, None))
         if lot is None:
             continue  # the part's own audit (IV616) said its runs name no lot, or several
+        if not ID.fullmatch(lot):  # it names a folder (provenance/<lot>/), whatever the reviewer's configuration
+            findings.append(words.part_of_unknown_lot(part.name, lot, declared, part.name))
+            continue
         named = lot_of_archive_name(part.name, str(manifest.get("campaign_id")))
         if named is not None and named != lot:
             findings.append(words.named_for_another_lot(part.name, named, lot))
@@ -86,6 +89,10 @@ def _without_times(manifest: dict) -> dict:
             header.pop(path[0], None)
         elif isinstance(header.get(path[0]), dict):
             header[path[0]] = {k: v for k, v in header[path[0]].items() if k != path[1]}
+    plan = header.get("plan")
+    if isinstance(plan, dict) and isinstance(plan.get("lots"), list):
+        plan["lots"] = [{k: v for k, v in lot.items() if k not in LOT_TIMES} if isinstance(lot, dict) else lot
+                        for lot in plan["lots"]]
     timeline = manifest.get("timeline")
     if isinstance(timeline, dict):  # besides its per-lot lists: what only the close writes, compared
         header["timeline"] = {k: v for k, v in timeline.items() if k not in ("decisions", "deviations")}
@@ -183,6 +190,10 @@ def _manifest(parts: list[PartContent]) -> dict:
                       if isinstance(m.get(path[0]), dict) and path[1] in m[path[0]]]
             if values and isinstance(merged.get(path[0]), dict):
                 merged[path[0]] = {**merged[path[0]], path[1]: _earliest(values)}
+    plan = merged.get("plan")
+    if isinstance(plan, dict) and isinstance(plan.get("lots"), list):
+        merged["plan"] = {**plan, "lots": [_lot_times(lot, parts) if isinstance(lot, dict) else lot
+                                           for lot in plan["lots"]]}
     merged["runs"] = [run for m in manifests for run in m.get("runs") or []]
     merged["artifacts"] = [artifact for m in manifests for artifact in m.get("artifacts") or []]
     timeline = dict(manifests[0].get("timeline") or {})
@@ -194,6 +205,16 @@ def _manifest(parts: list[PartContent]) -> dict:
     timeline["deviations"] = [d for m in manifests for d in (m.get("timeline") or {}).get("deviations") or []]
     merged["timeline"] = timeline
     return merged
+
+
+def _lot_times(lot: dict, parts: list[PartContent]) -> dict:
+    """A lot's own times, from its own part (its machine knew them), else from the first part that says."""
+    own = [p for p in parts if p.lot == lot.get("id")] + parts
+    for key in LOT_TIMES:
+        values = [entry.get(key) for p in own for entry in (p.documents[MANIFEST].get("plan") or {}).get("lots") or []
+                  if isinstance(entry, dict) and entry.get("id") == lot.get("id") and key in entry]
+        lot = {**{k: v for k, v in lot.items() if k != key}, **({key: values[0]} if values else {})}
+    return lot
 
 
 def _stops(parts: list[PartContent]) -> dict:

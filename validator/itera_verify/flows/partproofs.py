@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, replace
 
 from ..archive import SumsError, parse_sums
 from ..format import sshsig
-from ..format.names import RECORD, SUMS
-from ..format.parts import PROVENANCE, run_lot
+from ..format.names import RECORD, STATEMENT, STATEMENT_SIG, SUMS
+from ..format.parts import PROVENANCE, SEAL_RECORDS, run_lot
 from ..format.statement import NAMESPACE, check_signature
 from ..model import ReloadResult
 from ..package import RunContext
@@ -76,8 +76,8 @@ def _read(ctx: RunContext, rel: str) -> bytes | None:
 
 def _checked(ctx: RunContext, record: PartRecord, allowed: list | None) -> PartRecord:
     folder = f"{PROVENANCE}/{record.lot}"
-    statement, signature = _read(ctx, f"{folder}/statement.json"), _read(ctx, f"{folder}/statement.json.sig")
-    sums, report = _read(ctx, f"{folder}/SHA256SUMS"), _read(ctx, f"{folder}/verification.json")
+    statement, signature, sums, report = (_read(ctx, f"{folder}/{SEAL_RECORDS[member]}")
+                                          for member in (STATEMENT, STATEMENT_SIG, SUMS, RECORD))
     if statement is None or signature is None:
         record.problem = "the part was not signed: its reload record is the lot's word alone"
         return record

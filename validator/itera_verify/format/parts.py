@@ -6,18 +6,18 @@ as sealed) under `provenance/<lot>/`. The recorder, the checks, the seal and ass
 """
 from __future__ import annotations
 
-from .names import ID, MANIFEST, RELOAD, STOPS
+from .names import ID, MANIFEST, RECORD, RELOAD, STATEMENT, STATEMENT_SIG, STOPS, SUMS
 
 PART_SUFFIX = ".part.tar.zst"
 PROVENANCE = "provenance"  # the assembled package's folder of the parts' own records (assemble writes it alone)
-# A part's records kept under provenance/<lot>/, by their name there: its SEAL/ members, and the three documents
-# assemble merges (the part's own bytes, which its SHA256SUMS lists).
-SEAL_RECORDS = ("SHA256SUMS", "verification.json", "statement.json", "statement.json.sig")
+# A part's records kept under provenance/<lot>/: its seal's members (a SEAL/ member -> its name there), and the
+# three documents assemble merges (the part's own bytes, which its SHA256SUMS lists).
+SEAL_RECORDS = {member: member.split("/", 1)[1] for member in (SUMS, RECORD, STATEMENT, STATEMENT_SIG)}
 MERGED_DOCUMENTS = (MANIFEST, STOPS, RELOAD)
-PROVENANCE_FILES = SEAL_RECORDS + MERGED_DOCUMENTS
 # The header every lot declares alike (compared whole); the times in it are each machine's own, and the
 # assembled package keeps the earliest of each.
 HEADER_TIMES = (("created_at",), ("plan", "declared_at"), ("stop_rules", "declared_at"))
+LOT_TIMES = ("started_at",)  # a lot's own, known on its own machine: the assembled plan takes it from that lot's part
 # Per-lot sections of a part's manifest (merged, not compared), and what only the assembled campaign holds.
 PER_LOT_KEYS = ("runs", "artifacts", "timeline")
 WHOLE_CAMPAIGN_KEYS = ("decision", "parts")

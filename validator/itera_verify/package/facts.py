@@ -155,10 +155,11 @@ def _lots_used(ctx) -> tuple[Lot, ...]:
     runs = list(indexed_runs(ctx))
     if not any(run_lot(run) for _, run, _ in runs):
         return ()
-    out = []
+    out, only = [], len(lots(plan)) == 1  # one lot: a run that names none ran there all the same
     for index, lot in lots(plan):
         lot_id = lot.get("id") if isinstance(lot.get("id"), str) else None
-        mine = tuple(i for i, run, _ in runs if lot_id is not None and run_lot(run) == lot_id)
+        mine = tuple(i for i, run, _ in runs if (lot_id is not None and run_lot(run) == lot_id)
+                     or (only and run_lot(run) is None))
         starts = [m for i, run, _ in runs if i in mine and (m := parse_time(run.get("started_at"))) is not None]
         ends = [m for i, run, _ in runs if i in mine and (m := parse_time(run.get("ended_at"))) is not None]
         start = parse_time(lot.get("started_at")) or (min(starts) if starts else None)

@@ -161,7 +161,8 @@ class Campaign:
                      other_expenses: list[dict] = (), started_at: str | datetime | None = None) -> None:
         """The committed plan: lots ({gpu, days, gpus, price_usd, started_at?}), hours reserved, the window
         (default: the longest lot), other expenses ({label, usd, included}). `started_at` (RFC 3339, or an aware
-        datetime): when the rental began, given to every lot that does not say; the rental ends at started_at +
+        datetime): when the rental began, given to every lot that does not say (to this machine's lot only, when
+        it was opened with `lot=`); the rental ends at started_at +
         days (SPEC §7), which the recorder prints at each save. Declaring the same plan again is a no-op."""
         if not self.writer:
             return
@@ -170,7 +171,8 @@ class Campaign:
         lots = [dict(lot) for lot in lots]
         check_plan_lots(lots, self.lot)
         for lot in lots:
-            if lot.get("started_at") is None and started_at is not None:
+            # On one lot of several, the rental this machine knows is its own.
+            if lot.get("started_at") is None and started_at is not None and self.lot in (None, lot.get("id")):
                 lot["started_at"] = started_at
             if lot.get("started_at") is not None:
                 lot["started_at"] = _timestamp(lot["started_at"], "a lot's started_at")
