@@ -79,6 +79,12 @@ def test_a_folder_of_parts_assembles_from_the_command_line(machines, tmp_path):
     report = json.loads(done.stdout)
     assert report["mode"] == "assemble" and report["verdict"] == "pass"
     assert [p["lot"] for p in report["audit"]["parts"]] == ["lot-a", "lot-b"]
+    from itera_verify.package.schemas import validator
+
+    assert list(validator("report").iter_errors(report)) == []
+    for fmt in ("junit", "github", "html"):  # the shared renderers read the assembly's report too
+        shown = run_cli("assemble", tmp_path / "parts", "-o", tmp_path / fmt, "--format", fmt)
+        assert shown.returncode == 0 and shown.stdout, (fmt, shown.stderr[-2000:])
     text = run_cli("assemble", tmp_path / "parts", "-o", tmp_path / "again")
     assert text.returncode == 0 and "ASSEMBLED:" in text.stdout
 

@@ -91,7 +91,7 @@ class Run:
             self._rules = manifest["stop_rules"]["rules"]
             old = next((r for r in manifest["runs"] if r.get("id") == self.id), None)
             if old is not None:
-                check_continued(old, self.campaign.lot, self.id)
+                check_continued(old, getattr(self.campaign, "lot", None), self.id)
                 if old.get("config_sha256") != digest:
                     raise RecordError(
                         f"run {self.id!r} was started with another configuration (config_sha256 "
@@ -105,7 +105,7 @@ class Run:
             if self.role == "control" and any(r.get("role") == "control" for r in manifest["runs"]):
                 raise RecordError(f"run {self.id!r}: the campaign already has its control (IV302); "
                                   "start it as a variant")
-            lot = lot_of_new_run(manifest, self.campaign.lot, self.id)
+            lot = lot_of_new_run(manifest, getattr(self.campaign, "lot", None), self.id)
             write_atomic(self.root, params_rel, data)
             manifest["runs"].append({
                 "id": self.id, "role": self.role, "category": self.category, "status": "running",
