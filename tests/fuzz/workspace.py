@@ -75,16 +75,16 @@ class _Watch:
         # escape it, so a watched run keeps them in this process (the rules see no fork available).
         # tests/test_parallel_checks.py shows the forked path finds the same; a fork from anywhere else is still
         # recorded.
-        from itera_verify import rules
+        from itera_verify.flows import checks
 
-        saved = rules.can_fork
-        rules.can_fork = lambda: False
+        saved = checks.can_fork
+        checks.can_fork = lambda: False
         self.events, self.allowed_roots, self.armed = [], tuple(str(Path(a).resolve()) for a in allowed), True
         try:
             yield self.events
         finally:
             self.armed = False
-            rules.can_fork = saved
+            checks.can_fork = saved
 
 
 _watch: _Watch | None = None
