@@ -40,12 +40,11 @@ def plant(package_dir: Path, artifact: str, entry: str) -> None:
 def test_a_missing_required_file_is_seen_without_reload_and_said_once(multigpu_dir, built_multigpu, artifact, entry,
                                                                         requirement):
     plant(multigpu_dir, artifact, entry)
-    package = context(multigpu_dir)
+    package = context(multigpu_dir, hf_cache=Path(built_multigpu["hf_cache"]))
     static = [f for f in reload_rules.check(package, phase="static") if f.artifact == artifact]
     assert len(static) == 1 and static[0].code in ("IV507", "IV508"), [(f.code, f.message) for f in static]
-    package.hf_cache = Path(built_multigpu["hf_cache"])
-    package = replace(package, reloads=run_reloads(package, device="cpu", timeout=300, jobs=1, progress=NULL_PROGRESS,
-                                  only={artifact}))
+    package = replace(package, reloads=run_reloads(package, device="cpu", timeout=300, jobs=1,
+                                                   progress=NULL_PROGRESS, only={artifact}))
     [result] = package.reloads
     seen = [p.get("requirement") for p in result.facts.get("problems") or []]
     assert requirement in seen, (seen, result.error)  # the reload saw the same requirement...
