@@ -172,8 +172,8 @@ def _metrics_restart(record: RunRecords) -> Finding | None:
     return Finding("IV311", record.metrics_path, line=line, run=record.run,
                    message=f"run {record.run}: {name} starts over at step {back} after reaching step {reached} "
                            f"({record.metrics_path} line {line}), and the run saved no checkpoint before step "
-                           f"{back} to resume from: it was trained again from scratch under the same id; give the new attempt "
-                           "its own run id (or resume from the run's checkpoint)")
+                           f"{back} to resume from: it was trained again from scratch under the same id; give the new "
+                           "attempt its own run id (or resume from the run's checkpoint)")
 
 
 def _history_restart(record: RunRecords) -> Finding | None:
