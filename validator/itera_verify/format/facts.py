@@ -107,11 +107,11 @@ PARAMS_FACTS: tuple[Fact, ...] = (
     # delivery (a bf16 copy of an fp32 run), so only checkpoints are compared.
     Fact("precision", PARAMS, ("precision", "mixed_precision"),
          (Record(WEIGHTS, STORED_DTYPE, "a resume checkpoint's weights"),), ONE_OF, "IV514"),
-    Fact("logging interval", PARAMS, ("logging_steps",),
-         (Record(TRAINING_ARGS, "logging_steps"), Record(TRAINER_STATE, "logging_steps")), NUMERIC, "IV514",
-         tolerance=1e-9),
-    Fact("save interval", PARAMS, ("save_steps",),
-         (Record(TRAINING_ARGS, "save_steps"), Record(TRAINER_STATE, "save_steps")), NUMERIC, "IV514",
+    # trainer_state.json's logging_steps and save_steps are the first attempt's: a resume loads them from the
+    # checkpoint it resumes from (transformers only warns when the arguments changed), so they are not compared.
+    Fact("logging interval", PARAMS, ("logging_steps",), (Record(TRAINING_ARGS, "logging_steps"),), NUMERIC,
+         "IV514", tolerance=1e-9),
+    Fact("save interval", PARAMS, ("save_steps",), (Record(TRAINING_ARGS, "save_steps"),), NUMERIC, "IV514",
          tolerance=1e-9),
     Fact("LoRA rank", PARAMS, ("lora_r", "peft.*.r"), (Record(ADAPTER_CONFIG, "r"),), EXACT, "IV514",
          shapes_training=True),

@@ -192,7 +192,7 @@ def _close(one: float, other: float, tolerance: float) -> bool:
     return table.close(one, other, tolerance)
 
 
-def _mismatches(log: dict[str, dict[int, float]], values: dict[str, dict[int, list[float] | set[float]]],
+def _mismatches(log: dict[str, dict[int, float]], values: dict[str, dict[int, float | list[float] | set[float]]],
                 tolerance: float) -> list[tuple[str, int, float, list[float]]]:
     """(metric, step, logged value, the other record's values) where the other record logged the step too and
     none of its values is this one."""
@@ -200,6 +200,7 @@ def _mismatches(log: dict[str, dict[int, float]], values: dict[str, dict[int, li
     for name in sorted(log):
         for step in sorted(log[name]):
             theirs = values.get(name, {}).get(step)
+            theirs = theirs if isinstance(theirs, (list, set)) or theirs is None else [theirs]
             if theirs and not any(_close(log[name][step], value, tolerance) for value in theirs):
                 out.append((name, step, log[name][step], sorted(theirs)))
     return out
