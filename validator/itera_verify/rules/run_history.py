@@ -307,7 +307,7 @@ def _copied_metrics(record: RunRecords, earlier: list[RunRecords]) -> Finding | 
         if differs is None:
             continue
         theirs = _metrics_log(other)
-        for name in sorted(mine):
+        for name in sorted(mine, key=lambda n: (n != "loss", n)):
             common = sorted(set(mine[name]) & set(theirs.get(name, {})))
             if len(common) >= RESUMING_FOLLOWS and all(
                     table.close(mine[name][s], theirs[name][s], table.COPIED_TOLERANCE) for s in common):
