@@ -124,3 +124,11 @@ def test_training_args_are_read_from_the_pickle_opcodes_without_unpickling(built
     with open(payload, "rb") as fh:
         assert training_args(fh) is None
     assert not marker.exists()
+
+
+def test_the_docs_list_every_declared_fact_of_the_table():
+    from itera_verify.format.facts import FACTS
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "format.md").read_text()
+    missing = [row.name for row in FACTS if f"| {row.name} | `{row.declared_in}`" not in text]
+    assert missing == [], "add the rows to docs/format.md (Declared facts)"

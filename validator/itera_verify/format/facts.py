@@ -23,7 +23,8 @@ EXACT = "exact"  # equal (numbers by value: 4 == 4.0; strings as written; lists 
 NUMERIC = "numeric"  # equal within the row's relative tolerance
 ONE_OF = "one of"  # the recorded value is one of those the declared value allows (`allowed`)
 SAME_SET = "same set"  # equal as sets (a list of module names in any order; a string pattern as written)
-AT_MOST = "at most"  # the declared value is at most the recorded bound (a token id below the embedding rows)
+AT_MOST = "at most"  # the declared value is at most the recorded bound (a tokenizer's size, the embedding rows)
+BELOW = "below"  # the declared value is under the recorded bound (a token id, the embedding rows)
 PRESENT = "present"  # declared: the record must exist (and equal the declared text when that is a template)
 
 # Pseudo-files: what an artifact records outside one file's fields.
@@ -144,6 +145,12 @@ ARTIFACT_FACTS: tuple[Fact, ...] = (
     Fact("tokenizer vocabulary", TOKENIZER, (TOKENIZER_SIZE,),
          (Record(WEIGHTS, EMBEDDING_ROWS), Record(CONFIG, "vocab_size", "no weights to read"),
           Record(PARAMS, "base_vocab_size", "an adapter that saves no embeddings")), AT_MOST, "IV516"),
+    # The recorder writes `vocab_size` (the model's embedding rows as it trains, after a resize) and, for an
+    # adapter, `base_vocab_size` (its base's, from the hub cache): base + adapter has the base's rows unless the
+    # adapter saves its own.
+    Fact("trained vocabulary", PARAMS, ("vocab_size",),
+         (Record(WEIGHTS, EMBEDDING_ROWS, "an adapter that saves its embeddings"),
+          Record(PARAMS, "base_vocab_size", "an adapter that saves no embeddings")), EXACT, "IV516"),
     Fact("special tokens", TOKENIZER_CONFIG,
          ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token",
           "extra_special_tokens", "additional_special_tokens"),
@@ -153,9 +160,9 @@ ARTIFACT_FACTS: tuple[Fact, ...] = (
          PRESENT, "IV517"),
     Fact("generation token ids", GENERATION_CONFIG,
          ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"),
-         (Record(WEIGHTS, EMBEDDING_ROWS), Record(CONFIG, "vocab_size", "no weights to read")), AT_MOST, "IV518"),
+         (Record(WEIGHTS, EMBEDDING_ROWS), Record(CONFIG, "vocab_size", "no weights to read")), BELOW, "IV518"),
     Fact("model token ids", CONFIG, ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"),
-         (Record(WEIGHTS, EMBEDDING_ROWS), Record(CONFIG, "vocab_size", "no weights to read")), AT_MOST, "IV518"),
+         (Record(WEIGHTS, EMBEDDING_ROWS), Record(CONFIG, "vocab_size", "no weights to read")), BELOW, "IV518"),
     Fact("shard index", f"*{INDEX_SUFFIX}", ("weight_map", "metadata.total_size"),
          (Record(WEIGHTS, "each listed shard's tensor names and byte ranges (headers only)"),), EXACT, "IV519"),
 )
@@ -266,8 +273,10 @@ def agree(fact_: Fact, declared: Any, recorded: Any) -> bool:
         if isinstance(declared, list) and isinstance(recorded, list):
             return {str(v) for v in declared} == {str(v) for v in recorded}
         return declared == recorded
-    if fact_.comparison == AT_MOST:
-        return _number(declared) is not None and _number(recorded) is not None and declared <= recorded
+    if fact_.comparison in (AT_MOST, BELOW):
+        if _number(declared) is None or _number(recorded) is None:
+            return False
+        return declared <= recorded if fact_.comparison == AT_MOST else declared < recorded
     # EXACT: numbers by value (4 == 4.0, but True is no 1)
     if isinstance(declared, bool) or isinstance(recorded, bool):
         return declared is recorded or declared == recorded and type(declared) is type(recorded)

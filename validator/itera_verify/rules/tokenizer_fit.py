@@ -57,6 +57,8 @@ WITH_TOKENIZER = (*DELIVERED, "resume-checkpoint")
 SPECIAL = table.fact("special tokens")
 GENERATION = (table.fact("generation token ids"), table.fact("model token ids"))
 CHAT = table.fact("chat template")
+VOCABULARY = table.fact("tokenizer vocabulary")
+TRAINED = table.fact("trained vocabulary")
 BASE_VOCAB, RUN_VOCAB = "base_vocab_size", "vocab_size"  # params: the base's rows, the run's (after a resize)
 
 
@@ -76,7 +78,7 @@ def check(ctx: RunContext) -> Iterator[Finding]:
         yield from _config_vocab(folder, config, weights)
         if view.is_file(table.ADAPTER_CONFIG):
             yield from _adapter(folder, weights, tokenizer, params.get(folder.run) or {})
-        elif tokenizer is not None and rows is not None and tokenizer.size > rows[0]:
+        elif tokenizer is not None and rows is not None and not table.agree(VOCABULARY, tokenizer.size, rows[0]):
             yield _too_small(folder, tokenizer, rows)
         if tokenizer is not None:
             yield from _special_tokens(folder, view, tokenizer)
@@ -126,7 +128,7 @@ def _adapter(folder: ArtifactFolder, weights: Weights | None, tokenizer: Tokeniz
     saved = weights.embedding_rows() if weights is not None else None
     base, trained = params.get(BASE_VOCAB), params.get(RUN_VOCAB)
     rows = saved or (base if _count(base) and base > 0 else None)
-    if saved is None and _count(base) and _count(trained) and trained > base:
+    if saved is None and _count(base) and _count(trained) and not table.agree(TRAINED, trained, base):
         yield Finding("IV516", f"{folder.rel}/{table.ADAPTER_CONFIG}", run=folder.run, artifact=folder.id,
                       message=f"run {folder.run} trained with {trained} token ids (params {RUN_VOCAB}) on a base "
                               f"of {base} (params {BASE_VOCAB}), but {folder.label} saves no embeddings: the "
@@ -134,7 +136,7 @@ def _adapter(folder: ArtifactFolder, weights: Weights | None, tokenizer: Tokeniz
                               "them (modules_to_save with the embeddings, or save_pretrained(..., "
                               "save_embedding_layers=True))")
         return
-    if tokenizer is not None and rows is not None and tokenizer.size > rows:
+    if tokenizer is not None and rows is not None and not table.agree(VOCABULARY, tokenizer.size, rows):
         source = "the rows of the embeddings it saves" if saved else f"its base's rows, params {BASE_VOCAB}"
         yield _too_small(folder, tokenizer, (rows, source))
 
@@ -167,7 +169,7 @@ def _generation_ids(folder: ArtifactFolder, view: PackageFolder, name: str,
     row = GENERATION[0] if name == table.GENERATION_CONFIG else GENERATION[1]
     for key, value in table.declared_values(document, row):
         ids = value if isinstance(value, list) else [value]
-        outside = [token for token in ids if _count(token) and token >= rows[0]]
+        outside = [token for token in ids if _count(token) and not table.agree(row, token, rows[0])]
         if outside:
             yield Finding("IV518", f"{folder.rel}/{name}", pointer=pointer_of([key]), run=folder.run,
                           artifact=folder.id,
