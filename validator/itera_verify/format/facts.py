@@ -15,7 +15,7 @@ reader in package/records.py).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 # How a declared value and a recorded one compare.
@@ -124,7 +124,9 @@ PARAMS_FACTS: tuple[Fact, ...] = (
          (Record(ADAPTER_CONFIG, "target_modules"),), SAME_SET, "IV514", shapes_training=True),
     Fact("modules saved whole", PARAMS, ("modules_to_save", "peft.*.modules_to_save"),
          (Record(ADAPTER_CONFIG, "modules_to_save"),), SAME_SET, "IV514"),
-    Fact("adapter base", PARAMS, ("base_model", "base_model_name_or_path", "model_name_or_path"),
+    # Not the recorder's `model_name_or_path`: that is the string the model was loaded with (a hub alias, an
+    # older name), which the recorder pins to the hub id the user names when it registers the adapter.
+    Fact("adapter base", PARAMS, ("base_model", "base_model_name_or_path"),
          (Record(ADAPTER_CONFIG, "base_model_name_or_path"),), EXACT, "IV514"),
     Fact("adapter base revision", PARAMS, ("base_revision", "peft.*.revision"), (Record(ADAPTER_CONFIG, "revision"),),
          EXACT, "IV514"),
@@ -283,6 +285,16 @@ def agree(fact_: Fact, declared: Any, recorded: Any) -> bool:
     if _number(declared) is not None and _number(recorded) is not None:
         return float(declared) == float(recorded)
     return declared == recorded
+
+
+def same_declaration(fact_: Fact, one: Any, other: Any) -> bool:
+    """Whether two declarations of one fact (two keys of a params file, two runs' params) say the same: equal
+    for a ONE_OF fact (a declared precision is not one of its recorded dtypes), else as `agree` compares."""
+    if fact_.comparison == ONE_OF:
+        return one == other or (allowed(fact_, one) is not None and allowed(fact_, one) == allowed(fact_, other))
+    if fact_.comparison in (AT_MOST, BELOW):
+        return agree(replace(fact_, comparison=EXACT), one, other)
+    return agree(fact_, one, other)
 
 
 # ---------------------------------------------------------------------------------------------- declarations

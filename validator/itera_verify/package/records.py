@@ -383,7 +383,8 @@ def read_records(folder: Folder, *, checkpoint: bool = False) -> dict[tuple[str,
     """(file, field) -> value for every record of the facts table this folder holds. `checkpoint`: a Trainer
     resume checkpoint (its weights' dtype records the training precision)."""
     records: dict[tuple[str, str], Any] = {}
-    wanted = {(record.file, record.field) for row in table.FACTS for record in row.records}
+    wanted = {(record.file, record.field) for row in table.PARAMS_FACTS + table.CHECKPOINT_FACTS
+              for record in row.records}
     if folder.is_file(table.TRAINING_ARGS):
         with folder.open(table.TRAINING_ARGS) as fh:
             args = training_args(fh)

@@ -54,7 +54,7 @@ def conflicting_declarations(params: dict) -> list[str]:
     for row in table.PARAMS_FACTS:
         values = table.declared_values(params, row)
         for key, value in values[1:]:
-            if not table.agree(row, values[0][1], value) and not table.agree(row, value, values[0][1]):
+            if not table.same_declaration(row, values[0][1], value):
                 found.append(f"{values[0][0]} = {table.shown(values[0][1])} and {key} = {table.shown(value)} "
                              f"(the {row.name})")
     return found
@@ -72,7 +72,7 @@ def overridden(given: dict, recorded: dict) -> list[str]:
 
 def _same(key: str, one: Any, other: Any) -> bool:
     row = next((r for r in table.PARAMS_FACTS if key in r.keys), None)
-    return table.agree(row, one, other) if row is not None else one == other
+    return table.same_declaration(row, one, other) if row is not None else one == other
 
 
 def base_vocab_size(repo_id: str, revision: str | None, cache_dir: str | os.PathLike | None) -> int | None:

@@ -325,7 +325,7 @@ def _shaping_difference(one: dict, other: dict) -> str | None:
             continue
         mine, theirs = dict(table.declared_values(one, row)), dict(table.declared_values(other, row))
         for key in mine.keys() & theirs.keys():
-            if not table.agree(row, mine[key], theirs[key]):
+            if not table.same_declaration(row, mine[key], theirs[key]):
                 return f"{key} ({table.shown(mine[key])} and {table.shown(theirs[key])})"
     return None
 
