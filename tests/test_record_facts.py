@@ -105,3 +105,11 @@ def test_the_recorder_saves_an_adapters_resized_embeddings_with_it(hf_cache, tmp
         rows = {name: saved.get_slice(name).get_shape()[0] for name in saved.keys() if name.endswith("wte.weight")}
     assert list(rows.values()) == [130]
     assert [f for f in static_findings(tmp_path / "pkg") if f.code in ("IV514", "IV516", "IV517")] == []
+
+
+def test_a_bf16_mixed_precision_run_declares_one_precision_and_a_lora_rank_twice_two():
+    from itera_verify.record.facts_check import conflicting_declarations
+
+    assert conflicting_declarations({"precision": "bf16", "mixed_precision": "bf16", "bf16": True}) == []
+    [conflict] = conflicting_declarations({"lora_r": 16, "peft": {"default": {"r": 4}}})
+    assert conflict == "lora_r = 16 and peft.default.r = 4 (the LoRA rank)"

@@ -147,7 +147,9 @@ def _special_tokens(folder: ArtifactFolder, view: PackageFolder, tokenizer: Toke
         return
     missing = []
     for key, value in table.declared_values(config, SPECIAL):
-        for token in value if isinstance(value, list) else [value]:
+        tokens = value if isinstance(value, list) else list(value.values()) if isinstance(value, dict) \
+            and "content" not in value else [value]  # extra_special_tokens may map names to tokens
+        for token in tokens:
             content = token.get("content") if isinstance(token, dict) else token
             if isinstance(content, str) and content and content not in tokenizer.tokens:
                 missing.append((key, content))
