@@ -247,7 +247,7 @@ def _number(value: Any) -> float | None:
 def close(one: Any, other: Any, tolerance: float) -> bool:
     """Two numbers equal within a relative tolerance (and an absolute one of the same size near zero); NaN
     equals NaN (a log and its copy agree on it)."""
-    a, b = _float(one), _float(other)
+    a, b = as_float(one), as_float(other)
     if a is None or b is None:
         return False
     if math.isnan(a) or math.isnan(b):
@@ -255,7 +255,8 @@ def close(one: Any, other: Any, tolerance: float) -> bool:
     return math.isclose(a, b, rel_tol=tolerance, abs_tol=tolerance * 1e-3) if tolerance else a == b
 
 
-def _float(value: Any) -> float | None:
+def as_float(value: Any) -> float | None:
+    """A JSON number as a float (NaN and infinities included); None for anything else, 10**400 included."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     try:
@@ -371,8 +372,11 @@ def shown(value: Any) -> str:
     if isinstance(value, str):
         return repr(value if len(value) <= 60 else value[:57] + "...")
     if isinstance(value, (list, tuple)):
-        items = ", ".join(shown(v) for v in list(value)[:6])
+        items = ", ".join(shown(v) if isinstance(v, (str, int, float, type(None))) else type(v).__name__
+                          for v in list(value)[:6])
         return f"[{items}{', …' if len(value) > 6 else ''}]"
-    if isinstance(value, set):
+    if isinstance(value, (set, frozenset)):
         return "one of " + " / ".join(sorted(map(str, value)))
-    return str(value)[:60]
+    if isinstance(value, int):
+        return str(value) if abs(value) < 10 ** 30 else f"an integer of {len(str(abs(value)))} digits"
+    return "an object" if isinstance(value, dict) else type(value).__name__

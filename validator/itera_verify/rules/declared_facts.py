@@ -84,7 +84,8 @@ def _saves_against_records(ctx: RunContext, folders: list[ArtifactFolder],
     for run_index, run in enumerate(listed if isinstance(listed, list) else ()):
         saves = run.get("checkpoints") if isinstance(run, dict) else None
         for save_index, save in enumerate(saves if isinstance(saves, list) else ()):
-            folder = by_id.get(save.get("artifact")) if isinstance(save, dict) else None
+            named = save.get("artifact") if isinstance(save, dict) else None
+            folder = by_id.get(named) if isinstance(named, str) else None
             if folder is None:
                 continue
             for d in table.disagreements(save, records[folder.rel], table.CHECKPOINT_FACTS):

@@ -81,7 +81,10 @@ def _label_key(record: dict) -> str | None:
 
 
 def _fingerprint(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+    try:
+        text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+    except (ValueError, TypeError, RecursionError):
+        text = repr(type(value))  # a label no run writes: nested past what JSON writes back
     return text if len(text) <= LONG_LABEL else "sha256:" + hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()
 
 

@@ -145,9 +145,9 @@ def _history(rel: str, log_history) -> History:
             history.rewind = (index, step)
         last = step
         for name in ROW.keys:
-            value = entry.get(name)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                history.log.setdefault(name, {}).setdefault(step, float(value))
+            value = table.as_float(entry.get(name))
+            if value is not None:
+                history.log.setdefault(name, {}).setdefault(step, value)
     return history
 
 
