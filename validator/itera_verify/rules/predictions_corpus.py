@@ -99,14 +99,14 @@ def _gold_labels_agree(ctx: RunContext) -> Iterator[Finding]:
         if rel is None:
             continue
         differ: list[tuple[str, int, str, str, str]] = []  # (id, line, this label, other label, other run)
-        count, first = 0, True
+        count, opening = 0, True
         for line, record, error in parsed_lines(ctx, rel):
             if error or not isinstance(record, dict) or not isinstance(record.get("id"), str):
                 continue  # IV104/IV303 report those
             key = _label_key(record)
-            if first and key is None:
+            if opening and key is None:
                 break  # a file whose first record carries no gold label carries none: not read further
-            first = False
+            opening = False
             eval_id = record["id"]
             if key is None or (frozen is not None and eval_id not in frozen):
                 continue
