@@ -126,9 +126,20 @@ def test_training_args_are_read_from_the_pickle_opcodes_without_unpickling(built
     assert not marker.exists()
 
 
-def test_the_docs_list_every_declared_fact_of_the_table():
+def fact_rows() -> list[str]:
+    """The rows of docs/format.md's declared-facts table, as format/facts.py holds them."""
     from itera_verify.format.facts import FACTS
 
+    rows = []
+    for row in FACTS:
+        keys = ", ".join(f"`{k}`" for k in row.keys)
+        records = "; ".join(f"`{r.file}` {r.field}" + (f" ({r.when})" if r.when else "") for r in row.records)
+        comparison = row.comparison + (f" (relative {row.tolerance:g})" if row.tolerance else "")
+        rows.append(f"| {row.name} | `{row.declared_in}`: {keys} | {records} | {comparison} | {row.code} |")
+    return rows
+
+
+def test_the_docs_list_every_declared_fact_of_the_table():
     text = (Path(__file__).resolve().parents[1] / "docs" / "format.md").read_text()
-    missing = [row.name for row in FACTS if f"| {row.name} | `{row.declared_in}`" not in text]
-    assert missing == [], "add the rows to docs/format.md (Declared facts)"
+    missing = [row for row in fact_rows() if row not in text]
+    assert missing == [], "regenerate docs/format.md's Declared facts table from tests/test_declared_facts.fact_rows"
