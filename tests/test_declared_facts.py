@@ -113,7 +113,7 @@ def test_fp16_bf16_and_sharded_deliveries_declare_their_stored_dtype(built_truth
 
 
 def test_training_args_are_read_from_the_pickle_opcodes_without_unpickling(built_truth, tmp_path):
-    from itera_verify.package.records import training_args
+    from itera_verify.package.pickle_state import training_args
 
     with open(Path(built_truth["clean"]) / "checkpoints/control/checkpoint-6/training_args.bin", "rb") as fh:
         args = training_args(fh)
