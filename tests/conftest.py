@@ -259,3 +259,21 @@ def proxy(seaweedfs):
     between = FaultProxy(seaweedfs.endpoint)
     yield between
     between.close()
+
+
+@pytest.fixture(scope="session")
+def built_truth(built, tmp_path_factory) -> dict:
+    """The declared-facts campaign (fixtures/truth.py): real tiny Trainer and PEFT runs recorded by the tool's own
+    recorder; `clean` holds the correct controls, `planted` adds runs whose history is not one story, `extras`
+    real saves a test swaps in. Built once for all workers, on the demo's hub cache."""
+    from fixtures.truth import build_truth
+
+    shared, info = built_once(tmp_path_factory, "itera-truth-fixture",
+                              lambda folder: build_truth(folder, Path(built["hf_cache"])))
+    return dict(info, clean=str(shared / "clean"), planted=str(shared / "planted"), extras=str(shared / "extras"))
+
+
+@pytest.fixture
+def truth_dir(built_truth, tmp_path) -> Path:
+    """A private copy of the clean declared-facts campaign, for one test to change."""
+    return private_copy(built_truth["clean"], tmp_path, "truth-pkg")

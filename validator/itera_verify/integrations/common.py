@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..record.errors import RecordError
+from ..record.facts_check import base_vocab_size
 from ..record.files import prepare_target
 from ..record.hub import COMMIT, loaded_commit, resolve_commit
 from ..record.run import Run
@@ -48,6 +49,35 @@ def model_params(model) -> dict:
     return params
 
 
+# The precision a model's own weights train in when no autocast runs (a model loaded in bf16 trains in bf16).
+WEIGHT_PRECISION = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}
+
+
+def weights_precision(model) -> str | None:
+    """fp32, bf16 or fp16: the float format of the model's first floating parameter (a PEFT model's base)."""
+    for parameter in getattr(model, "parameters", lambda: ())():
+        if parameter.is_floating_point():
+            return WEIGHT_PRECISION.get(str(parameter.dtype))
+    return None
+
+
+def vocab_params(model, hf_cache=None) -> dict:
+    """The model's token ids as it trains (`vocab_size`: its input embeddings' rows, after any resize) and, for a
+    PEFT model, its base's (`base_vocab_size`, from the base's config.json in the hub cache): what IV516 compares
+    a delivered adapter's tokenizer and saved embeddings with."""
+    params = {}
+    embeddings = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    if isinstance(rows, int):
+        params["vocab_size"] = rows
+    if hasattr(model, "peft_config"):
+        config = next(iter(model.peft_config.values()))
+        base = base_vocab_size(config.base_model_name_or_path, getattr(config, "revision", None), hf_cache)
+        if base is not None:
+            params["base_vocab_size"] = base
+    return params
+
+
 def package_relative(run: Run, path: str | os.PathLike) -> str | None:
     """`path` relative to the package root when it lies inside it (an absolute /tmp/... output_dir in the
     params would be IV201), else None."""
@@ -70,9 +100,15 @@ def save_final_model(run: Run, model, rel_path: str, hf_cache=None, processing_c
     if processing_class is not None and callable(getattr(processing_class, "save_pretrained", None)):
         processing_class.save_pretrained(target)
     if hasattr(model, "peft_config"):
-        # save_embedding_layers=False: "auto" would look the base config up on the hub.
-        model.save_pretrained(target, safe_serialization=True, save_embedding_layers=False)
         config = next(iter(model.peft_config.values()))
+        # PEFT's "auto" would look the base config up on the hub (and, offline, assume nothing was resized):
+        # the base's vocabulary comes from the hub cache, and resized embeddings are saved with the adapter (IV516).
+        rows = vocab_params(model, hf_cache)
+        resized = "base_vocab_size" in rows and rows.get("vocab_size") != rows["base_vocab_size"]
+        if resized:
+            warnings.warn(f"{rel_path}: the embeddings were resized ({rows['base_vocab_size']} -> "
+                          f"{rows['vocab_size']} token ids): saving them with the adapter", stacklevel=2)
+        model.save_pretrained(target, safe_serialization=True, save_embedding_layers=resized)
         return run.adapter(target, base=config.base_model_name_or_path, model=model,
                            revision=getattr(config, "revision", None), cache_dir=hf_cache)
     model.save_pretrained(target, safe_serialization=True)

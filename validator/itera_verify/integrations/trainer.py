@@ -15,6 +15,7 @@ from transformers import TrainerCallback
 
 from ..record.artifacts import forget_missing
 from ..record.errors import RecordError
+from ..record.facts_check import conflicting_declarations, overridden
 from ..record.proofs import DEFAULT_TIMEOUT, check_mode, warn
 from ..record.run import Run
 from .common import (
@@ -24,6 +25,8 @@ from .common import (
     package_relative,
     pin_peft_revision,
     save_final_model,
+    vocab_params,
+    weights_precision,
 )
 
 # TrainingArguments recorded in params/<run>.json, under their own names.
@@ -96,6 +99,10 @@ class RecordCallback(TrainerCallback):
             params = training_params(args, self.run)
             if model is not None:
                 params.update(model_params(model))
+                params.update(vocab_params(model, self.hf_cache))
+                if params["mixed_precision"] is None:
+                    params["precision"] = weights_precision(model) or params["precision"]
+            _settle_declarations(self.run, params)
             self.run.start(params)
         # Inputs counted before train() (run.inputs): recorded at step 0, and a broken truncated_input rule stops
         # the run before its first step.
@@ -168,6 +175,21 @@ class RecordCallback(TrainerCallback):
                 save_final_model(self.run, model, self.save_model_to, self.hf_cache,
                                  processing_class=kwargs.get("processing_class") or kwargs.get("tokenizer"))
         _barrier(args)
+
+
+def _settle_declarations(run: Run, params: dict) -> None:
+    """The params are written as the Trainer runs: a value the user gave that the training arguments replace is
+    said (the params then record what ran, IV514), and two keys declaring one fact with two values (`lora_r` and
+    the PEFT config's `r`) are refused before the first step."""
+    changed = overridden(run.params, params)
+    if changed:
+        warn(f"run {run.id}: the params record the values the Trainer runs with, not those given: "
+             f"{'; '.join(changed)}", stacklevel=3)
+    conflicts = conflicting_declarations({**run.params, **params})
+    if conflicts:
+        raise RecordError(f"run {run.id}: the params declare {conflicts[0]}"
+                          + (f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else "")
+                          + ": one of them is not what the run trains with; give the value the run uses once")
 
 
 def _rank_zeros(args, violation):

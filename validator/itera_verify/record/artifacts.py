@@ -9,6 +9,7 @@ from pathlib import Path
 from ..format import loaders as loader_table
 from ..format.loaders import KINDS
 from .errors import RecordError
+from .facts_check import refuse_stale_params
 from .files import exists, read_bytes, write_json
 from .lock import package_lock
 from .hub import COMMIT, loaded_commit, resolve_commit
@@ -58,6 +59,8 @@ def register(run: RunRecord, path, kind: str, artifact_id: str | None, loader: s
     artifact_id = check_id("artifact id", artifact_id or f"{run.id}-{ID_SUFFIX.get(kind, Path(rel).name)}")
     if not run.writer:
         return artifact_id
+    # The artifact's own records (training_args.bin, adapter_config.json, ...) against the run's params (IV514).
+    refuse_stale_params(run.root, f"params/{run.id}.json", rel, kind)
     entry = {"id": artifact_id, "run": run.id, "kind": kind, "path": rel}
     if base is not None:
         entry["base"] = base

@@ -1,0 +1,91 @@
+"""The tokenizer fits the model it is delivered with (issue 41): vocabulary against the embeddings, an adapter
+whose resized embeddings were never saved, special tokens, the chat template a run declares (IV516, IV517), and
+the generation config's token ids (IV518). Real saves of real tiny runs (fixtures/truth.py), one change each."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from fixtures.edit import edit_json
+from tests.helpers import static_findings
+
+
+def found(package: Path, code: str) -> list:
+    return [f for f in static_findings(package, select=(code,)) if f.code == code]
+
+
+def test_a_chat_tokenizer_delivered_with_embeddings_never_resized_is_IV516(truth_dir):
+    from transformers import AutoTokenizer
+
+    chat_tokenizer = AutoTokenizer.from_pretrained(truth_dir / "artifacts/chat-model", local_files_only=True)
+    chat_tokenizer.save_pretrained(truth_dir / "artifacts/control-model")  # the tokens added, the model not resized
+    [finding] = found(truth_dir, "IV516")
+    assert finding.path == "artifacts/control-model/tokenizer.json" and finding.artifact == "control-model"
+    assert "ids up to 129" in finding.message and "'<|im_start|>'" in finding.message
+    assert "128 token ids" in finding.message
+
+
+def test_the_chat_model_with_resized_embeddings_and_its_adapter_fit(built_truth):
+    clean = Path(built_truth["clean"])
+    params = json.loads((clean / "params/chat-lora.json").read_text())
+    assert (params["vocab_size"], params["base_vocab_size"]) == (130, 128)  # recorded by the recorder
+    assert [f for f in static_findings(clean) if f.code in {"IV516", "IV517", "IV518"}] == []
+
+
+def test_an_adapter_whose_resized_embeddings_were_never_saved_is_IV516(built_truth, truth_dir):
+    adapter = truth_dir / "artifacts/chat-lora-adapter"
+    shutil.rmtree(adapter)
+    shutil.copytree(Path(built_truth["extras"]) / "chat-lora-unsaved", adapter)  # save_embedding_layers=False
+    findings = [f for f in found(truth_dir, "IV516") if f.artifact == "chat-lora-adapter"]
+    assert len(findings) == 1, [f.message for f in findings]
+    assert "trained with 130 token ids" in findings[0].message and "base of 128" in findings[0].message
+    assert "saves no embeddings" in findings[0].message
+
+
+def test_a_config_vocab_size_copied_from_the_base_onto_resized_embeddings_is_IV516(truth_dir):
+    edit_json(truth_dir, "artifacts/chat-model/config.json", lambda config: config.update(vocab_size=128))
+    [finding] = found(truth_dir, "IV516")
+    assert finding.path == "artifacts/chat-model/config.json" and finding.pointer == "/vocab_size"
+    assert "vocab_size = 128" in finding.message and "130 rows" in finding.message
+
+
+def test_a_special_token_the_vocabulary_does_not_hold_is_IV516(truth_dir):
+    edit_json(truth_dir, "artifacts/control-model/tokenizer_config.json",
+              lambda config: config.update(pad_token="<pad>"))
+    [finding] = found(truth_dir, "IV516")
+    assert finding.pointer == "/pad_token" and "'<pad>'" in finding.message
+
+
+def test_a_chat_run_delivered_without_its_chat_template_is_IV517(truth_dir):
+    model = truth_dir / "artifacts/chat-model"
+    (model / "chat_template.jinja").unlink()
+    edit_json(truth_dir, "artifacts/chat-model/tokenizer_config.json", lambda config: config.pop("chat_template",
+                                                                                               None))
+    [finding] = found(truth_dir, "IV517")
+    assert (finding.path, finding.run) == ("artifacts/chat-model", "chat")
+    assert "chat_format = 'chatml'" in finding.message or "chat_template = " in finding.message
+
+
+def test_a_chat_template_other_than_the_one_the_run_declares_is_IV517(truth_dir):
+    (truth_dir / "artifacts/chat-model/chat_template.jinja").write_text(
+        "{% for message in messages %}[INST] {{ message['content'] }} [/INST]{% endfor %}")
+    [finding] = found(truth_dir, "IV517")
+    assert "not the one run chat's params declare" in finding.message
+
+
+def test_a_generation_config_copied_from_gpt2_naming_eos_50256_is_IV518(truth_dir):
+    from transformers import GenerationConfig
+
+    GenerationConfig(bos_token_id=50256, eos_token_id=50256).save_pretrained(truth_dir / "artifacts/control-model")
+    [finding] = found(truth_dir, "IV518")
+    assert finding.path == "artifacts/control-model/generation_config.json"
+    assert "50256" in finding.message and "128 token ids" in finding.message
+
+
+def test_generation_ids_inside_the_vocabulary_are_not_IV518(truth_dir):
+    from transformers import GenerationConfig
+
+    GenerationConfig(bos_token_id=0, eos_token_id=[0, 1], pad_token_id=1).save_pretrained(
+        truth_dir / "artifacts/control-model")
+    assert found(truth_dir, "IV518") == []
