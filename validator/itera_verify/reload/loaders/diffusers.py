@@ -47,7 +47,7 @@ def read_index(folder: Path, outcome: Outcome) -> tuple[str, dict[str, tuple[str
     admitted settings."""
     path = folder / MODEL_INDEX
     index = read_json_document(path, outcome, MISSING, ": not a diffusers pipeline folder")
-    if not isinstance(index, dict) or not isinstance(index.get("_class_name"), str):
+    if not isinstance(index, dict) or "_class_name" not in index:
         raise Stop(LOAD, f"{outcome.rel(path)} names no pipeline class (_class_name)", path)
     components: dict[str, tuple[str, str] | None] = {}
     settings = {}
