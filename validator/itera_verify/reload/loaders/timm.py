@@ -10,9 +10,8 @@ no missing, unexpected or resized key; every weight finite; one forward pass on 
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import re
+from pathlib import Path
 
 from ..common import (LOAD, MISSING, Outcome, Stop, check_parameters, nonfinite_count, read_json_document, require,
                       safe_torch_load, short)
