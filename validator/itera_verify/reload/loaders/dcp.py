@@ -11,7 +11,6 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from ...package.jsonread import read_json_file
 from ..common import (
     INCONSISTENT,
     LOAD,
@@ -51,8 +50,8 @@ def build_model(job: dict, config_folder: Path | None, outcome: Outcome, device,
     try:
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(str(config_folder), local_files_only=True)
-        raw = read_json_file(config_folder / "config.json")
+        raw = read_config(config_folder, outcome)  # its steering keys admitted before AutoConfig reads it
+        config = AutoConfig.from_pretrained(str(config_folder), local_files_only=True, trust_remote_code=False)
         cls = model_class(job.get("class"), raw, default="AutoModelForCausalLM")
         model = cls.from_config(config) if hasattr(cls, "from_config") else cls(config)
     except Stop:

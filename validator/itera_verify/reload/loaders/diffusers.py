@@ -1,37 +1,61 @@
 """Loader `diffusers`: a pipeline folder as `save_pretrained` writes it (`model_index.json` + one folder per
 component).
 
-Proves: the pipeline class and every component class are diffusers' or transformers' own (anything else is custom
-code, never imported); every component model_index.json names is present and loads from its folder with local
-files only, no missing, unexpected or resized key, every weight finite; the pipeline assembled from exactly these
-components runs one denoising step with finite output.
+Proves: the pipeline class is diffusers' own and every component class is one a pipeline is made of (COMPONENTS:
+models, schedulers, tokenizers, feature extractors, processors of diffusers or transformers; never a pipeline, whose
+folder diffusers would load with its own loader, past every check here; anything else is custom code, never
+imported); model_index.json's other entries are the settings SETTINGS admits; every component model_index.json
+names is present and loads from its folder with local files only, its config.json's steering keys admitted
+(quantization, kernels, code), no missing, unexpected or resized key, every weight finite; the pipeline is built
+from exactly these components (its own constructor: diffusers' from_pretrained would read the folder again) and
+every torch module in it proven finite; one denoising step gives finite output.
 """
 from __future__ import annotations
 
+import importlib
 import inspect
 from pathlib import Path
 
 from ..common import (LOAD, MISSING, Outcome, Stop, check_parameters, nonfinite_count, read_json_document, require,
                       scan_folder, short)
+from ._admit import BOOLEAN, TEXT, Section, admit, one_of, refuse, stop_if_refused
+from ._hf_config import admit_config, refuse_adapter
 from .transformers import check_loading_info
 
 MODEL_INDEX = "model_index.json"
-LIBRARIES = ("diffusers", "transformers")
 PROMPT = "a photograph of a red bicycle"
 STEPS = 1
 
+# ----------------------------------------------------------------------------- what this loader admits
+# What a pipeline is made of: a component's class must derive from one of these (library, base class). A pipeline
+# class (DiffusionPipeline, ModularPipeline, the auto pipelines) derives from none of them.
+COMPONENTS = (("diffusers", "ModelMixin"), ("diffusers", "SchedulerMixin"), ("transformers", "PreTrainedModel"),
+              ("transformers", "PreTrainedTokenizerBase"), ("transformers", "ImageProcessingMixin"),
+              ("transformers", "FeatureExtractionMixin"), ("transformers", "ProcessorMixin"))
+MODELS = (("diffusers", "ModelMixin"), ("transformers", "PreTrainedModel"))
+NEVER = (("diffusers", "DiffusionPipeline"), ("diffusers", "ModularPipeline"))  # named in the refusal
+LIBRARIES = tuple(dict.fromkeys(library for library, _ in COMPONENTS))
+# model_index.json's entries that are not components: the pipeline constructor's settings, and facts.
+SETTINGS: Section = {"_class_name": TEXT, "_diffusers_version": TEXT, "_name_or_path": TEXT,
+                     "requires_safety_checker": BOOLEAN, "force_zeros_for_empty_prompt": BOOLEAN}
+# A diffusers model component's config.json keys that choose something other than its shape.
+MODEL_STEERING: Section = {"quantization_config": one_of(None)}
 
-def read_index(folder: Path, outcome: Outcome) -> tuple[str, dict[str, tuple[str, str] | None]]:
-    """The pipeline class and its components: name -> (library, class), None for an optional one left out."""
+
+def read_index(folder: Path, outcome: Outcome) -> tuple[str, dict[str, tuple[str, str] | None], dict]:
+    """The pipeline class, its components (name -> (library, class), None for an optional one left out) and its
+    admitted settings."""
     path = folder / MODEL_INDEX
     index = read_json_document(path, outcome, MISSING, ": not a diffusers pipeline folder")
-    if not isinstance(index, dict) or not isinstance(index.get("_class_name"), str):
+    if not isinstance(index, dict) or "_class_name" not in index:
         raise Stop(LOAD, f"{outcome.rel(path)} names no pipeline class (_class_name)", path)
     components: dict[str, tuple[str, str] | None] = {}
+    settings = {}
     for name, value in index.items():
-        if name.startswith("_") or not isinstance(value, list) or len(value) != 2:
-            continue  # configuration values (requires_safety_checker, ...)
-        if value[0] is None and value[1] is None:
+        if not (isinstance(value, list) and len(value) == 2) or name.startswith("_"):
+            if admit({name: value}, SETTINGS, path, outcome) == 0:
+                settings[name] = value
+        elif value[0] is None and value[1] is None:
             components[name] = None
         elif value[0] not in LIBRARIES or not isinstance(value[1], str):
             outcome.fail(LOAD, f"component {name} comes from {value[0]!r}: custom code is never imported "
@@ -41,9 +65,8 @@ def read_index(folder: Path, outcome: Outcome) -> tuple[str, dict[str, tuple[str
                                   f"{outcome.rel(folder / name)}", folder / name)
         else:
             components[name] = (value[0], value[1])
-    if outcome.problems:
-        raise Stop.recorded()
-    return index["_class_name"], components
+    stop_if_refused(outcome)
+    return index["_class_name"], components, settings
 
 
 def own_class(library, module_name: str, name: str, what: str):
@@ -53,13 +76,46 @@ def own_class(library, module_name: str, name: str, what: str):
     return cls
 
 
-def load_component(folder: Path, name: str, library_name: str, class_name: str, outcome: Outcome):
-    import importlib
+def _derives(cls, bases) -> bool:
+    return any(issubclass(cls, getattr(importlib.import_module(library), base)) for library, base in bases)
 
+
+def component_class(folder: Path, name: str, library_name: str, class_name: str, outcome: Outcome):
+    """The class model_index.json names for a component: the library's own, of a kind COMPONENTS admits."""
     cls = own_class(importlib.import_module(library_name), library_name, class_name, f"component {name}")
+    if not _derives(cls, COMPONENTS) or _derives(cls, NEVER):
+        refuse(outcome, folder / MODEL_INDEX, name, [library_name, class_name],
+               "a component is a model, scheduler, tokenizer, feature extractor or processor class, never a "
+               "pipeline; admitted bases: " + ", ".join(f"{lib}.{base}" for lib, base in COMPONENTS))
+        raise Stop.recorded()
+    return cls
+
+
+def admit_component_config(sub: Path, cls, outcome: Outcome) -> None:
+    """A model component's config.json, before its from_pretrained reads it: a transformers model's steering keys
+    as the `transformers` loader admits them (and no adapter beside it); a diffusers model's, MODEL_STEERING."""
+    path = sub / "config.json"
+    if not path.is_file():
+        return
+    config = read_json_document(path, outcome)
+    if _derives(cls, (("transformers", "PreTrainedModel"),)):
+        if not isinstance(config, dict):
+            raise Stop(LOAD, f"{outcome.rel(path)} is not a JSON object", path)
+        admit_config(config, path, outcome)
+        refuse_adapter(sub, outcome)
+    elif isinstance(config, dict):
+        for key, rule in MODEL_STEERING.items():
+            if key in config and not rule(config[key]):
+                refuse(outcome, path, key, config[key], f"expected {rule.what}")
+    stop_if_refused(outcome)
+
+
+def load_component(folder: Path, name: str, library_name: str, class_name: str, outcome: Outcome):
+    cls = component_class(folder, name, library_name, class_name, outcome)
     sub = folder / name
-    is_model = hasattr(cls, "named_parameters") or any(b.__name__ in ("ModelMixin", "PreTrainedModel")
-                                                         for b in cls.__mro__)
+    is_model = _derives(cls, MODELS)
+    if is_model:
+        admit_component_config(sub, cls, outcome)
     try:
         if is_model:
             model, info = cls.from_pretrained(str(sub), local_files_only=True, output_loading_info=True)
@@ -72,6 +128,37 @@ def load_component(folder: Path, name: str, library_name: str, class_name: str, 
     check_loading_info(model, info, f"component {name} ({class_name})")
     check_parameters(model, outcome, f"component {name}")
     return model.eval()
+
+
+def assemble(pipeline_cls, loaded: dict, settings: dict, folder: Path, outcome: Outcome):
+    """The pipeline built by its own constructor from the checked components and admitted settings: nothing of
+    the folder is read again."""
+    parameters = inspect.signature(pipeline_cls.__init__).parameters
+    unused = sorted(set(loaded) - set(parameters))
+    if unused:
+        raise Stop(LOAD, f"{outcome.rel(folder / MODEL_INDEX)} names component(s) {', '.join(unused)} that "
+                         f"{pipeline_cls.__name__} does not take", folder / MODEL_INDEX)
+    arguments = {name: value for name, value in {**settings, **loaded}.items() if name in parameters}
+    needed = [name for name, parameter in parameters.items() if name != "self" and name not in arguments
+              and parameter.default is inspect.Parameter.empty
+              and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)]
+    if needed:
+        raise Stop(MISSING, f"{pipeline_cls.__name__} needs component(s) {', '.join(needed)}, which "
+                            f"{MODEL_INDEX} does not name", folder / MODEL_INDEX)
+    try:
+        return pipeline_cls(**arguments)
+    except Exception as exc:  # noqa: BLE001 - a constructor refusing its parts: the index does not fit the class
+        raise Stop(LOAD, f"{pipeline_cls.__name__} does not assemble from its components: {short(exc)}",
+                   folder) from exc
+
+
+def check_modules(pipeline, checked: set[int], outcome: Outcome) -> None:
+    """Every torch module of the assembled pipeline, not only those loaded here as models, proven finite."""
+    import torch
+
+    for name, component in (getattr(pipeline, "components", None) or {}).items():
+        if isinstance(component, torch.nn.Module) and id(component) not in checked:
+            check_parameters(component, outcome, f"component {name}")
 
 
 def denoise(pipeline, device) -> str:
@@ -111,19 +198,17 @@ def denoise(pipeline, device) -> str:
 
 def load_pipeline(folder: Path, device, outcome: Outcome):
     diffusers = require(outcome.job)
-    pipeline_name, components = read_index(folder, outcome)
+    pipeline_name, components, settings = read_index(folder, outcome)
     pipeline_cls = own_class(diffusers, "diffusers", pipeline_name, "model_index.json _class_name")
-    if not issubclass(pipeline_cls, diffusers.DiffusionPipeline):
-        raise Stop(LOAD, f"{pipeline_name} is not a diffusers pipeline")
+    if not issubclass(pipeline_cls, diffusers.DiffusionPipeline) or pipeline_cls is diffusers.DiffusionPipeline:
+        raise Stop(LOAD, f"{pipeline_name} is not a diffusers pipeline class")
     scan_folder(folder, outcome)
     loaded = {name: None if spec is None else load_component(folder, name, *spec, outcome)
               for name, spec in components.items()}
     outcome.facts["pipeline"] = pipeline_name
     outcome.facts["components"] = sorted(name for name, value in loaded.items() if value is not None)
-    try:
-        pipeline = pipeline_cls.from_pretrained(str(folder), local_files_only=True, **loaded)
-    except Exception as exc:  # noqa: BLE001 - assembling from loaded parts fails only on a wrong index
-        raise Stop(LOAD, f"{pipeline_name} does not assemble from its components: {short(exc)}", folder) from exc
+    pipeline = assemble(pipeline_cls, loaded, settings, folder, outcome)
+    check_modules(pipeline, {id(value) for value in loaded.values() if value is not None}, outcome)
     pipeline.to(device)
     pipeline.set_progress_bar_config(disable=True)
     return pipeline

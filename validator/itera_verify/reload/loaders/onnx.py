@@ -2,8 +2,9 @@
 
 Proves: every external data file the graph names is present, inside the artifact's folder and long enough for
 the bytes it should hold; `onnx.checker` passes its full check (shape inference included); every initializer is
-finite; one onnxruntime session on the CPU (no custom operator library is ever registered) runs on inputs of the
-declared shapes (a symbolic dimension is 1) and gives finite output.
+finite; one onnxruntime session on the CPU (no custom operator library is ever registered, and the session options
+the model's own metadata may carry are never read) runs on inputs of the declared shapes (a symbolic dimension is 1)
+and gives finite output.
 """
 from __future__ import annotations
 
@@ -89,7 +90,10 @@ def run_session(onnxruntime, file: Path, outcome: Outcome) -> str:
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = int(outcome.job.get("threads") or 1)
     try:
-        session = onnxruntime.InferenceSession(str(file), options, providers=["CPUExecutionProvider"])
+        # read_config_from_model=0: a model's `ort_config` metadata (session options: profiling to a file of its
+        # choice, threads) is never read, whatever ORT_LOAD_CONFIG_FROM_MODEL says; the loader sets the options.
+        session = onnxruntime.InferenceSession(str(file), options, providers=["CPUExecutionProvider"],
+                                               read_config_from_model=0)
     except Exception as exc:  # onnxruntime's own exception types
         raise Stop(LOAD, f"onnxruntime cannot create a session: {short(exc)}", file) from exc
     rng = np.random.default_rng(0)

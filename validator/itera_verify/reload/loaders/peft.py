@@ -1,13 +1,19 @@
-"""Loader `peft`: the adapter file is sound (no empty ZeRO-3 tensors, finite), the base loads from the local hub
-cache at adapter_config.json's revision, the adapter attaches with every key matched, one forward pass."""
+"""Loader `peft`: adapter_config.json holds only what ADMITTED lists (PEFT builds the adapter and its base from
+it), the adapter file is sound (no empty ZeRO-3 tensors, finite), the base loads from the local hub cache at
+adapter_config.json's revision, the adapter attaches with every key matched, one forward pass."""
 from __future__ import annotations
 
+import dataclasses
+import enum
 from pathlib import Path
 
 from ...format.names import HUB_ID
 from ..common import (BASE_UNAVAILABLE, LOAD, Outcome, Stop, check_parameters, forward_pass, safe_torch_load,
                       read_json_document, scan_folder, short, torch_dtype)
 from . import safetensors as safetensors_loader
+from ._hf_config import refuse_adapter
+from ._admit import (ANY, BOOLEAN, MODULE, NUMBER, TEXT, WHOLE, Admit, admit, list_of, mapping_of, one_of, optional,
+                     stop_if_refused)
 from .transformers import (check_declared_size, check_loading_info, check_on_gpu, device_map, dtype_keyword,
                            model_class, read_config, spread)
 
@@ -22,11 +28,69 @@ TASK_CLASSES = {"CAUSAL_LM": "AutoModelForCausalLM", "SEQ_CLS": "AutoModelForSeq
                 "QUESTION_ANS": "AutoModelForQuestionAnswering", "FEATURE_EXTRACTION": "AutoModel"}
 
 
+# ----------------------------------------------------------------------------- what this loader admits
+# adapter_config.json: a LoRA adapter, whose keys PEFT hands to LoraConfig and from there to the model it builds.
+# Admitted: the adapter's shape and where it attaches, by plain module names (PEFT reads a string as a regular
+# expression over every module's name). Every other LoraConfig field only at the value LoraConfig() itself gives
+# it: initialisations computed from the base (pissa, olora, loftq, eva, corda: some read or write files), layer
+# replication, offload, megatron's module import. Keys the installed PEFT does not know it drops unread.
+TARGETS = Admit(lambda v: MODULE(v) or v == "all-linear" or list_of(MODULE, 1024)(v),
+                "plain module names, or \"all-linear\"")
+ADMITTED = {
+    "peft_type": one_of("LORA"), "task_type": optional(one_of(*TASK_CLASSES)),
+    "base_model_name_or_path": optional(TEXT),  # a pinned hub id, or IV501/IV502 and IV505 say why not
+    "revision": optional(TEXT), "peft_version": optional(TEXT), "inference_mode": BOOLEAN,
+    "r": WHOLE, "lora_alpha": NUMBER, "lora_dropout": NUMBER, "fan_in_fan_out": BOOLEAN,
+    "bias": one_of("none", "all", "lora_only"), "use_rslora": BOOLEAN, "use_dora": BOOLEAN, "lora_bias": BOOLEAN,
+    "target_modules": optional(TARGETS), "exclude_modules": optional(TARGETS),
+    "modules_to_save": optional(list_of(MODULE, 256)), "target_parameters": optional(list_of(MODULE, 1024)),
+    "layers_to_transform": optional(Admit(lambda v: WHOLE(v) or list_of(WHOLE, 4096)(v), "layer numbers")),
+    "layers_pattern": optional(Admit(lambda v: MODULE(v) or list_of(MODULE, 16)(v), MODULE.what)),
+    "rank_pattern": mapping_of(MODULE, WHOLE, 4096), "alpha_pattern": mapping_of(MODULE, NUMBER, 4096),
+    # Initialises the LoRA weights the file then replaces; never an initialisation computed from the base.
+    "init_lora_weights": one_of(True, False, "gaussian"),
+    "trainable_token_indices": optional(Admit(lambda v: list_of(WHOLE, 1 << 20)(v)
+                                              or mapping_of(MODULE, list_of(WHOLE, 1 << 20), 16)(v), "token ids")),
+    "auto_mapping": optional(mapping_of(TEXT, TEXT, 4)),  # read by AutoPeftModel only, never here
+}
+
+
+def lora_defaults() -> dict:
+    """Each LoraConfig field of the installed PEFT -> the value LoraConfig() gives it, as JSON would hold it."""
+    from peft import LoraConfig
+
+    defaults = {}
+    for field in dataclasses.fields(LoraConfig):
+        if field.default is not dataclasses.MISSING:
+            value = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            value = field.default_factory()
+        else:
+            continue
+        if dataclasses.is_dataclass(value):
+            value = dataclasses.asdict(value)
+        defaults[field.name] = value.value if isinstance(value, enum.Enum) else value
+    return defaults
+
+
+def admit_adapter_config(config: dict, path: Path, outcome: Outcome) -> None:
+    """adapter_config.json: ADMITTED, every other LoraConfig field at its default; else IV504 before loading."""
+    defaults = lora_defaults()
+    admitted = {name: one_of(value, what=f"LoraConfig's default, {value!r}") for name, value in defaults.items()}
+    admitted.update({key: ANY for key in config if key not in defaults and key not in ADMITTED})  # dropped by PEFT
+    if config.get("peft_type") != "LORA":
+        admitted = {"peft_type": ADMITTED["peft_type"]}  # only LoRA is tried and tested: name the type alone
+        config = {"peft_type": config.get("peft_type")}
+    admit(config, {**admitted, **ADMITTED}, path, outcome)
+    stop_if_refused(outcome)
+
+
 def read_adapter_config(folder: Path, outcome: Outcome) -> dict:
     path = folder / "adapter_config.json"
     value = read_json_document(path, outcome)
     if not isinstance(value, dict):
         raise Stop(LOAD, f"{outcome.rel(path)} is not a JSON object", path)
+    admit_adapter_config(value, path, outcome)
     return value
 
 
@@ -143,6 +207,7 @@ def load_base(config: dict, job: dict, device, outcome: Outcome,
     if labels is not None:
         kwargs["num_labels"] = labels
     snapshot = Path(config_file).parent
+    refuse_adapter(snapshot, outcome)  # from_pretrained would attach it to the base
     # The base's config.json is the cache's, but a package may ship the cache (--hf-cache): the same check.
     check_declared_size(snapshot, cls, kwargs, read_config(snapshot, outcome), outcome,
                         label=f"base {name}@{revision or 'main'} config.json")

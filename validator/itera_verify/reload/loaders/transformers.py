@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ...format.loaders import QUANTIZATION_LIBRARIES
-from ..common import (LOAD, MISSING, Outcome, Stop, check_parameters, forward_pass, nonfinite_count, require,
+from ..common import (LOAD, MISSING, Outcome, Stop, check_parameters, forward_pass, nonfinite_count,
                       read_json_document, scan_folder, short, torch_dtype)
+from ._hf_config import admit_config, check_quantized, quantization, refuse_adapter
 
 CLASS_NAME = re.compile(r"[A-Z][A-Za-z0-9]*")
 # Values a config may declare beyond those its weight files hold: a new task head, buffers, a head the adapter
@@ -59,6 +59,7 @@ def read_config(folder: Path, outcome: Outcome) -> dict:
     value = read_json_document(path, outcome)
     if not isinstance(value, dict):
         raise Stop(LOAD, f"{outcome.rel(path)} is not a JSON object", path)
+    admit_config(value, path, outcome)  # the keys that would choose code, files or kernels: before any library reads it
     return value
 
 
@@ -263,8 +264,9 @@ def load_model(folder: Path, job: dict, device, outcome: Outcome, *, default_cla
     """from_pretrained of a local model folder, checked; returns the model on `device` (or over the job's
     GPUs), in eval mode."""
     config = read_config(folder, outcome)
+    refuse_adapter(folder, outcome)
     if config.get("auto_map"):
-        outcome.facts["remote_code_refused"] = True  # from_pretrained fails below: trust_remote_code is False
+        outcome.facts["remote_code_ignored"] = True  # admitted for transformers' own model_type only: never run
     scan_folder(folder, outcome)
     check_weight_files(folder, outcome)
     method = quantization(config, job)
@@ -292,44 +294,6 @@ def load_model(folder: Path, job: dict, device, outcome: Outcome, *, default_cla
     if method:
         check_quantized(model, method, outcome)
     return model
-
-
-def quantization(config: dict, job: dict) -> str | None:
-    """The config's quantization method; the library that loads it imported first, so that its absence is one
-    clear IV505 naming the extra rather than from_pretrained's error about the artifact."""
-    declared = config.get("quantization_config")
-    method = declared.get("quant_method") if isinstance(declared, dict) else None
-    if not isinstance(method, str):
-        return None
-    if method in QUANTIZATION_LIBRARIES:
-        module, extra = QUANTIZATION_LIBRARIES[method]
-        require(job, module, extra=extra)
-    return method
-
-
-def check_quantized(model, method: str, outcome: Outcome) -> None:
-    """The quantized weights, which check_parameters sees as integers, proven finite once dequantized: bitsandbytes
-    4-bit weights through dequantize_4bit (their absmax scales), 8-bit ones by their row scales (SCB)."""
-    bad, count = [], 0
-    for name, parameter in model.named_parameters():
-        state, scales = getattr(parameter, "quant_state", None), getattr(parameter, "SCB", None)
-        if state is not None:
-            from bitsandbytes.functional import dequantize_4bit
-
-            values = dequantize_4bit(parameter.data, state)
-        elif scales is not None:
-            values = scales
-        else:
-            continue
-        count += 1
-        found = nonfinite_count(values)
-        if found:
-            bad.append(f"{name} ({found} non-finite)")
-    outcome.facts["quantization"] = method
-    outcome.facts["dequantized_tensors"] = count
-    if bad:
-        raise Stop(LOAD, f"quantized weights ({method}) non-finite once dequantized: {', '.join(bad[:5])}"
-                   + (f" and {len(bad) - 5} more" if len(bad) > 5 else ""))
 
 
 # Audio models without a declared input length: one second at 16 kHz (wav2vec2's input_values).
