@@ -7,6 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from fixtures.edit import edit_json
 from tests.helpers import static_findings
 
@@ -89,3 +91,23 @@ def test_generation_ids_inside_the_vocabulary_are_not_IV518(truth_dir):
     GenerationConfig(bos_token_id=0, eos_token_id=[0, 1], pad_token_id=1).save_pretrained(
         truth_dir / "artifacts/control-model")
     assert found(truth_dir, "IV518") == []
+
+
+@pytest.mark.slow
+def test_the_chat_adapter_with_its_resized_embeddings_reloads_on_its_base(built, built_truth):
+    """The adapter saved the embeddings it was trained with (130 rows, the base's 128 and two chat tokens): the
+    reload resizes the base to them before they attach, as the run's script did, never a size-mismatch IV504."""
+    from dataclasses import replace
+
+    from itera_verify.reload import run_reloads
+    from itera_verify.rules import reload as reload_rules
+    from itera_verify.runtime.progress import NULL_PROGRESS
+    from tests.helpers import context
+
+    package = context(built_truth["clean"], hf_cache=Path(built["hf_cache"]))
+    package = replace(package, reloads=run_reloads(package, device="cpu", timeout=300, jobs=1,
+                                                   progress=NULL_PROGRESS, only={"chat-lora-adapter"}))
+    [result] = package.reloads
+    assert result.ok, result.error
+    assert result.facts["resized_embeddings"].startswith("128 -> 130 rows")
+    assert not [f for f in reload_rules.check(package) if f.artifact == "chat-lora-adapter"]

@@ -70,7 +70,11 @@ class Fact:
     ignored: tuple[str, ...] = ()  # SAME_SET: members a library adds by itself, left out of both sides
 
 
-PEFT_TASK_HEADS = ("classifier", "score", "qa_outputs")
+# The heads PEFT itself adds to modules_to_save for a task (PeftModelForSequenceClassification and the like): the
+# reload builds the base with them, and IV514 leaves them out of the declared modules_to_save.
+PEFT_TASK_HEADS_BY_TASK = {"SEQ_CLS": ("classifier", "score"), "TOKEN_CLS": ("classifier", "score"),
+                           "QUESTION_ANS": ("qa_outputs",)}
+PEFT_TASK_HEADS = tuple(dict.fromkeys(head for heads in PEFT_TASK_HEADS_BY_TASK.values() for head in heads))
 TRAINING_ARGS = "training_args.bin"  # a pickled TrainingArguments: read from its opcodes, never unpickled
 TRAINER_STATE = "trainer_state.json"
 ADAPTER_CONFIG = "adapter_config.json"

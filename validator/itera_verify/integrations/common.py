@@ -105,10 +105,13 @@ def save_final_model(run: Run, model, rel_path: str, hf_cache=None, processing_c
         # the base's vocabulary comes from the hub cache, and resized embeddings are saved with the adapter (IV516).
         rows = vocab_params(model, hf_cache)
         resized = "base_vocab_size" in rows and rows.get("vocab_size") != rows["base_vocab_size"]
-        if resized:
+        # Embeddings trained as a modules_to_save entry are saved with the adapter already; asking PEFT for them
+        # again writes two more copies under names that match nothing when the adapter is loaded.
+        trained = hasattr(model.get_input_embeddings(), "modules_to_save")
+        if resized and not trained:
             warnings.warn(f"{rel_path}: the embeddings were resized ({rows['base_vocab_size']} -> "
                           f"{rows['vocab_size']} token ids): saving them with the adapter", stacklevel=2)
-        model.save_pretrained(target, safe_serialization=True, save_embedding_layers=resized)
+        model.save_pretrained(target, safe_serialization=True, save_embedding_layers=resized and not trained)
         return run.adapter(target, base=config.base_model_name_or_path, model=model,
                            revision=getattr(config, "revision", None), cache_dir=hf_cache)
     model.save_pretrained(target, safe_serialization=True)

@@ -202,8 +202,14 @@ def transformers_forward(path: Path, job: dict, device, outcome: Outcome) -> str
                 f"reload's memory limit ({limit >> 20:,} MiB)")
     from transformers import AutoModelForCausalLM
 
-    from .transformers import check_loading_info
+    from ._hf_config import refuse_adapter
+    from .transformers import check_loading_info, read_config
 
+    # from_pretrained reads the folder beside the file too: an adapter_config.json there would be attached (or,
+    # without a config.json, its base loaded), and a config.json's steering keys are the sender's.
+    refuse_adapter(path.parent, outcome)
+    if (path.parent / "config.json").is_file():
+        read_config(path.parent, outcome)
     try:
         model, info = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                            local_files_only=True, trust_remote_code=False,

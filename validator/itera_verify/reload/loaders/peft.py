@@ -14,12 +14,11 @@ from . import safetensors as safetensors_loader
 from ._hf_config import refuse_adapter
 from ._admit import (ANY, BOOLEAN, MODULE, NUMBER, TEXT, WHOLE, Admit, admit, list_of, mapping_of, one_of, optional,
                      stop_if_refused)
+from ...format.facts import PEFT_TASK_HEADS_BY_TASK
 from .transformers import (check_declared_size, check_loading_info, check_on_gpu, device_map, dtype_keyword,
                            model_class, read_config, spread)
 
-# The heads PEFT itself adds to modules_to_save for a task (PeftModelForSequenceClassification and the like).
-TASK_HEADS = {"SEQ_CLS": ("classifier", "score"), "TOKEN_CLS": ("classifier", "score"),
-              "QUESTION_ANS": ("qa_outputs",)}
+TASK_HEADS = PEFT_TASK_HEADS_BY_TASK
 LABELLED_TASKS = ("SEQ_CLS", "TOKEN_CLS")
 # A head's output layer, whose rows are the labels (BERT, Llama-style `score`, RoBERTa's classifier.out_proj).
 OUTPUT_LAYERS = ("classifier.out_proj.weight", "classifier.weight", "score.weight")
@@ -224,7 +223,23 @@ def load_base(config: dict, job: dict, device, outcome: Outcome,
     from_adapter = check_loading_info(model, info, "base model", frozenset(provided), "the adapter")
     if from_adapter:
         outcome.facts["base_keys_from_adapter"] = from_adapter  # a new head, trained and saved by the run
+    resize_to_saved_embeddings(model, shapes or {}, outcome)
     return model
+
+
+def resize_to_saved_embeddings(model, shapes: dict[str, tuple[int, ...]], outcome: Outcome) -> None:
+    """An adapter trained with added tokens saves the resized embeddings (save_embedding_layers): the base is
+    resized to their rows before they attach, as the run's own script did (IV516 judges whether the tokenizer
+    fits them)."""
+    embeddings = model.get_input_embeddings()
+    weight = getattr(embeddings, "weight", None)
+    if weight is None:
+        return
+    name = next((n for n, p in model.named_parameters() if p is weight), None)
+    rows = {shape[0] for key, shape in shapes.items() if model_key(key) == name and shape}
+    if len(rows) == 1 and (target := rows.pop()) != weight.shape[0]:
+        model.resize_token_embeddings(target)
+        outcome.facts["resized_embeddings"] = f"{weight.shape[0]} -> {target} rows, as the adapter saved them"
 
 
 def attach(base, folder: Path, device, outcome: Outcome, *, trainable: bool = False):
