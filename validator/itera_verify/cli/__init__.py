@@ -21,7 +21,7 @@ from ..report.words import clean, plain_lines
 from ..rules import Selection, all_rules, unknown_codes
 
 EXTENSION_FORMATS = {".json": "json", ".xml": "junit", ".html": "html", ".htm": "html", ".txt": "text",
-                     ".log": "github"}
+                     ".log": "github", ".jsonl": "jsonl", ".sarif": "sarif"}
 
 
 def _codes(value: str | None) -> tuple[str, ...]:
@@ -357,8 +357,16 @@ def _push_sealed(report: Report, dest, **options):
     return failure
 
 
+def _batch_options(function):
+    from .batch import BATCH_OPTIONS
+
+    for option in reversed(BATCH_OPTIONS):
+        function = option(function)
+    return function
+
+
 @main.command("audit")
-@click.argument("archive", type=click.Path())  # a file, or s3://bucket/key.tar.zst
+@click.argument("archive", type=click.Path())  # a file, s3://bucket/key.tar.zst, or a batch (cli/batch.py)
 @click.option("--reload", "do_reload", is_flag=True, help="Also reload every artifact.")
 @click.option("--endpoint-url", default=None,
               help="For s3://bucket/key.tar.zst: an S3-compatible store's endpoint (default: the AWS environment).")
@@ -369,7 +377,8 @@ def _push_sealed(report: Report, dest, **options):
 @click.option("--hf-cache", type=click.Path(path_type=Path))
 @click.option("--timeout", type=click.FloatRange(min=1, max=7 * 86400), default=None, callback=_finite_seconds,
               help="Seconds per reload (default: the configuration's timeout, else 600).")
-@click.option("--jobs", type=click.IntRange(min=1), default=1)
+@click.option("--jobs", type=click.IntRange(min=1), default=1,
+              help="Parallel CPU reloads; for a folder, prefix or list: archives audited at once.")
 @_isolation_option
 @_format_option
 @_report_option
@@ -388,13 +397,23 @@ def _push_sealed(report: Report, dest, **options):
               help="Require SEAL/model.sig, an OpenSSF model-signing signature, made by this EC key (PEM).")
 @_quiet
 @_verbose
+@_batch_options
 def audit_command(archive, do_reload, endpoint_url,
                   max_size, device, hf_cache, timeout, jobs, isolation, fmt, reports, strict,
-                  select, ignore, config_path, allowed_signers, signer, oms_public_key, quiet, verbose):
-    """Audit a sealed ARCHIVE without trusting it: members, checksums, then every check again."""
+                  select, ignore, config_path, allowed_signers, signer, oms_public_key, quiet, verbose,
+                  shard, engine, results):
+    """Audit a sealed ARCHIVE without trusting it: members, checksums, then every check again. ARCHIVE may be a
+    folder, an s3://BUCKET/PREFIX/ or @list.txt: every *.tar.zst there, each in its own process (exit 0 all
+    pass, 1 any fails, 2 the batch could not run)."""
     from ..flows.audit import audit
+    from .batch import is_batch_target, run_batch
 
     keep_freed_buffers()
+    if is_batch_target(archive):
+        return run_batch(archive, locals())
+    if shard or results or engine != "local":
+        _run(lambda: _raise(UsageError("--shard, --results and --engine ray audit a folder, an s3:// prefix "
+                                       "ending in / or @list.txt, not one archive")))
 
     def action() -> int:
         # The reviewer's configuration, never the sender's (not one in an extracted package, where the README
@@ -418,6 +437,10 @@ def audit_command(archive, do_reload, endpoint_url,
         return _exit_code(report)
 
     _run(action)
+
+
+def _raise(error: Exception):
+    raise error
 
 
 @main.command("push")
