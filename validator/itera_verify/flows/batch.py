@@ -52,7 +52,8 @@ def audit_batch(target: str, options: RunOptions | None = None, *, progress: Pro
                         skipped=listing.skipped, skipped_count=listing.skipped_count, engine=options.engine,
                         jobs=options.batch_jobs, results=options.results, strict=options.selection.strict)
     if listing.skipped_count:
-        progress.log(f"skipped {listing.skipped_count} entries that are not *.tar.zst archives: "
+        progress.log(f"skipped {listing.skipped_count} {'entry' if listing.skipped_count == 1 else 'entries'}, "
+                     "not *.tar.zst archives: "
                      + ", ".join(listing.skipped[:5]) + (", …" if listing.skipped_count > 5 else ""))
 
     def ended(row: AuditRow, slowest: tuple[str, float] | None) -> None:
@@ -67,6 +68,7 @@ def audit_batch(target: str, options: RunOptions | None = None, *, progress: Pro
             on_row(row, batch)
 
     if entries:
+        prepare()
         progress.start(PROGRESS_KEY, f"auditing {len(entries)} archives", total=len(entries), unit="archives")
         try:
             if options.engine == "ray":
@@ -81,8 +83,21 @@ def audit_batch(target: str, options: RunOptions | None = None, *, progress: Pro
             progress.finish(PROGRESS_KEY)
     if store is not None:
         batch.notes.append(f"--results {options.results}: {batch.reused} reused, {batch.audited} audited")
+        progress.log(batch.notes[-1])
     batch.elapsed_seconds = time.monotonic() - started
     return batch
+
+
+def prepare() -> None:
+    """What every audit needs, imported and built once here, before the children fork: each starts with it
+    (the workflow, the rule families, the compiled JSON Schemas) instead of paying for it again."""
+    from ..package.schemas import NAMES, validator
+    from ..rules import all_rules
+    from . import audit  # noqa: F401
+
+    all_rules()
+    for name in NAMES:
+        validator(name)
 
 
 def audit_entry(entry: Entry, options: RunOptions, store: ResultStore | None) -> bytes:

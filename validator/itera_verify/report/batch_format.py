@@ -11,7 +11,7 @@ from .html_format import CSP, CSS, badge, esc
 from .json_format import finite
 from .words import clean, plain_lines, plural, usd
 
-COLUMNS = ("campaign", "verdict", "signer", "runs accepted", "cost per accepted run", "codes", "seconds")
+COLUMNS = ("archive", "campaign", "verdict", "signer", "runs accepted", "cost per accepted run", "codes", "seconds")
 MAX_CODES = 6
 
 
@@ -27,7 +27,8 @@ def summary_row(row: AuditRow) -> dict[str, str]:
     accepted = budget.get("accepted")
     ratio = budget.get("cost_per_accepted_usd")
     return {
-        "campaign": clean(report.get("campaign_id") or row.key),
+        "archive": clean(row.key),
+        "campaign": clean(report.get("campaign_id") or "-"),
         "verdict": row.verdict.upper() + (" (reused)" if row.reused else ""),
         "signer": _signer(report),
         "runs accepted": str(accepted) if isinstance(accepted, int) and not isinstance(accepted, bool) else "-",
@@ -51,6 +52,10 @@ def _signer(report: dict) -> str:
     return "not signed" if not found.get("signed") else "no valid signer"
 
 
+def _entries(count: int) -> str:
+    return f"{count} entry" if count == 1 else f"{count} entries"
+
+
 def verdict_line(batch: BatchReport) -> str:
     """`FAIL: 12 archives: 10 pass, 2 fail (1 not audited); 3 reused, 9 audited; 4 entries skipped`"""
     counts = batch.counts()
@@ -60,7 +65,7 @@ def verdict_line(batch: BatchReport) -> str:
     if batch.results:
         said += f"; {counts['reused']} reused, {counts['audited']} audited"
     if counts["skipped"]:
-        said += f"; {plural(counts['skipped'], 'entry')} skipped (not *.tar.zst)"
+        said += f"; {_entries(counts['skipped'])} skipped (not *.tar.zst)"
     return f"{batch.verdict.upper()}: {said}"
 
 
@@ -74,7 +79,7 @@ def heading(batch: BatchReport) -> str:
 def render_text(batch: BatchReport, options: dict) -> str:
     lines = [heading(batch)]
     if batch.skipped_count:
-        lines.append(f"skipped {plural(batch.skipped_count, 'entry')} that are not *.tar.zst archives: "
+        lines.append(f"skipped {_entries(batch.skipped_count)}, not *.tar.zst archives: "
                      + ", ".join(clean(name) for name in batch.skipped[:10])
                      + (", …" if batch.skipped_count > 10 else ""))
     lines += [clean(note) for note in batch.notes]
@@ -105,12 +110,12 @@ def render_html(batch: BatchReport, options: dict) -> str:
             f"<td>{verdict}</td>" if column == "verdict" else
             f'<td class="num">{esc(cell[column])}</td>' if column in ("runs accepted", "cost per accepted run",
                                                                     "seconds") else
-            f"<td><code>{esc(cell[column])}</code></td>" if column == "campaign" else f"<td>{esc(cell[column])}</td>"
+            f"<td><code>{esc(cell[column])}</code></td>" if column in ("archive", "campaign") else f"<td>{esc(cell[column])}</td>"
             for column in COLUMNS) + "</tr>")
     head = "".join(f'<th class="num">{esc(c)}</th>' if c in ("runs accepted", "cost per accepted run", "seconds")
                    else f"<th>{esc(c)}</th>" for c in COLUMNS)
     failed = "".join(f"<li><code>{esc(row.key)}</code>: {esc(row.error)}</li>" for row in batch.rows if row.error)
-    skipped = (f'<p class="muted">Skipped {esc(plural(batch.skipped_count, "entry"))} that are not *.tar.zst '
+    skipped = (f'<p class="muted">Skipped {esc(_entries(batch.skipped_count))}, not *.tar.zst '
                f"archives: {esc(', '.join(batch.skipped[:10]))}</p>" if batch.skipped_count else "")
     notes = "".join(f'<p class="muted">{esc(note)}</p>' for note in batch.notes)
     kind = "pass" if batch.verdict == PASS else "fail"
