@@ -56,11 +56,12 @@ def run_batch(target: str, given: dict) -> None:
                          signer=given["signer"], oms_public_key=given["oms_public_key"], batch_jobs=given["jobs"],
                          shard=given["shard"], engine=given["engine"], results=given["results"])
         streaming = fmt == "jsonl" and not any(t[0] == "jsonl" for t in targets)
+        stdout = sys.stdout  # the report's stream, whatever a library redirects meanwhile
 
         def on_row(row, batch) -> None:
             if streaming:  # one line per archive as it ends, flushed: a pipe reads it at once
-                sys.stdout.write(batch_renderer("jsonl")(_One(row), {}))
-                sys.stdout.flush()
+                stdout.write(batch_renderer("jsonl")(_One(row), {}))
+                stdout.flush()
 
         with _make_progress(given["quiet"], given["verbose"]) as progress:
             batch = audit_batch(target, options, progress=progress, on_row=on_row)

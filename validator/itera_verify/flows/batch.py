@@ -69,23 +69,28 @@ def audit_batch(target: str, options: RunOptions | None = None, *, progress: Pro
 
     if entries:
         prepare()
-        progress.start(PROGRESS_KEY, f"auditing {len(entries)} archives", total=len(entries), unit="archives")
-        try:
-            if options.engine == "ray":
-                from .batch_ray import run_ray
+        if options.engine == "ray":
+            from .batch_ray import ray_cluster, run_ray
 
-                run_ray(entries, options, store, ended, progress)
-            else:
-                from .batch_local import run_local
+            with ray_cluster(options) as ray:
+                _with_progress(progress, entries, lambda: run_ray(ray, entries, options, store, ended, progress))
+        else:
+            from .batch_local import run_local
 
-                run_local(entries, options, store, ended, progress)
-        finally:
-            progress.finish(PROGRESS_KEY)
+            _with_progress(progress, entries, lambda: run_local(entries, options, store, ended, progress))
     if store is not None:
         batch.notes.append(f"--results {options.results}: {batch.reused} reused, {batch.audited} audited")
         progress.log(batch.notes[-1])
     batch.elapsed_seconds = time.monotonic() - started
     return batch
+
+
+def _with_progress(progress: Progress, entries: list[Entry], run: Callable[[], None]) -> None:
+    progress.start(PROGRESS_KEY, f"auditing {len(entries)} archives", total=len(entries), unit="archives")
+    try:
+        run()
+    finally:
+        progress.finish(PROGRESS_KEY)
 
 
 def prepare() -> None:

@@ -1,17 +1,25 @@
 """`--engine ray` (extra `itera-verify[ray]`): the same audits as Ray tasks.
 
 `RAY_ADDRESS` (read once, runtime/environment.py) names an existing cluster; without it a local Ray starts with
-the command, bound to 127.0.0.1, with no dashboard and no usage statistics, and stops with it. Each archive is one
-task in a worker process of its own (`max_calls=1`: a worker never audits a second archive), `num_gpus=1` under
---reload (unless --device cpu, or --device auto on a cluster without GPUs), retried when its worker is lost
-(`max_retries`). At most `batch_jobs` tasks are in flight; each is cancelled (its worker killed) past the same
-time limit as a local audit (batch_local.audit_seconds). Rows come back in the order the tasks end.
+the command and stops with it: node address 127.0.0.1, no dashboard, no usage statistics, its folder private and
+removed afterwards, and a token of its own (Ray's GCS listens on every interface, with no option to bind one).
+Each archive is one task in a worker process of its own (`max_calls=1`: a worker never audits a second
+archive), `num_gpus=1` under --reload (unless --device cpu, or --device auto on a cluster without GPUs), retried
+when its worker is lost (`max_retries`). At most `batch_jobs` tasks are in flight; each is cancelled (its worker
+killed) past the same time limit as a local audit (batch_local.audit_seconds). Rows come back in the order the
+tasks end.
 
 The archives must be readable where the tasks run: s3:// keys are, a local folder only on a shared filesystem.
 """
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import os
+import secrets
+import shutil
+import sys
+import tempfile
 import time
 
 from ..model import UsageError
@@ -29,8 +37,14 @@ POLL_SECONDS = 0.5
 MISSING = "--engine ray needs Ray: pip install 'itera-verify[ray]'"
 
 
-def require_ray():
-    """The ray module, or UsageError (exit 2) in one line naming the extra."""
+def require_ray() -> None:
+    """UsageError (exit 2) in one line naming the extra when Ray is not installed. Ray is not imported here: it
+    reads its settings as it is imported, and run_ray sets them first."""
+    if importlib.util.find_spec("ray") is None:
+        raise UsageError(MISSING)
+
+
+def _import_ray():
     try:
         import ray
     except ImportError:
@@ -38,24 +52,67 @@ def require_ray():
     return ray
 
 
-def run_ray(entries: list[Entry], options: RunOptions, store: ResultStore | None, ended, progress: Progress) -> None:
-    ray = require_ray()
+@contextlib.contextmanager
+def ray_cluster(options: RunOptions):
+    """Ray, joined to RAY_ADDRESS's cluster or to a local one started here, for the block; then left (a local one
+    stopped, its folder removed) and the environment as it was. UsageError (exit 2) in one line when Ray cannot
+    be imported or does not start."""
     address = options.environment.ray_address
     local = address is None
+    saved = {name: os.environ.get(name) for name in LOCAL_SETTINGS}
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # the tool never reports to anyone
-    try:
-        if local:
-            ray.init(address="local", num_cpus=max(options.batch_jobs, 1), include_dashboard=False,
-                     _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
-        else:
-            ray.init(address=address, log_to_driver=False, configure_logging=False)
-    except Exception as exc:  # noqa: BLE001 - one line: an unreachable cluster, a local start that failed
-        raise UsageError(f"--engine ray: Ray did not start{'' if local else f' at RAY_ADDRESS={address}'} "
-                         f"({str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__})") from None
-    try:
-        _run(ray, entries, options, store, ended, progress)
-    finally:
-        ray.shutdown()  # a local Ray stops; from an existing cluster this driver only leaves
+    if local and "RAY_AUTH_MODE" not in os.environ and "ray" not in sys.modules:
+        # Ray's GCS listens on every interface: a token of this run alone, held in the environment its processes
+        # inherit (never written to ~/.ray), is what another process needs to reach it. Set before Ray's import.
+        os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+    scratch = _scratch(options) if local else None
+    # Ray's driver prints what its workers and raylets say ("a worker died...") to standard output, which holds
+    # the report (`--format json`): everything Ray prints goes to standard error.
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            ray = _import_ray()
+            try:
+                if local:
+                    ray.init(address="local", num_cpus=max(options.batch_jobs, 1), include_dashboard=False,
+                             _node_ip_address="127.0.0.1", _temp_dir=scratch, log_to_driver=False,
+                             configure_logging=False)
+                else:
+                    ray.init(address=address, log_to_driver=False, configure_logging=False)
+            except Exception as exc:  # noqa: BLE001 - one line: an unreachable cluster, a local start that failed
+                where = "" if local else f" at RAY_ADDRESS={address}"
+                why = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+                raise UsageError(f"--engine ray: Ray did not start{where} ({why})") from None
+            try:
+                yield ray
+            finally:
+                ray.shutdown()  # a local Ray stops; from an existing cluster this driver only leaves
+        finally:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+def run_ray(ray, entries: list[Entry], options: RunOptions, store: ResultStore | None, ended,
+            progress: Progress) -> None:
+    """Audit `entries` as tasks of the cluster `ray_cluster` joined; `ended(row, slowest)` as each ends."""
+    _run(ray, entries, options, store, ended, progress)
+
+
+LOCAL_SETTINGS = ("RAY_USAGE_STATS_ENABLED", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
+
+
+SOCKET_ROOM = 40  # Ray's socket paths add about 70 bytes to its folder, and AF_UNIX allows 107
+
+
+def _scratch(options: RunOptions) -> str:
+    """A private folder for the local Ray's sessions, sockets and logs, removed when it stops: under the temporary
+    folder when its path leaves room for Ray's socket names, else under /tmp."""
+    base = options.environment.tmpdir or tempfile.gettempdir()
+    return tempfile.mkdtemp(prefix="itera-ray-", dir=base if len(base) <= SOCKET_ROOM else "/tmp")
 
 
 def _gpus(ray, options: RunOptions) -> int:
@@ -119,4 +176,4 @@ def _slowest(in_flight: dict) -> tuple[str, float] | None:
     return entry.key, time.monotonic() - started
 
 
-__all__ = ["require_ray", "run_ray"]
+__all__ = ["ray_cluster", "require_ray", "run_ray"]

@@ -13,6 +13,7 @@ from .words import clean, plain_lines, plural, usd
 
 COLUMNS = ("archive", "campaign", "verdict", "signer", "runs accepted", "cost per accepted run", "codes", "seconds")
 MAX_CODES = 6
+NUMERIC = ("runs accepted", "cost per accepted run", "seconds")
 
 
 def summary_row(row: AuditRow) -> dict[str, str]:
@@ -108,12 +109,10 @@ def render_html(batch: BatchReport, options: dict) -> str:
         verdict = badge(cell["verdict"], "ok" if row.verdict == PASS else "error")
         rows.append("<tr>" + "".join(
             f"<td>{verdict}</td>" if column == "verdict" else
-            f'<td class="num">{esc(cell[column])}</td>' if column in ("runs accepted", "cost per accepted run",
-                                                                    "seconds") else
-            f"<td><code>{esc(cell[column])}</code></td>" if column in ("archive", "campaign") else f"<td>{esc(cell[column])}</td>"
-            for column in COLUMNS) + "</tr>")
-    head = "".join(f'<th class="num">{esc(c)}</th>' if c in ("runs accepted", "cost per accepted run", "seconds")
-                   else f"<th>{esc(c)}</th>" for c in COLUMNS)
+            f'<td class="num">{esc(cell[column])}</td>' if column in NUMERIC else
+            f"<td><code>{esc(cell[column])}</code></td>" if column in ("archive", "campaign") else
+            f"<td>{esc(cell[column])}</td>" for column in COLUMNS) + "</tr>")
+    head = "".join(f'<th class="num">{esc(c)}</th>' if c in NUMERIC else f"<th>{esc(c)}</th>" for c in COLUMNS)
     failed = "".join(f"<li><code>{esc(row.key)}</code>: {esc(row.error)}</li>" for row in batch.rows if row.error)
     skipped = (f'<p class="muted">Skipped {esc(_entries(batch.skipped_count))}, not *.tar.zst '
                f"archives: {esc(', '.join(batch.skipped[:10]))}</p>" if batch.skipped_count else "")
