@@ -21,8 +21,11 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import replace
+from types import MappingProxyType
 
 from ..model import UsageError
+from ..runtime.environment import Environment
 from ..options import RunOptions
 from ..package.jsonread import read_json
 from ..report.batch import AuditRow
@@ -128,7 +131,11 @@ def _gpus(ray, options: RunOptions) -> int:
 
 def _run(ray, entries, options, store, ended, progress) -> None:
     task = ray.remote(num_cpus=1, num_gpus=_gpus(ray, options), max_calls=1, max_retries=MAX_RETRIES,
-                      retry_exceptions=False)(audit_entry)
+                      retry_exceptions=False)(audit_entry_on_worker)
+    # The driver's environment stays here (its credentials, its paths): a task gets the settings the tool reads.
+    environment = options.environment
+    options = replace(options, environment=Environment(MappingProxyType(environment.applied()),
+                                                       environment.torch_version))
     pending = list(reversed(entries))
     in_flight: dict = {}  # ref -> (entry, started, deadline)
     try:
@@ -152,6 +159,12 @@ def _run(ray, entries, options, store, ended, progress) -> None:
     finally:
         for ref in in_flight:
             ray.cancel(ref, force=True)
+
+
+def audit_entry_on_worker(entry: Entry, options: RunOptions, store: ResultStore | None) -> bytes:
+    """A Ray task: the audit reads the worker's own environment (its temporary folder, what its reload children
+    start with), as a local audit reads this machine's."""
+    return audit_entry(entry, replace(options, environment=Environment.read()), store)
 
 
 def _row(ray, ref, entry: Entry, started: float) -> AuditRow:

@@ -70,7 +70,7 @@ def line_of(text: str, pointer: str, cache: dict | None = None) -> int | None:
     return lines.get("")
 
 
-LOCATED_MAX_CHARS = 16 << 20  # a document larger than this keeps its findings' pointers without lines
+LOCATED_MAX_CHARS = 2 << 20  # a larger document (a long trainer_state.json) keeps pointers without lines
 
 
 def locate(documents, findings) -> None:
