@@ -19,6 +19,7 @@ from ..package import inside_package, shortened
 from ..report import FORMATS, Report, renderer
 from ..report.words import clean, plain_lines
 from ..rules import Selection, all_rules, unknown_codes
+from .batch import batch_options, is_batch_target, run_batch
 
 EXTENSION_FORMATS = {".json": "json", ".xml": "junit", ".html": "html", ".htm": "html", ".txt": "text",
                      ".log": "github", ".jsonl": "jsonl", ".sarif": "sarif"}
@@ -357,14 +358,6 @@ def _push_sealed(report: Report, dest, **options):
     return failure
 
 
-def _batch_options(function):
-    from .batch import BATCH_OPTIONS
-
-    for option in reversed(BATCH_OPTIONS):
-        function = option(function)
-    return function
-
-
 @main.command("audit")
 @click.argument("archive", type=click.Path())  # a file, s3://bucket/key.tar.zst, or a batch (cli/batch.py)
 @click.option("--reload", "do_reload", is_flag=True, help="Also reload every artifact.")
@@ -397,7 +390,7 @@ def _batch_options(function):
               help="Require SEAL/model.sig, an OpenSSF model-signing signature, made by this EC key (PEM).")
 @_quiet
 @_verbose
-@_batch_options
+@batch_options
 def audit_command(archive, do_reload, endpoint_url,
                   max_size, device, hf_cache, timeout, jobs, isolation, fmt, reports, strict,
                   select, ignore, config_path, allowed_signers, signer, oms_public_key, quiet, verbose,
@@ -406,14 +399,10 @@ def audit_command(archive, do_reload, endpoint_url,
     folder, an s3://BUCKET/PREFIX/ or @list.txt: every *.tar.zst there, each in its own process (exit 0 all
     pass, 1 any fails, 2 the batch could not run)."""
     from ..flows.audit import audit
-    from .batch import is_batch_target, run_batch
 
     keep_freed_buffers()
-    if is_batch_target(archive):
+    if is_batch_target(archive, shard=shard, results=results, engine=engine):
         return run_batch(archive, locals())
-    if shard or results or engine != "local":
-        _run(lambda: _raise(UsageError("--shard, --results and --engine ray audit a folder, an s3:// prefix "
-                                       "ending in / or @list.txt, not one archive")))
 
     def action() -> int:
         # The reviewer's configuration, never the sender's (not one in an extracted package, where the README
@@ -437,10 +426,6 @@ def audit_command(archive, do_reload, endpoint_url,
         return _exit_code(report)
 
     _run(action)
-
-
-def _raise(error: Exception):
-    raise error
 
 
 @main.command("push")

@@ -24,10 +24,22 @@ BATCH_OPTIONS = [
 ]
 
 
-def is_batch_target(archive: str) -> bool:
+def batch_options(function):
+    for option in reversed(BATCH_OPTIONS):
+        function = option(function)
+    return function
+
+
+def is_batch_target(archive: str, *, shard, results, engine) -> bool:
+    """Whether `audit ARCHIVE` is a batch; the batch's options given for one archive are a usage error."""
     from ..flows.batch_sources import is_batch_target as batch_target
 
-    return batch_target(archive)
+    if batch_target(archive):
+        return True
+    if shard or results or engine != "local":
+        raise click.UsageError("--shard, --results and --engine ray audit a folder, an s3:// prefix ending in / "
+                               "or @list.txt, not one archive")
+    return False
 
 
 def run_batch(target: str, given: dict) -> None:
@@ -92,4 +104,4 @@ def _verdict(batch) -> str:
     return verdict_line(batch)
 
 
-__all__ = ["BATCH_OPTIONS", "is_batch_target", "run_batch"]
+__all__ = ["BATCH_OPTIONS", "batch_options", "is_batch_target", "run_batch"]
