@@ -56,8 +56,11 @@ def test_a_folder_with_a_damaged_archive_and_foreign_files_is_one_failed_row_eac
 
 def test_a_folder_of_clean_archives_passes_with_the_summary_table(sealed, tmp_path):
     folder = delivery(tmp_path / "clean", sealed)
-    result = run_cli("audit", folder, "--jobs", "2", timeout=300)
+    page = tmp_path / "batch.html"
+    result = run_cli("audit", folder, "--jobs", "2", "--report", f"html={page}", timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
+    html = page.read_text()
+    assert "default-src 'none'" in html and html.count("<tr><td>") == 2 and "24.32 USD" in html
     header = next(line for line in result.stdout.splitlines() if line.startswith("archive"))
     for column in ("campaign", "verdict", "signer", "runs accepted", "cost per accepted run", "codes", "seconds"):
         assert column in header
