@@ -83,8 +83,10 @@ def locate(documents, findings) -> None:
                 or not finding.path.endswith(".json"):
             continue
         if finding.path not in lines_of:
-            try:
-                doc = documents.document(finding.path)
+            entry = documents.inventory.files.get(finding.path)
+            try:  # a large document is not read again for a line
+                doc = documents.document(finding.path) if entry is not None and entry.size <= LOCATED_MAX_CHARS \
+                    else None
             except Exception:  # noqa: BLE001 - a file that cannot be read again keeps its pointer
                 doc = None
             ok = doc is not None and doc.ok and 0 < len(doc.text) <= LOCATED_MAX_CHARS
