@@ -65,6 +65,7 @@ bench: install
 	$(PY) benchmarks/reload_bench.py
 	$(PY) benchmarks/seal_bench.py
 	$(PY) benchmarks/push_bench.py --package campaign
+	$(PY) benchmarks/batch_bench.py
 
 gpu-check: install
 	bash scripts/gpu-check.sh

@@ -19,6 +19,7 @@ from .runtime.environment import Environment
 
 DEVICES = ("auto", "cuda", "cpu")
 ISOLATIONS = ("auto", "fork", "spawn")
+ENGINES = ("local", "ray")  # what runs a batch of audits: forked processes here, or Ray tasks
 DEFAULT_DEVICE, DEFAULT_TIMEOUT, DEFAULT_LEVEL = "auto", 600.0, 3
 
 
@@ -57,6 +58,9 @@ class Selection:
 
     def blocks(self, finding: Finding) -> bool:
         return finding.severity == Severity.ERROR or (self.strict and finding.severity == Severity.WARNING)
+
+    def __reduce__(self):  # a read-only view does not pickle: a Ray task receives the levels as a dict
+        return (Selection, (self.select, self.ignore, dict(self.levels), self.strict))
 
 
 _SETTLED = object()  # held by settle() alone: RunOptions is built there, validated, and nowhere else
@@ -99,6 +103,11 @@ class RunOptions:
     allowed_signers: Path | None = None
     signer: str | None = None
     oms_public_key: Path | None = None
+    # a batch of audits (flows/batch.py): a folder, an s3:// prefix or a list of archives
+    batch_jobs: int = 1  # archives audited at once, each in its own process
+    shard: tuple[int, int] | None = None  # (I, N): audit only the I-th of N slices of the sorted keys (0 <= I < N)
+    engine: str = "local"  # local: forked processes; ray: Ray tasks
+    results: str | None = None  # a folder or s3:// prefix keeping each archive's report for a rerun
     # where these came from (the report's `configuration`)
     configuration: Mapping[str, Any] = field(default_factory=dict)
     _settled: object = field(default=None, repr=False, compare=False)
@@ -107,6 +116,17 @@ class RunOptions:
         if self._settled is not _SETTLED:
             raise TypeError("RunOptions are made by itera_verify.settle(config, **overrides), which validates them")
         object.__setattr__(self, "configuration", MappingProxyType(dict(self.configuration)))
+
+    def __reduce__(self):
+        """Settled options cross to another process (a Ray task) by value, as settled: the read-only views go
+        as dicts and come back as views."""
+        fields = {name: getattr(self, name) for name in option_names()}
+        fields["configuration"] = dict(self.configuration)
+        return (_rebuild, (fields,))
+
+
+def _rebuild(fields: dict[str, Any]) -> "RunOptions":
+    return RunOptions(**fields, _settled=_SETTLED)
 
 
 def option_names() -> tuple[str, ...]:
@@ -119,4 +139,4 @@ def make_options(**fields: Any) -> RunOptions:
     return RunOptions(**fields, _settled=_SETTLED)
 
 
-__all__ = ["DEVICES", "ISOLATIONS", "RunOptions", "Selection", "make_options", "option_names"]
+__all__ = ["DEVICES", "ENGINES", "ISOLATIONS", "RunOptions", "Selection", "make_options", "option_names"]

@@ -19,9 +19,10 @@ from ..package import inside_package, shortened
 from ..report import FORMATS, Report, renderer
 from ..report.words import clean, plain_lines
 from ..rules import Selection, all_rules, unknown_codes
+from .batch import batch_options, is_batch_target, run_batch
 
 EXTENSION_FORMATS = {".json": "json", ".xml": "junit", ".html": "html", ".htm": "html", ".txt": "text",
-                     ".log": "github"}
+                     ".log": "github", ".jsonl": "jsonl", ".sarif": "sarif"}
 
 
 def _codes(value: str | None) -> tuple[str, ...]:
@@ -361,7 +362,7 @@ def _push_sealed(report: Report, dest, **options):
 
 
 @main.command("audit")
-@click.argument("archive", type=click.Path())  # a file, or s3://bucket/key.tar.zst
+@click.argument("archive", type=click.Path())  # a file, s3://bucket/key.tar.zst, or a batch (cli/batch.py)
 @click.option("--reload", "do_reload", is_flag=True, help="Also reload every artifact.")
 @click.option("--endpoint-url", default=None,
               help="For s3://bucket/key.tar.zst: an S3-compatible store's endpoint (default: the AWS environment).")
@@ -372,7 +373,8 @@ def _push_sealed(report: Report, dest, **options):
 @click.option("--hf-cache", type=click.Path(path_type=Path))
 @click.option("--timeout", type=click.FloatRange(min=1, max=7 * 86400), default=None, callback=_finite_seconds,
               help="Seconds per reload (default: the configuration's timeout, else 600).")
-@click.option("--jobs", type=click.IntRange(min=1), default=1)
+@click.option("--jobs", type=click.IntRange(min=1), default=1,
+              help="Parallel CPU reloads; for a folder, prefix or list: archives audited at once.")
 @_isolation_option
 @_format_option
 @_report_option
@@ -391,13 +393,19 @@ def _push_sealed(report: Report, dest, **options):
               help="Require SEAL/model.sig, an OpenSSF model-signing signature, made by this EC key (PEM).")
 @_quiet
 @_verbose
+@batch_options
 def audit_command(archive, do_reload, endpoint_url,
                   max_size, device, hf_cache, timeout, jobs, isolation, fmt, reports, strict,
-                  select, ignore, config_path, allowed_signers, signer, oms_public_key, quiet, verbose):
-    """Audit a sealed ARCHIVE without trusting it: members, checksums, then every check again."""
+                  select, ignore, config_path, allowed_signers, signer, oms_public_key, quiet, verbose,
+                  shard, engine, results):
+    """Audit a sealed ARCHIVE without trusting it: members, checksums, then every check again. ARCHIVE may be a
+    folder, an s3://BUCKET/PREFIX/ or @list.txt: every *.tar.zst there, each in its own process (exit 0 all
+    pass, 1 any fails, 2 the batch could not run)."""
     from ..flows.audit import audit
 
     keep_freed_buffers()
+    if is_batch_target(archive, shard=shard, results=results, engine=engine):
+        return run_batch(archive, locals())
 
     def action() -> int:
         # The reviewer's configuration, never the sender's (not one in an extracted package, where the README

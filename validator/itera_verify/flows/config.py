@@ -20,8 +20,8 @@ from typing import Any
 
 from ..format.names import PACKAGE_MARKS
 from ..model import Severity, UsageError
-from ..options import DEFAULT_DEVICE, DEFAULT_TIMEOUT, DEVICES, ISOLATIONS, RunOptions, Selection, make_options, \
-    option_names
+from ..options import DEFAULT_DEVICE, DEFAULT_TIMEOUT, DEVICES, ENGINES, ISOLATIONS, RunOptions, Selection, \
+    make_options, option_names
 from ..runtime.environment import Environment
 from ..runtime.hfcache import resolve_hf_cache
 
@@ -259,7 +259,7 @@ def _validate(fields: dict[str, Any]) -> None:
         raise UsageError(f"timeout {timeout!r}: a positive number of seconds")
     fields["timeout"] = float(timeout)
     for name, low, high in (("jobs", 1, None), ("level", 1, 19), ("threads", 0, None), ("max_size", 1, None),
-                            ("scan_budget", 0, None)):
+                            ("scan_budget", 0, None), ("batch_jobs", 1, 1024)):
         value = fields.get(name)
         if value is None:
             continue
@@ -268,5 +268,33 @@ def _validate(fields: dict[str, Any]) -> None:
             raise UsageError(f"{name} {value!r}: a whole number {span}")
     if not isinstance(fields.get("part", False), bool):
         raise UsageError(f"part {fields['part']!r}: True (one lot's part of a campaign) or False")
+    if fields.get("engine", "local") not in ENGINES:
+        raise UsageError(f"engine {fields['engine']!r}: choose one of {', '.join(ENGINES)}")
+    if fields.get("shard") is not None:
+        fields["shard"] = _shard(fields["shard"])
+    if fields.get("results") is not None:
+        fields["results"] = _results(fields["results"])
     if fields.get("sign") and fields.get("seal") is False:
         raise UsageError("--sign signs the seal: it cannot be used with --no-seal")
+
+
+def _shard(value: Any) -> tuple[int, int]:
+    """--shard I/N (or the pair): the I-th of N slices, counted from 0 as a Slurm array, a Kubernetes Indexed
+    Job and a GitHub Actions matrix count."""
+    text = value if isinstance(value, str) else "/".join(map(str, value)) if isinstance(value, (tuple, list)) \
+        else repr(value)
+    index, sep, count = text.strip().partition("/")
+    if not sep or not index.isdigit() or not count.isdigit() or not 0 <= int(index) < int(count):
+        raise UsageError(f"--shard {text}: I/N with 0 <= I < N, e.g. --shard 0/4 "
+                         "(Slurm: --array=0-3 and --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)")
+    return int(index), int(count)
+
+
+def _results(value: Any) -> str:
+    """--results DIR/ or s3://bucket/prefix/: where each archive's report is kept for a rerun."""
+    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else ""
+    if not text or "\n" in text:
+        raise UsageError(f"--results {value!r}: a folder or an s3://bucket/prefix/")
+    if text.startswith("s3://"):
+        return text if text.endswith("/") else text + "/"
+    return text

@@ -9,6 +9,7 @@ from pathlib import Path
 from ..model import Finding, Severity, UsageError
 from ..options import RunOptions
 from ..package import RunContext, discover
+from ..package.jsonpos import locate
 from ..report import Report, renderer, summary
 from ..rules import all_rules, severity_of
 from ..runtime.progress import NULL_PROGRESS, Progress
@@ -69,6 +70,7 @@ def build_report(ctx: RunContext, findings: list[Finding], *, mode: str, device:
     derives them (package/facts.py; the report words them, it does not compute them again)."""
     selection = ctx.options.selection
     reloaded = ctx.reloads is not None
+    locate(ctx.documents, findings)  # a pointer's line, for every format that points at lines (SARIF)
     report = Report(package=str(ctx.inventory.root), mode=mode, findings=findings, reloads=list(ctx.reloads or ()),
                     reloaded=reloaded, strict=selection.strict, device=device)
     campaign_id = ctx.documents.manifest.get("campaign_id")

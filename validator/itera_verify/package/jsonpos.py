@@ -68,3 +68,29 @@ def line_of(text: str, pointer: str, cache: dict | None = None) -> int | None:
             return lines[pointer]
         pointer = pointer.rsplit("/", 1)[0]  # a missing key: point at the object that lacks it
     return lines.get("")
+
+
+LOCATED_MAX_CHARS = 2 << 20  # a larger document (a long trainer_state.json) keeps pointers without lines
+
+
+def locate(documents, findings) -> None:
+    """Give each finding that has a JSON pointer but no line the line its pointer names (the nearest existing
+    parent's, for a missing key), read from the document the rules parsed: SARIF, the GitHub annotations and the
+    text point at a line. A document that does not parse, or is too large, leaves them as they are."""
+    lines_of: dict[str, dict | None] = {}
+    for finding in findings:
+        if finding.pointer is None or finding.line is not None or not finding.path \
+                or not finding.path.endswith(".json"):
+            continue
+        if finding.path not in lines_of:
+            entry = documents.inventory.files.get(finding.path)
+            try:  # a large document is not read again for a line
+                doc = documents.document(finding.path) if entry is not None and entry.size <= LOCATED_MAX_CHARS \
+                    else None
+            except Exception:  # noqa: BLE001 - a file that cannot be read again keeps its pointer
+                doc = None
+            ok = doc is not None and doc.ok and 0 < len(doc.text) <= LOCATED_MAX_CHARS
+            lines_of[finding.path] = pointer_lines(doc.text) if ok else None
+        lines = lines_of[finding.path]
+        if lines:
+            finding.line = line_of("", finding.pointer, lines)

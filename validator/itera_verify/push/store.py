@@ -65,6 +65,8 @@ def folder_destination(dest: str | os.PathLike) -> Path:
 
 
 _CLIENTS: dict = {}  # one client per endpoint, pool size and AWS environment, for the life of the process
+# A forked child (an audit of a batch) makes its own: a pool's sockets shared with the parent would mix answers.
+os.register_at_fork(after_in_child=_CLIENTS.clear)
 
 
 def client(endpoint_url: str | None, connections: int, limits: StoreLimits = LIMITS):

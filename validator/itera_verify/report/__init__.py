@@ -63,7 +63,10 @@ class Report:
 
 
 Renderer = Callable[[Report, dict], str]
-FORMATS = ("text", "json", "junit", "github", "html")
+FORMATS = ("text", "json", "jsonl", "junit", "github", "html", "sarif")
+# A batch of audits (report/batch.py BatchReport): its formats, each `render_batch(batch, options)` of
+# `report/batch_format.py`, or of the format's own module where it has one (sarif).
+BATCH_FORMATS = ("text", "json", "jsonl", "html", "sarif")
 
 
 def renderer(name: str) -> Renderer:
@@ -72,3 +75,15 @@ def renderer(name: str) -> Renderer:
         raise KeyError(name)
     module = importlib.import_module(f"{__name__}.{name}_format")
     return module.render
+
+
+def batch_renderer(name: str) -> Callable[[Any, dict], str]:
+    """The renderer of a format for a batch of audits."""
+    if name not in BATCH_FORMATS:
+        raise KeyError(name)
+    module = importlib.import_module(f"{__name__}.{name}_format")
+    if hasattr(module, "render_batch"):
+        return module.render_batch
+    from .batch_format import RENDERERS
+
+    return RENDERERS[name]

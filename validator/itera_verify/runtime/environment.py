@@ -20,9 +20,10 @@ TEMP_FOLDERS = ("TMPDIR", "TEMP", "TMP")  # a temporary folder the user chose (t
 GITHUB_ACTIONS, GITHUB_WORKSPACE = "GITHUB_ACTIONS", "GITHUB_WORKSPACE"  # the default format; annotation paths
 NO_COLOR = "NO_COLOR"
 AWS_ENDPOINTS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")  # an S3-compatible store (push/store.py)
+RAY_ADDRESS = "RAY_ADDRESS"  # audit --engine ray: an existing Ray cluster (flows/batch_ray.py)
 
 SETTINGS = (RELOAD_HOST_MEMORY, RELOAD_GPU_MEMORY, CUDA_VISIBLE_DEVICES, HF_HUB_CACHE, HF_HOME, *TEMP_FOLDERS,
-            GITHUB_ACTIONS, GITHUB_WORKSPACE, NO_COLOR, *AWS_ENDPOINTS)
+            GITHUB_ACTIONS, GITHUB_WORKSPACE, NO_COLOR, *AWS_ENDPOINTS, RAY_ADDRESS)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ class Environment:
 
     def get(self, name: str) -> str | None:
         return self.variables.get(name)
+
+    def __reduce__(self):  # to a Ray task by value: the read-only view goes as a dict
+        return (_rebuild, (dict(self.variables), self.torch_version))
 
     def applied(self) -> dict[str, str]:
         """The settings the tool reads that are set (the report's `configuration.environment`)."""
@@ -103,3 +107,11 @@ class Environment:
     @property
     def s3_endpoint_set(self) -> bool:
         return any(self.get(name) for name in AWS_ENDPOINTS)
+
+    @property
+    def ray_address(self) -> str | None:
+        return self.get(RAY_ADDRESS) or None
+
+
+def _rebuild(variables: dict[str, str], torch_version: str | None) -> Environment:
+    return Environment(MappingProxyType(variables), torch_version)

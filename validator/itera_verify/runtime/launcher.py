@@ -136,18 +136,29 @@ class ChildLost(Exception):
     """The child ended without handing back a result (killed, out of memory)."""
 
 
+class ChildFailed(Exception):
+    """A raw child's function raised: the exception's type and message, as text."""
+
+
+RAW_OK, RAW_ERROR, RAW_ERROR_MAX = b"\x00", b"\x01", 4096
+
+
 class Forked:
     """Starts `function()` in a forked child at once; result() waits for it and returns its value, or raises
     what it raised (ChildLost when it died silently). cancel() kills it; both are safe to call more than once.
     Refused (ForkAfterThreads) while the tool's own threads run.
+
+    `raw`: `function` returns bytes, sent back as they are, and an exception as its text (ChildFailed): no
+    pickle crosses back from a child that read hostile input (an archive of a batch, flows/batch_local.py).
 
     Why a fork: the checks are pure Python; a thread would wait for the interpreter lock, a second process does
     not. A forked child starts in milliseconds with the parent's parsed state (no re-import, nothing to pickle
     on the way in); only the result crosses a pipe. Where fork is missing (Windows), `can_fork()` is false and
     callers run the work in-process."""
 
-    def __init__(self, function: Callable[[], Any]):
+    def __init__(self, function: Callable[[], Any], *, raw: bool = False):
         refuse_fork_after_threads()
+        self.raw = raw
         read_fd, write_fd = os.pipe()
         # Ctrl-C and SIGTERM wait until both sides are past the fork: one landing in the child while the
         # interpreter runs its after-fork hooks (random reseeds itself there) printed a traceback as "Exception
@@ -166,7 +177,7 @@ class Forked:
                 raise
         if pid == 0:  # pragma: no cover - runs in the child, measured by the tests through its result
             os.close(read_fd)
-            _child(function, write_fd, held)  # it lets the signals through inside its own try
+            _child(function, write_fd, held, raw)  # it lets the signals through inside its own try
         _restore(held)
         os.close(write_fd)
         self.pid: int | None = pid
@@ -181,12 +192,29 @@ class Forked:
             raise
         self._pipe.close()
         status = self._reap()
+        return self.outcome(data, status)
+
+    def outcome(self, data: bytes, status: int | None) -> Any:
+        """What the child handed back in `data` (all it wrote), once it ended with `status`."""
         if not data:
             raise ChildLost(f"the child process ended without a result (status {status})")
+        if self.raw:  # no pickle from a child that read hostile input: its bytes, or its error in words
+            if data[:1] == RAW_OK:
+                return data[1:]
+            raise ChildFailed(data[1:RAW_ERROR_MAX].decode("utf-8", "replace"))
         outcome, value = pickle.loads(data)
         if outcome == "raised":
             raise value
         return value
+
+    def fileno(self) -> int:
+        """The pipe the result arrives on, for a parent that waits on many children (select)."""
+        return self._pipe.fileno()
+
+    def ended(self) -> int | None:
+        """After its pipe reached its end: reap the child; its wait status (None when reaped already)."""
+        self._pipe.close()
+        return self._reap()
 
     def cancel(self) -> None:
         if self.pid is not None:
@@ -210,13 +238,19 @@ def _restore(held) -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
-def _child(function: Callable[[], Any], write_fd: int, held=None) -> None:  # pragma: no cover - child process
+def _child(function: Callable[[], Any], write_fd: int, held=None, raw: bool = False) -> None:  # pragma: no cover
     try:
         try:
             _restore(held)  # a Ctrl-C held back since the fork is raised here, and handed to the parent
             outcome = ("ok", function())
         except BaseException as exc:  # noqa: BLE001 - handed to the parent, which raises it there
             outcome = ("raised", exc)
+        if raw:
+            data = (RAW_OK + bytes(outcome[1]) if outcome[0] == "ok" else
+                    RAW_ERROR + f"{type(outcome[1]).__name__}: {outcome[1]}".encode("utf-8", "replace"))
+            with os.fdopen(write_fd, "wb") as pipe:
+                pipe.write(data)
+            return
         try:
             data = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # noqa: BLE001 - what does not pickle still reaches the parent, as text
