@@ -162,6 +162,11 @@ def main() -> None:
 _isolation_option = click.option("--isolation", type=click.Choice(["auto", "fork", "spawn"]), default="auto",
                                  help="Reload children forked from one preloaded process (auto, fork) or each a "
                                       "new interpreter (spawn).")
+# How each reload child confines itself (Landlock, reload/confine.py): as far as the kernel can, or exit 2 without it.
+_confine_option = click.option("--confine", type=click.Choice(["auto", "required"]), default="auto",
+                               help="Reload children confined by Linux Landlock (read-only package, hub cache and "
+                                    "libraries, writes only in their scratch folder, no TCP): auto confines as far "
+                                    "as the kernel allows and reports it; required exits 2 where it cannot.")
 _format_option = click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
                               help="Output format on stdout (default text; github under GitHub Actions).")
 _report_option = click.option("--report", "reports", multiple=True, metavar="[FORMAT=]PATH",
@@ -272,6 +277,7 @@ def _rfc3339(ctx, param, value):
               help="Seconds per reload (default 600).")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, help="Parallel CPU reloads.")
 @_isolation_option
+@_confine_option
 @click.option("--level", type=click.IntRange(1, 19), default=3, help="zstd level (default 3).")
 @click.option("--threads", type=click.IntRange(min=0), default=0, help="zstd threads (0 = all cores).")
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
@@ -289,7 +295,7 @@ def _rfc3339(ctx, param, value):
                    "days; the seal (and push) are estimated against it.")
 @_verbose
 def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, reports, strict, select, ignore,
-                   hf_cache, timeout, jobs, isolation, level, threads, config_path, sign,
+                   hf_cache, timeout, jobs, isolation, confine, level, threads, config_path, sign,
                    push_dest, endpoint_url, read_back, part_size, deadline, quiet, verbose):
     """Check OUTDIR, reload every artifact and seal it (exit 0 pass, 1 findings, 2 could not run); with --push,
     then push the archive (exit 1 when the copy is not verified, 2 when the push could not run)."""
@@ -317,7 +323,7 @@ def verify_command(outdir, device, no_reload, no_seal, output, overwrite, fmt, r
                             output=output, overwrite=overwrite, selection=selection, hf_cache=hf_cache,
                             timeout=timeout, jobs=jobs, level=level, threads=threads, progress=progress,
                             isolation=isolation, sign=sign or None, push=follower, deadline=deadline,
-                            pushing=bool(push_dest))
+                            pushing=bool(push_dest), confine=confine)
             push_options = dict(endpoint_url=endpoint_url, read_back=read_back, part_size=part_size,
                                 quiet=quiet or fmt_chosen != "text", verbose=verbose)
             streamed = follower is not None and follower.state == "sealed"
@@ -370,6 +376,7 @@ def _push_sealed(report: Report, dest, **options):
               help="Seconds per reload (default: the configuration's timeout, else 600).")
 @click.option("--jobs", type=click.IntRange(min=1), default=1)
 @_isolation_option
+@_confine_option
 @_format_option
 @_report_option
 @click.option("--strict", is_flag=True)
@@ -388,7 +395,7 @@ def _push_sealed(report: Report, dest, **options):
 @_quiet
 @_verbose
 def audit_command(archive, do_reload, endpoint_url,
-                  max_size, device, hf_cache, timeout, jobs, isolation, fmt, reports, strict,
+                  max_size, device, hf_cache, timeout, jobs, isolation, confine, fmt, reports, strict,
                   select, ignore, config_path, allowed_signers, signer, oms_public_key, quiet, verbose):
     """Audit a sealed ARCHIVE without trusting it: members, checksums, then every check again."""
     from ..flows.audit import audit
@@ -413,7 +420,7 @@ def audit_command(archive, do_reload, endpoint_url,
                            hf_cache=hf_cache, timeout=timeout, jobs=jobs,
                            selection=_selection(config, select, ignore, strict), progress=progress,
                            isolation=isolation, allowed_signers=allowed_signers, signer=signer,
-                           oms_public_key=oms_public_key)
+                           oms_public_key=oms_public_key, confine=confine)
         _emit(report, fmt_chosen, targets, quiet, verbose, environment)
         return _exit_code(report)
 

@@ -57,7 +57,7 @@ def audit(archive, *, config: Config | None = None, reload: bool = False, max_si
           selection: Selection | None = None, progress: Progress = NULL_PROGRESS, isolation: str = "auto",
           tmp_patterns: tuple[str, ...] | None = None, tariffs: dict | None = None,
           allowed_signers=None, signer: str | None = None, endpoint_url: str | None = None,
-          oms_public_key=None) -> Report:
+          oms_public_key=None, confine: str = "auto") -> Report:
     """Audit a sealed archive. Raises UsageError (exit 2) when it cannot be read at all.
 
     The options are the reviewer's configuration (flows/config.py `settle`, as for verify: `config` None is the
@@ -68,7 +68,7 @@ def audit(archive, *, config: Config | None = None, reload: bool = False, max_si
     (flows/signatures.py, IV801-IV803); without it a signature present is still checked and its signer shown.
     `oms_public_key` (PEM) requires SEAL/model.sig, an OpenSSF model-signing signature, and verifies it.
     `archive` may be `s3://bucket/key.tar.zst` (push/remote.py): streamed from the store, never copied here; its
-    signatures are checked as a file's, the `.sig` read from beside the object."""
+    signatures are checked as a file's, the `.sig` read from beside the object. `confine`: as verify's."""
     reviewer = read_reviewer(allowed_signers, signer, oms_public_key)
     options = settle(config, reviewer=True, selection=selection, device=device, timeout=timeout,
                      tmp_patterns=tmp_patterns, tariffs=tariffs)
@@ -78,9 +78,10 @@ def audit(archive, *, config: Config | None = None, reload: bool = False, max_si
     path = Path(archive) if remote is None else Path(remote.name)
     resolved_device = None
     if reload:
-        from ..reload import resolve_device
+        from ..reload import check_confinement, resolve_device
 
         resolved_device = resolve_device(device)
+        check_confinement(confine)  # before the archive is even opened
     fd = open_archive(path) if remote is None else None
     try:
         size = os.fstat(fd).st_size if remote is None else remote.size
@@ -96,7 +97,7 @@ def audit(archive, *, config: Config | None = None, reload: bool = False, max_si
                                               device=resolved_device, hf_cache=hf_cache, timeout=timeout,
                                               jobs=jobs, progress=progress, isolation=isolation,
                                               tmp_patterns=tmp_patterns, tariffs=tariffs, scan_budget=limit,
-                                              environment=options.environment)
+                                              environment=options.environment, confine=confine)
                 detached = _detached_checksum(path, extraction, remote)
                 facts = AuditFacts(path.name, limit, extraction, seal_scans=_scan_seal_files(extraction),
                                    detached=None if detached is NOT_COMPARED else detached, unwalkable=unwalkable)
@@ -277,7 +278,7 @@ def _recheck(path: Path, size: int, workdir: str, extraction: Extraction, select
              device: str | None, hf_cache, timeout: float, jobs: int,
              progress: Progress, isolation: str = "auto", tmp_patterns: tuple[str, ...] = (),
              tariffs: dict | None = None, scan_budget: int | None = None,
-             environment: Environment | None = None) -> tuple[Report, str | None]:
+             environment: Environment | None = None, confine: str = "auto") -> tuple[Report, str | None]:
     """Every check again on the extracted package; skipped when the stream itself failed. Returns the report
     and, when the extracted package cannot even be walked, why."""
     facts = {"archive": str(path), "archive_bytes": size,
@@ -305,7 +306,7 @@ def _recheck(path: Path, size: int, workdir: str, extraction: Extraction, select
     ctx.settings[SCAN_BUDGET_SETTING] = scan_budget  # the pickle scan's work is bounded by --max-size
     findings, reloads = check_package(ctx, selection, reload=reload, device=device or "cpu", timeout=timeout,
                                       jobs=jobs, progress=progress, processes=check_processes(ctx),
-                                      isolation=isolation, environment=environment)
+                                      isolation=isolation, environment=environment, confine=confine)
     report = build_report(ctx, findings, reloads, selection, mode="audit", reloaded=reload, device=device)
     report.package = str(path)  # the archive, never the temporary folder
     report.audit = {**facts, "rechecked": True}

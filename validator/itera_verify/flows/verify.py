@@ -41,7 +41,7 @@ def check_processes(ctx: RunContext) -> int:
 def check_package(ctx: RunContext, selection: Selection, *, reload: bool, device: str, timeout: float,
                   jobs: int, progress: Progress, processes: int = 1,
                   started: StartedChecks | None = None, isolation: str = "auto",
-                  prestarted=None, environment=None) -> tuple[list[Finding], list]:
+                  prestarted=None, environment=None, confine: str = "auto") -> tuple[list[Finding], list]:
     """Static checks (in `processes` processes, or those `started` already), then (optionally) the reloads and
     the rules over their facts."""
     findings = started.result() if started is not None else run_checks(ctx, selection, "static",
@@ -51,7 +51,8 @@ def check_package(ctx: RunContext, selection: Selection, *, reload: bool, device
         from ..reload import run_reloads
 
         reloads = run_reloads(ctx, device=device, timeout=timeout, jobs=jobs, progress=progress,
-                              isolation=isolation, prestarted=prestarted, environment=environment)
+                              isolation=isolation, prestarted=prestarted, environment=environment,
+                              confine=confine)
         ctx.reloads = reloads
         findings += run_checks(ctx, selection, "reload")
     return findings, reloads
@@ -79,14 +80,16 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
            hf_cache=None, timeout: float | None = None, jobs: int = 1, level: int = 3, threads: int = 0,
            tmp_patterns: tuple[str, ...] | None = None, tariffs: dict | None = None,
            progress: Progress = NULL_PROGRESS, isolation: str = "auto", sign: str | None = None,
-           push=None, deadline: str | None = None, pushing: bool = False) -> Report:
+           push=None, deadline: str | None = None, pushing: bool = False, confine: str = "auto") -> Report:
     """Check a package, reload its artifacts and seal it when nothing blocks. Raises UsageError (exit 2).
     `config` None applies the configuration file the command line would (flows/config.py), `Config()` none;
     the other arguments, when given, override it. The report names the file applied. `sign`: `ssh:KEY.pub` or
     `ssh:KEY` (seal/sign.py), opened before any work. `push`: a push/follow.SealFollower that uploads the archive
     while the seal writes it (the caller completes it with push.result() when it was attached, pushes otherwise).
     `deadline` (RFC 3339, --deadline): when the rental ends, over the lots' started_at + days; before the seal the
-    report estimates it (and the push, `pushing`) and warns at once when they may not finish in time."""
+    report estimates it (and the push, `pushing`) and warns at once when they may not finish in time.
+    `confine` ("auto", "required"): how the reload children confine themselves (reload/confine.py); "required" on
+    a machine without Landlock is a UsageError before any work."""
     if sign is not None and not seal:
         raise UsageError("--sign signs the seal: it cannot be used with --no-seal")
     started = time.monotonic()
@@ -96,9 +99,10 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
     tmp_patterns, tariffs = options.tmp_patterns, options.tariffs
     resolved_device = None
     if reload:
-        from ..reload import resolve_device
+        from ..reload import check_confinement, resolve_device
 
         resolved_device = resolve_device(device)  # --device cuda without a GPU fails before any work
+        check_confinement(confine)  # so does --confine required on a machine without Landlock
     ctx = RunContext(discover(path), environment=options.environment)
     if deadline is not None:
         ctx.settings["deadline"] = deadline
@@ -151,7 +155,8 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
                                               timeout=timeout, jobs=jobs, progress=progress,
                                               processes=1 if static_checks is not None else check_processes(ctx),
                                               started=static_checks, isolation=isolation,
-                                              prestarted=prestarted, environment=options.environment)
+                                              prestarted=prestarted, environment=options.environment,
+                                              confine=confine)
             report = build_report(ctx, findings, reloads, selection, mode="verify", reloaded=reload,
                                   device=resolved_device)
             report.configuration = options.configuration
