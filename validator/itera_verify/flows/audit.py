@@ -80,8 +80,8 @@ def audit(archive, *, config: Config | None = None, reload: bool = False, max_si
     if reload:
         from ..reload import check_confinement, resolve_device
 
-        resolved_device = resolve_device(device)
         check_confinement(confine)  # before the archive is even opened
+        resolved_device = resolve_device(device)
     fd = open_archive(path) if remote is None else None
     try:
         size = os.fstat(fd).st_size if remote is None else remote.size

@@ -101,8 +101,8 @@ def verify(path, *, config: Config | None = None, device: str | None = None, rel
     if reload:
         from ..reload import check_confinement, resolve_device
 
-        resolved_device = resolve_device(device)  # --device cuda without a GPU fails before any work
-        check_confinement(confine)  # so does --confine required on a machine without Landlock
+        check_confinement(confine)  # --confine required on a machine without Landlock fails before any work
+        resolved_device = resolve_device(device)  # so does --device cuda without a GPU
     ctx = RunContext(discover(path), environment=options.environment)
     if deadline is not None:
         ctx.settings["deadline"] = deadline

@@ -77,7 +77,8 @@ def scratch_variables(scratch: str | os.PathLike, hf_cache: str | None = None) -
 
 def python_folders() -> list[str]:
     """Where this interpreter imports from: its prefixes, its executable's folder, sys.path, LD_LIBRARY_PATH and
-    the folders of every file already mapped (the libraries dlopen its neighbours lazily)."""
+    the folders of the shared libraries already mapped (a library dlopens its neighbours lazily; a data file
+    mapped by whoever forked this process is not a library)."""
     found = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
              os.path.dirname(os.path.realpath(sys.executable))]
     found += [entry for entry in sys.path if entry and os.path.isabs(entry)]
@@ -87,8 +88,7 @@ def python_folders() -> list[str]:
             for line in maps:
                 fields = line.split(maxsplit=5)
                 path = fields[5].strip() if len(fields) == 6 else ""
-                if path.startswith("/") and not path.startswith(("/dev/", "/proc/", "/memfd:")) and \
-                        not path.endswith("(deleted)"):
+                if path.startswith("/") and ".so" in os.path.basename(path) and not path.endswith("(deleted)"):
                     found.append(os.path.dirname(path))
     except OSError:
         pass
