@@ -124,6 +124,23 @@ def test_a_child_that_connects_to_or_binds_a_tcp_port_is_refused(tmp_path, packa
     assert outcome == {"connect": "EACCES", "bind": "EACCES"}
 
 
+def test_a_thread_started_before_the_confinement_fails_the_child_under_confine_required(tmp_path, package):
+    """Landlock reaches the calling thread and what it starts later: one already running stays free, so the
+    child says so, and under `required` stops before loading anything."""
+    import threading
+
+    scratch = tempfile.mkdtemp(prefix="itera-reload-", dir=tmp_path)
+
+    def child():
+        threading.Thread(target=threading.Event().wait, args=(30,), daemon=True).start()
+        confine_child({"package_root": str(package), "device": "cpu", "confine": "required"}, scratch)
+        return "loaded"
+
+    with pytest.raises(SystemExit, match="--confine required: this reload could not be confined"):
+        Forked(child).result()
+    assert recorded(scratch) == f"landlock ABI {ABI}: fs, net (1 earlier thread(s) unconfined)"
+
+
 @pytest.mark.parametrize("abi", [1, 3])
 def test_a_kernel_with_an_older_landlock_confines_files_and_the_report_says_tcp_is_open(tmp_path, package,
                                                                                        listener, abi):

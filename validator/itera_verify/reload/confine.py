@@ -10,8 +10,9 @@ live there), where the libraries' caches are pointed (SCRATCH_CACHES). No TCP bi
 no signal to a process outside and no abstract unix socket outside (ABI 6+).
 
 So a file of the package that makes a library write (an `offload_folder`), read (`~/.ssh`) or connect somewhere
-meets the kernel's refusal (EACCES), whatever the loader let through. Not covered by Landlock up to ABI 7: UDP,
-a unix socket with a path: the child's cut_network (reload/child.py) and HF_HUB_OFFLINE remain the layers there.
+meets the kernel's refusal (EACCES), whatever the loader let through. Not covered by Landlock up to ABI 7: UDP and
+unix sockets with a path; there HF_HUB_OFFLINE and the child's cut_network (reload/child.py: Python's internet
+connections and name lookups refused) remain the only layers.
 
 Modes (`--confine`): "auto" confines as far as the kernel can and records what held (`none` where it has no
 Landlock); "required" makes a machine without Landlock's filesystem and network rules a usage error (exit 2,

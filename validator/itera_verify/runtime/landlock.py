@@ -135,9 +135,9 @@ def confine(read_only: Iterable[tuple[str, int]], read_write: Iterable[str], *, 
     has no Landlock, with why."""
     abi, why = abi_version()
     if abi_cap is not None and abi > abi_cap:
-        abi, why = abi_cap, why or f"limited to ABI {abi_cap}"
+        abi, why = abi_cap, f"limited to ABI {abi_cap}"
     if abi < 1:
-        return Confinement(why_not=why or "Landlock ABI 0")
+        return Confinement(why_not=why)
     libc, (create, add, restrict) = _libc(), SYSCALLS[platform.machine()]
     fs = handled_fs(abi)
     net = (BIND_TCP | CONNECT_TCP) if deny_tcp and abi >= NET_ABI else 0
