@@ -8,8 +8,9 @@ folders, a few files of /etc (the loader's cache, certificates, time zone, users
 CUDA's and NCCL's shared memory). Read-write: the child's private scratch folder alone (its job, log and result
 live there), where the libraries' caches are pointed (SCRATCH_CACHES). Measured with strace over every loader's
 tests, the refusals a clean reload meets: tqdm's POSIX semaphore in /dev/shm (it falls back to a thread lock),
-urllib3's IPv6 probe binding ::1 (it then assumes no IPv6), a look at /proc/1/cgroup and /.dockerenv. No TCP bind or connect (Landlock ABI 4+),
-no signal to a process outside and no abstract unix socket outside (ABI 6+).
+urllib3's IPv6 probe binding ::1 (it then assumes no IPv6), a look at /proc/1/cgroup and /.dockerenv.
+No TCP bind or connect (Landlock ABI 4+), no signal to a process outside and no abstract unix socket outside
+(ABI 6+).
 
 So a file of the package that makes a library write (an `offload_folder`), read (`~/.ssh`) or connect somewhere
 meets the kernel's refusal (EACCES), whatever the loader let through. Not covered by Landlock up to ABI 7: UDP and
