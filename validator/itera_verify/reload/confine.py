@@ -6,8 +6,9 @@ already mapped, LD_LIBRARY_PATH) and what the C libraries read on their own: the
 folders, a few files of /etc (the loader's cache, certificates, time zone, users), this process's /proc entry,
 /proc's machine facts and /sys. On a GPU also the NVIDIA devices, /proc/driver/nvidia and /dev/shm (read-write:
 CUDA's and NCCL's shared memory). Read-write: the child's private scratch folder alone (its job, log and result
-live there), where the libraries' caches are pointed (SCRATCH_CACHES). Measured with strace over every loader's
-tests, the refusals a clean reload meets: tqdm's POSIX semaphore in /dev/shm (it falls back to a thread lock),
+live there), where the libraries' caches are pointed (SCRATCH_CACHES). Measured with strace over the example
+package's reloads and tests/test_loaders_{files,image_audio,pipelines,timm,quantized}.py, the refusals a clean
+reload meets: tqdm's POSIX semaphore in /dev/shm (it falls back to a thread lock),
 urllib3's IPv6 probe binding ::1 (it then assumes no IPv6), a look at /proc/1/cgroup and /.dockerenv.
 No TCP bind or connect (Landlock ABI 4+), no signal to a process outside and no abstract unix socket outside
 (ABI 6+).
