@@ -165,6 +165,7 @@ def test_the_first_checkpoint_is_proven_in_the_background_at_the_lowest_priority
     proof = first["proof"]
     assert proof["ok"] is True and proof["codes"] == [] and proof["device"] == "cpu"
     assert proof["priority"] == {"nice": 19, "ioprio": "idle"} and proof["seconds"] > 0
+    assert proof["confinement"].startswith("landlock ABI")  # its reload child confined itself (reload/confine.py)
     assert all("proof" not in c for c in later)  # prove_resume="first"
 
 

@@ -73,13 +73,15 @@ class ReloadResult:
     devices: list[str] = field(default_factory=list)  # where the weights went: one device, or several GPUs
     host_peak_memory_bytes: int | None = None  # the child's peak resident memory (ru_maxrss)
     device_peak_memory_bytes: int | None = None  # GPU memory at its peak, over every GPU used (None on the CPU)
+    # What confined the child (reload/confine.py): "landlock ABI 7: fs, net", "none (why)"; None: no child ran.
+    confinement: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = {
             "artifact": self.artifact, "loader": self.loader, "device": self.device, "ok": self.ok,
             "seconds": round(self.seconds, 3), "peak_memory_bytes": self.peak_memory_bytes,
         }
-        for key in ("kind", "path", "error", "failure", "forward", "devices"):
+        for key in ("kind", "path", "error", "failure", "forward", "devices", "confinement"):
             value = getattr(self, key)
             if value:
                 out[key] = value

@@ -19,6 +19,7 @@ from .runtime.environment import Environment
 
 DEVICES = ("auto", "cuda", "cpu")
 ISOLATIONS = ("auto", "fork", "spawn")
+CONFINEMENTS = ("auto", "required")  # reload/confine.py
 ENGINES = ("local", "ray")  # what runs a batch of audits: forked processes here, or Ray tasks
 DEFAULT_DEVICE, DEFAULT_TIMEOUT, DEFAULT_LEVEL = "auto", 600.0, 3
 
@@ -90,6 +91,7 @@ class RunOptions:
     timeout: float = DEFAULT_TIMEOUT  # seconds per reload
     jobs: int = 1  # reloads side by side on the CPU
     isolation: str = "auto"  # how reload children start: forked from one preloaded process, or spawned
+    confine: str = "auto"  # reload children confine themselves with Landlock; "required": exit 2 without it
     # the seal
     seal: bool = True
     output: str | os.PathLike | None = None  # -o: the archive file or its folder

@@ -166,6 +166,11 @@ def main() -> None:
 _isolation_option = click.option("--isolation", type=click.Choice(["auto", "fork", "spawn"]), default="auto",
                                  help="Reload children forked from one preloaded process (auto, fork) or each a "
                                       "new interpreter (spawn).")
+# How each reload child confines itself (Landlock, reload/confine.py): as far as the kernel can, or exit 2 without it.
+_confine_option = click.option("--confine", type=click.Choice(["auto", "required"]), default="auto",
+                               help="Reload children confined by Linux Landlock (read-only package, hub cache and "
+                                    "libraries, writes only in their scratch folder, no TCP): auto confines as far "
+                                    "as the kernel allows and reports it; required exits 2 where it cannot.")
 _format_option = click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
                               help="Output format on stdout (default text; github under GitHub Actions).")
 _report_option = click.option("--report", "reports", multiple=True, metavar="[FORMAT=]PATH",
@@ -278,6 +283,7 @@ def _rfc3339(ctx, param, value):
               help="Seconds per reload (default 600).")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, help="Parallel CPU reloads.")
 @_isolation_option
+@_confine_option
 @click.option("--level", type=click.IntRange(1, 19), default=3, help="zstd level (default 3).")
 @click.option("--threads", type=click.IntRange(min=0), default=0, help="zstd threads (0 = all cores).")
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
@@ -295,7 +301,7 @@ def _rfc3339(ctx, param, value):
                    "days; the seal (and push) are estimated against it.")
 @_verbose
 def verify_command(outdir, device, no_reload, no_seal, part, output, overwrite, fmt, reports, strict, select, ignore,
-                   hf_cache, timeout, jobs, isolation, level, threads, config_path, sign,
+                   hf_cache, timeout, jobs, isolation, confine, level, threads, config_path, sign,
                    push_dest, endpoint_url, read_back, part_size, deadline, quiet, verbose):
     """Check OUTDIR, reload every artifact and seal it (exit 0 pass, 1 findings, 2 could not run); with --push,
     then push the archive (exit 1 when the copy is not verified, 2 when the push could not run)."""
@@ -310,7 +316,8 @@ def verify_command(outdir, device, no_reload, no_seal, part, output, overwrite, 
         options = settle(config, selection=_selection(config, select, ignore, strict), device=device,
                          reload=not no_reload, seal=not no_seal, output=output, overwrite=overwrite,
                          hf_cache=hf_cache, timeout=timeout, jobs=jobs, level=level, threads=threads,
-                         isolation=isolation, sign=sign, deadline=deadline, pushing=bool(push_dest), part=part)
+                         isolation=isolation, confine=confine, sign=sign, deadline=deadline, pushing=bool(push_dest),
+                         part=part)
         follower = None
         if push_dest:  # no such folder, no s3:// address: said now (credentials: before the seal, follow.connect)
             from ..push import check_destination
@@ -376,6 +383,7 @@ def _push_sealed(report: Report, dest, **options):
 @click.option("--jobs", type=click.IntRange(min=1), default=1,
               help="Parallel CPU reloads; for a folder, prefix or list: archives audited at once.")
 @_isolation_option
+@_confine_option
 @_format_option
 @_report_option
 @click.option("--strict", is_flag=True)
@@ -395,7 +403,7 @@ def _push_sealed(report: Report, dest, **options):
 @_verbose
 @batch_options
 def audit_command(archive, do_reload, endpoint_url,
-                  max_size, device, hf_cache, timeout, jobs, isolation, fmt, reports, strict,
+                  max_size, device, hf_cache, timeout, jobs, isolation, confine, fmt, reports, strict,
                   select, ignore, config_path, allowed_signers, signer, oms_public_key, quiet, verbose,
                   shard, engine, results):
     """Audit a sealed ARCHIVE without trusting it: members, checksums, then every check again. ARCHIVE may be a
@@ -420,7 +428,7 @@ def audit_command(archive, do_reload, endpoint_url,
             _refuse_reports_inside(targets, Path(archive), "archive")
         options = settle(config, reviewer=True, selection=_selection(config, select, ignore, strict),
                          reload=do_reload, endpoint_url=endpoint_url, max_size=max_size, device=device,
-                         hf_cache=hf_cache, timeout=timeout, jobs=jobs, isolation=isolation,
+                         hf_cache=hf_cache, timeout=timeout, jobs=jobs, isolation=isolation, confine=confine,
                          allowed_signers=allowed_signers, signer=signer, oms_public_key=oms_public_key)
         with _make_progress(quiet, verbose) as progress:
             source = archive if is_s3(archive) else Path(archive)

@@ -64,7 +64,8 @@ def run_batch(target: str, given: dict) -> None:
                          selection=_selection(config, given["select"], given["ignore"], given["strict"]),
                          reload=given["do_reload"], endpoint_url=given["endpoint_url"], max_size=given["max_size"],
                          device=given["device"], hf_cache=given["hf_cache"], timeout=given["timeout"], jobs=1,
-                         isolation=given["isolation"], allowed_signers=given["allowed_signers"],
+                         isolation=given["isolation"], confine=given["confine"],
+                         allowed_signers=given["allowed_signers"],
                          signer=given["signer"], oms_public_key=given["oms_public_key"], batch_jobs=given["jobs"],
                          shard=given["shard"], engine=given["engine"], results=given["results"])
         streaming = fmt == "jsonl" and not any(t[0] == "jsonl" for t in targets)

@@ -80,8 +80,9 @@ def audit(archive: str | os.PathLike, options: RunOptions | None = None, *,
         options = replace(options, part=True)
     resolved_device = None
     if options.reload:
-        from ..reload import resolve_device
+        from ..reload import check_confinement, resolve_device
 
+        check_confinement(options.confine)  # before the archive is even opened
         resolved_device = resolve_device(options.device)
     fd = open_archive(path) if remote is None else None
     try:

@@ -20,8 +20,8 @@ from typing import Any
 
 from ..format.names import PACKAGE_MARKS
 from ..model import Severity, UsageError
-from ..options import DEFAULT_DEVICE, DEFAULT_TIMEOUT, DEVICES, ENGINES, ISOLATIONS, RunOptions, Selection, \
-    make_options, option_names
+from ..options import (CONFINEMENTS, DEFAULT_DEVICE, DEFAULT_TIMEOUT, DEVICES, ENGINES, ISOLATIONS, RunOptions,
+                       Selection, make_options, option_names)
 from ..runtime.environment import Environment
 from ..runtime.hfcache import resolve_hf_cache
 
@@ -252,6 +252,8 @@ def _validate(fields: dict[str, Any]) -> None:
     """What the command line's own types check, for the API too: one line naming the option."""
     if fields["device"] not in DEVICES:
         raise UsageError(f"device {fields['device']!r}: choose one of {', '.join(DEVICES)}")
+    if fields.get("confine", "auto") not in CONFINEMENTS:
+        raise UsageError(f"confine {fields['confine']!r}: choose one of {', '.join(CONFINEMENTS)}")
     if fields.get("isolation", "auto") not in ISOLATIONS:
         raise UsageError(f"isolation {fields['isolation']!r}: choose one of {', '.join(ISOLATIONS)}")
     timeout = fields["timeout"]

@@ -87,6 +87,8 @@ def prove(root: str, artifact: str, *, device: str, timeout: float, hf_cache: st
               "findings": _unique(findings)[:5]}
     if reload is not None and reload.error and not reload.ok:
         result["error"] = reload.error
+    if reload is not None and reload.confinement is not None:
+        result["confinement"] = reload.confinement  # its reload child's Landlock confinement (reload/confine.py)
     return result
 
 

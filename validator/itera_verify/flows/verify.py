@@ -57,7 +57,8 @@ def check_package(ctx: RunContext, *, device: str | None, progress: Progress, pr
 
         options = ctx.options
         reloads = run_reloads(ctx, device=device or "cpu", timeout=options.timeout, jobs=options.jobs,
-                              progress=progress, isolation=options.isolation, prestarted=prestarted)
+                              progress=progress, isolation=options.isolation, prestarted=prestarted,
+                              confine=options.confine)
         # An assembled campaign: a lot's signed proof for what this machine lacks the memory to reload.
         ctx = replace(ctx, reloads=stand_in(ctx, reloads))
         findings += run_checks(ctx, selection, "reload")
@@ -105,9 +106,10 @@ def verify(path: str | os.PathLike, options: RunOptions | None = None, *, progre
         progress.log(f"WARNING: {options.environment.torch_advisory}")
     resolved_device = None
     if options.reload:
-        from ..reload import resolve_device
+        from ..reload import check_confinement, resolve_device
 
-        resolved_device = resolve_device(options.device)  # --device cuda without a GPU fails before any work
+        check_confinement(options.confine)  # --confine required on a machine without Landlock: before any work
+        resolved_device = resolve_device(options.device)  # so does --device cuda without a GPU
     ctx = RunContext(discover(path), options)
     rental = _rental(ctx, progress)
     if push is not None:  # the overlapped upload measures its first parts against the same end

@@ -2,11 +2,12 @@
 the zygote forked (zygote.py: the libraries already imported, the same job and result files).
 
 One fresh process per artifact, so a crash, a leak or a hang costs one artifact and nothing else. It reads the
-job, sets its host memory limit on itself (limits.py), cuts itself off the network, runs one loader and writes
-what it proved as JSON; an allocation its limit refused is reported as that limit. It never prints findings.
-A gated child (spawned GPU reloads, one at a time) imports its libraries, then waits for one byte on its
-standard input before it touches the device: the parent starts the next child while the current one loads,
-so library start-up overlaps the previous reload instead of adding to it.
+job, sets its host memory limit on itself (limits.py), confines itself with Landlock (confine.py: read-only the
+package, the hub cache and the libraries, read-write its scratch folder, no TCP), cuts itself off the network,
+runs one loader and writes what it proved as JSON; an allocation its limit refused is reported as that limit. It
+never prints findings. A gated child (spawned GPU reloads, one at a time) imports its libraries, then waits for
+one byte on its standard input before it touches the device: the parent starts the next child while the current
+one loads, so library start-up overlaps the previous reload instead of adding to it.
 """
 from __future__ import annotations
 
@@ -142,11 +143,15 @@ def _name_the_limit(outcome, job: dict) -> None:
 
 
 def main(argv: list[str], started: float = STARTED, started_at: float = STARTED_AT) -> int:
+    from .confine import confine_child
     from .limits import apply_in_child
 
     job_path, result_path = Path(argv[1]), Path(argv[2])
     job = json.loads(job_path.read_text(encoding="utf-8"))
     apply_in_child(job)  # first: nothing of the artifact has been opened yet
+    # Still one thread (a fresh interpreter, or a fork of the single-threaded zygote): every thread the libraries
+    # start later inherits the confinement. The result, job and log live in the scratch folder.
+    confine_child(job, str(result_path.parent))
     cut_network()
     result = run(job, started, started_at)
     if result is None:

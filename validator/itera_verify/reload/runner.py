@@ -29,6 +29,7 @@ from ..runtime.launcher import Exit, Launcher, termination_unwinds, wait_until
 from ..format import loaders as loader_table
 from ..model import ReloadResult
 from ..package import RunContext
+from .confine import check_mode, recorded, scratch_variables
 from .gpus import GpuPool, free_memory, needs_every_gpu, visible_gpus
 from .jobs import plan, reload_entry
 from .limits import configured_limit, over_limit, starved
@@ -44,13 +45,16 @@ ISOLATIONS = ("auto", "fork", "spawn")  # auto: fork through the zygote where th
 def child_env(job: dict, work: str, environment: Environment) -> dict:
     """A reload child's variables: the run's environment (read once, runtime/environment.py), made offline."""
     env = environment.for_child()
-    # Third-party scratch files (torch inductor's cache, ...) land in the reload's own folder, removed after it.
-    env["TMPDIR"] = work
+    # Third-party scratch files and caches (torch inductor's, CUDA's, the hub's token and modules) land in the
+    # reload's own folder, removed after it: the only folder the confined child may write (confine.py).
+    env.update(scratch_variables(work, job.get("hf_cache")) if work else {}, TMPDIR=work)
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1",
                HF_HUB_DISABLE_PROGRESS_BARS="1", TRANSFORMERS_VERBOSITY="error", TOKENIZERS_PARALLELISM="false",
                PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
     if job.get("hf_cache"):
         env["HF_HUB_CACHE"] = job["hf_cache"]
+    else:
+        env.pop("HF_HUB_CACHE", None)  # none given: the child reads no other (its own empty one)
     if job.get("threads"):
         env["OMP_NUM_THREADS"] = str(job["threads"])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (VALIDATOR_DIR, env.get("PYTHONPATH", "")) if p)
@@ -129,7 +133,8 @@ class _Child:
             argv = [str(self.job_file), str(self.result_file)]
             forked = zygote.client.fork({"entry": "itera_verify.reload.child:forked", "argv": ["child", *argv],
                                          "work": str(self.work), "log": str(self.log),
-                                         "env": {"TMPDIR": str(self.work)},
+                                         "env": {**scratch_variables(self.work, self.job.get("hf_cache")),
+                                                 "TMPDIR": str(self.work)},
                                          "title": ["-m", "itera_verify.reload.child", *argv]})
             if isinstance(forked, ForkedChild):
                 self.proc, self.isolation, self.zygote_seconds = forked, "fork", zygote.seconds
@@ -182,6 +187,7 @@ class _Child:
                     result.facts["zygote_import_seconds"] = self.zygote_seconds  # paid once per run, not per child
                 result.facts["wall_seconds"] = round(result.seconds, 3)  # from its start to its end, waiting included
                 result.seconds -= result.facts.get("gate_wait_seconds") or 0  # waiting for its turn is not its time
+            result.confinement = recorded(self.work)  # said by the child as soon as it held, crash or not
             if limit:
                 result.facts["memory_limit_bytes"] = limit
                 result.facts["memory_limit"] = job.get("memory_limit_source")
@@ -295,7 +301,7 @@ def prestart(ctx: RunContext, *, device: str, jobs: int, isolation: str = "auto"
 def run_reloads(ctx: RunContext, *, device: str, timeout: float, jobs: int, progress,
                 only: set[str] | None = None, prefetch: bool | None = None,
                 isolation: str = "auto", prestarted: Prestarted | None = None,
-                memory_limit: int | None = None) -> list[ReloadResult]:
+                memory_limit: int | None = None, confine: str = "auto") -> list[ReloadResult]:
     """Every manifest artifact (or those named in `only`), each in its own child; results in manifest order.
     isolation: "auto" forks the children from one zygote where fork is safe, "fork" insists on it (a usage
     error otherwise), "spawn" starts a new interpreter per child. prefetch (spawned children, default: on a
@@ -303,7 +309,10 @@ def run_reloads(ctx: RunContext, *, device: str, timeout: float, jobs: int, prog
     importing torch and transformers takes 10-20 s, that is most of a small reload. prefetch=True alone asks
     for spawned children. memory_limit: the host memory limit of every child in bytes (default:
     ITERA_RELOAD_HOST_MEMORY, else each child's own, from its artifact's size: limits.py). The children start
-    with the run's environment (ctx.environment: runtime/environment.py)."""
+    with the run's environment (ctx.environment: runtime/environment.py). confine: "auto" or "required"
+    (confine.py: each child confines itself with Landlock; "required" on a machine without it is a usage error,
+    before any child starts)."""
+    check_mode(confine)
     gpus = visible_gpus() if device == "cuda" else []
     parallel, threads = _parallel(device, jobs, gpus)  # one reload per GPU at a time
     chosen = [a for a in ctx.documents.artifacts() if only is None or a.get("id") in only]
@@ -311,6 +320,9 @@ def run_reloads(ctx: RunContext, *, device: str, timeout: float, jobs: int, prog
     # One host memory limit for every child, else each its own.
     limit = memory_limit or configured_limit(children.environment)
     plans = [plan(ctx, artifact, device, threads, limit) for artifact in chosen]
+    for job in plans:
+        if isinstance(job, dict):
+            job["confine"] = confine
     results: list[ReloadResult | None] = [p if isinstance(p, ReloadResult) else None for p in plans]
     progress.start("reload", "reloading artifacts", total=len(plans), unit="artifacts")
     for _ in (r for r in results if r is not None):

@@ -77,6 +77,9 @@ def preload(model_types: list[str], light: bool = False) -> dict:
             pass  # a loader's optional library: its child reports the failure
     import torch
 
+    from .confine import python_folders
+
+    python_folders()  # what every child will allow itself to read, found once here (confine.py)
     return {"ready": True, "threads": thread_count(),
             "cuda_initialised": bool(torch.cuda.is_initialized()) or cuda_driver_loaded(),
             "seconds": round(time.monotonic() - started, 3)}

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from ..runtime.launcher import Exit, Launcher, wait_until
+from .confine import scratch_variables
 from .zygote import LIGHT
 
 ZYGOTE_START_SECONDS = 300.0  # importing the libraries; far longer means a broken environment: spawn instead
@@ -177,7 +178,8 @@ class Zygote:
         self.work = Path(tempfile.mkdtemp(prefix="itera-zygote-"))
         self.light = light
         self.client, self.why, self.seconds = None, "", None
-        env = dict(env, TMPDIR=str(self.work))
+        # Its caches in its own folder (huggingface_hub reads HF_HOME once, at import: the children keep it).
+        env = {**env, **scratch_variables(self.work, env.get("HF_HUB_CACHE")), "TMPDIR": str(self.work)}
         # Room in its command line for a child's title: `-m itera_verify.reload.child JOB RESULT` (zygote.py).
         room = 2 * len(tempfile.gettempdir()) + 256
         with open(self.work / "zygote.log", "wb") as log_handle:

@@ -13,7 +13,7 @@ from typing import Any
 from ..model import Severity
 from . import Report
 from .lots import lot_line, part_words, where_words
-from .words import signer_line
+from .words import confinement_line, signer_line
 from .html_charts import comparison_chart, plan_bar
 from .text_format import (clean, cost_per_accepted, findings_by_file, hours, human_bytes, location, memory_cell,
                           metric_value, plural, rejection_cause, run_metrics, run_stop, severity_of, usd, verdict_line)
@@ -305,8 +305,10 @@ def _reloads(report: Report) -> str:
         rows.append((f"<b>{esc(r.artifact)}</b><div class='small muted'>{esc(r.kind)} {esc(r.path)}</div>",
                      esc(", ".join(r.devices) or r.device), badge("ok") if r.ok else badge("failed"),
                      f"{r.seconds:.1f} s", esc(memory_cell(r)), esc(detail or "")))
-    return _table(("Artifact", "Loader", "Devices", "Result", "Time", "Peak memory (host / GPU)", "Detail"), rows,
-                  numeric=(4, 5))
+    table = _table(("Artifact", "Loader", "Devices", "Result", "Time", "Peak memory (host / GPU)", "Detail"), rows,
+                   numeric=(4, 5))
+    confined = confinement_line(report.reloads)
+    return table + (f'<p class="small muted">{esc(confined)}</p>' if confined else "")
 
 
 def _archive(report: Report) -> str:

@@ -15,7 +15,8 @@ from rich.text import Text
 
 from . import Report
 from .lots import where_words
-from .words import clean, human_bytes, memory_cell, metric_value, plural, run_metrics, run_stop
+from .words import (clean, confinement_line, human_bytes, memory_cell, metric_value, plural, run_metrics,
+                    run_stop)
 
 
 def _table(title: str) -> Table:
@@ -116,6 +117,10 @@ def reloads_table(console: Console, report: Report, verbose: bool) -> None:
         table.add_row(clean(reload.artifact), clean(reload.loader), clean(", ".join(reload.devices) or reload.device),
                       ok, f"{reload.seconds:.1f}", memory_cell(reload))
     console.print(table)
+    confined = confinement_line(report.reloads)
+    if confined:
+        unconfined = any((r.confinement or "").startswith("none") for r in report.reloads)
+        console.print(Text(confined, style="yellow" if unconfined else ""), soft_wrap=True)
     for line in details:
         console.print(line, soft_wrap=True)
 

@@ -140,6 +140,21 @@ def memory_cell(reload) -> str:
     return human_bytes(host if host is not None else reload.peak_memory_bytes)
 
 
+def confinement_line(reloads) -> str | None:
+    """What confined the reload children (reload/confine.py), once when every child says the same:
+    `confinement: landlock ABI 7: fs, net`; else grouped, `confinement: none (why) for a, b; landlock ... for c`.
+    None when no child ran."""
+    groups: dict[str, list[str]] = {}
+    for reload in reloads:
+        if reload.confinement is not None:
+            groups.setdefault(clean(reload.confinement), []).append(clean(reload.artifact))
+    if not groups:
+        return None
+    if len(groups) == 1:
+        return f"confinement: {next(iter(groups))}"
+    return "confinement: " + "; ".join(f"{held} for {', '.join(names)}" for held, names in groups.items())
+
+
 def signer_line(report) -> str | None:
     """Who signed the seal, in one line every format shows: the sealer's key (verify), or what the audit found
     (`audit.signature`, flows/signatures.py); None when the report has nothing to say about signatures."""
