@@ -327,6 +327,7 @@ CHILD = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {validator!r})
     from pathlib import Path
+    from itera_verify.flows.config import Config, settle
     from itera_verify.package import RunContext, discover
     from itera_verify.runtime.progress import Progress
     from itera_verify.seal import seal_package
@@ -338,7 +339,7 @@ CHILD = textwrap.dedent("""
             print("advance", key, flush=True)
             time.sleep(0.002)  # widen the window a kill can land in
 
-    seal_package(context({package!r}), "big", {{}}, Path({destination!r}), progress=Announce())
+    seal_package(RunContext(discover({package!r}), settle(Config())), "big", {{}}, Path({destination!r}), progress=Announce())
     print("sealed", flush=True)
 """)
 
