@@ -27,6 +27,7 @@ class Rule:
     bad: str = ""
     good: str = ""
     family: str = ""  # filled by the registry: the module that declares it
+    since: str = "0.1.0"  # the tool version that introduced the code: an older record cannot have run it
 
 
 @dataclass

@@ -390,8 +390,9 @@ def _configurations(recorded: dict, report: Report) -> dict:
     error (so it blocks now only because the reviewer raised it, or --strict), and the sender's record does not
     say it ran it at error level. The record alone never explains a failure: a sender whose record says
     "IV506: warning", or that it did not run IV506, is not believed (`not_believed`), because the record is the
-    sender's own writing. No code is counted as unknown to the sender's recorded version: the tool keeps no list
-    of which rules older versions had, and 0.1.0, the first, has them all."""
+    sender's own writing. A code this tool's registry says was introduced after the sender's recorded version
+    (`Rule.since`) is explained by the version (`explained_by_version`): the sender's tool could not run it, so
+    a pass recorded without it is no contradiction. It still fails the audit: the content is what it is."""
     rules = recorded.get("rules") if isinstance(recorded.get("rules"), dict) else {}
     sender = {code: (entry["severity"] if isinstance(entry, dict) and entry.get("severity") in LEVELS
                      else "unknown") for code, entry in rules.items() if _is_code(code)}
@@ -402,11 +403,23 @@ def _configurations(recorded: dict, report: Report) -> dict:
     blocking = sorted({f.code for f in report.blocking()})
     explained = [code for code in blocking if sender.get(code) != "error"
                  and code in registry and registry[code].severity != Severity.ERROR]
+    recorded_version = _version(_recorded_text(recorded.get("version")))
+    newer = [code for code in blocking if code not in explained and code in registry and recorded_version is not None
+             and _version(registry[code].since) > recorded_version]
     return {"sender_rules": len(sender), "configuration_differences": differences,
-            "explained_by_configuration": explained,
+            "explained_by_configuration": explained, "explained_by_version": newer,
             "not_believed": [{"code": code, "sender": sender.get(code, "not run")} for code in blocking
-                             if code not in explained and sender.get(code) != "error"],
-            "unexplained_blocking": [code for code in blocking if code not in explained]}
+                             if code not in explained and code not in newer and sender.get(code) != "error"],
+            "unexplained_blocking": [code for code in blocking if code not in explained and code not in newer]}
+
+
+VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+
+
+def _version(text: str | None) -> tuple[int, int, int] | None:
+    """0.2.0 -> (0, 2, 0); None for anything else (a record's version is the sender's text)."""
+    match = VERSION.fullmatch(text or "")
+    return tuple(int(part) for part in match.groups()) if match else None
 
 
 __all__ = ["audit", "default_max_size"]

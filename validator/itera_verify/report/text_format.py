@@ -259,6 +259,11 @@ def _record(console: Console, report: Report) -> None:
         console.print(f"  {', '.join(clean(c) for c in explained)}: failing now at the reviewer's level, below "
                       "error by the tool's default and in the sender's record (a configuration difference, not a "
                       "change of content)", soft_wrap=True)
+    newer = comparison.get("explained_by_version") or []
+    if newer:
+        console.print(f"  {', '.join(clean(c) for c in newer)}: failing now; rules added after the sender's "
+                      f"itera-verify {clean(comparison.get('recorded_version'))} (a newer tool checks more, not a "
+                      "change of content)", soft_wrap=True)
     for claim in comparison.get("not_believed") or []:
         if isinstance(claim, dict):
             console.print(f"  {clean(claim.get('code'))}: failing now; the sender's record says "

@@ -26,21 +26,21 @@ RULES = [
                  "carried in a part. Otherwise the runs of the two lots were not run on one campaign, and "
                  "comparing them proves nothing. The finding names the field and both values.",
          bad='lot-a: "revision": "v3"   lot-b: "revision": "v4"',
-         good='lot-a: "revision": "v3"   lot-b: "revision": "v3"'),
+         good='lot-a: "revision": "v3"   lot-b: "revision": "v3"', since="0.2.0"),
     Rule("IV616", Severity.ERROR, "a run on two lots, or on a lot the plan does not name",
          explain="A run ran on one machine: `runs[].lot` names one of the plan's lots (`plan.lots[].id`). A run "
                  "id found in two parts, a run on a lot the plan does not buy, or a part holding the runs of two "
                  "lots cannot be costed or timed against its machine. With two lots or more, every run says "
                  "where it ran (`open_campaign(..., lot=\"lot-b\")` records it).",
          bad='"lots": [{"id": "lot-a", ...}, {"id": "lot-b", ...}]   run "lora-r64": {"lot": "lot-c"}',
-         good='"lots": [{"id": "lot-a", ...}, {"id": "lot-b", ...}]   run "lora-r64": {"lot": "lot-b"}'),
+         good='"lots": [{"id": "lot-a", ...}, {"id": "lot-b", ...}]   run "lora-r64": {"lot": "lot-b"}', since="0.2.0"),
     Rule("IV617", Severity.ERROR, "two parts sealed for one lot",
          explain="One lot is one machine: it seals one part, `<campaign_id>.<lot>.part.tar.zst`. Two parts of "
                  "one lot are a part sealed twice (an older seal left in the bucket) or another machine's part "
                  "under this lot's name: assemble cannot tell which runs are the lot's. Keep the last seal of "
                  "each lot.",
          bad="reviews.lot-b.part.tar.zst and reviews-old.lot-b.part.tar.zst, both for lot-b",
-         good="reviews.lot-a.part.tar.zst and reviews.lot-b.part.tar.zst"),
+         good="reviews.lot-a.part.tar.zst and reviews.lot-b.part.tar.zst", since="0.2.0"),
 ]
 
 

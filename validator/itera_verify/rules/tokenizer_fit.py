@@ -31,7 +31,8 @@ RULES = [
                  "Resize, train and save the embeddings with the tokenizer that goes with them.",
          bad="tokenizer.json: 130 ids (added <|im_start|>, <|im_end|>)   model.safetensors: transformer.wte.weight "
              "[128, 32]",
-         good="model.resize_token_embeddings(len(tokenizer)); trainer.save_model(path)   ->   wte.weight [130, 32]"),
+         good="model.resize_token_embeddings(len(tokenizer)); trainer.save_model(path)   ->   wte.weight [130, 32]",
+         since="0.2.0"),
     Rule("IV517", Severity.ERROR, "a run declares a chat format but its model carries no chat template",
          explain="A run whose params declare a chat format (`chat_template`, `chat_format`) was trained on "
                  "conversations rendered by that template; a delivered model or adapter whose tokenizer carries "
@@ -40,7 +41,8 @@ RULES = [
                  "renders other prompts. Save the tokenizer with the template the run used "
                  "(`tokenizer.chat_template = ...; tokenizer.save_pretrained(path)`).",
          bad='params: {"chat_format": "chatml"}   artifacts/chat-model/tokenizer_config.json: no chat_template',
-         good='artifacts/chat-model/chat_template.jinja: "{% for message in messages %}<|im_start|>..."'),
+         good='artifacts/chat-model/chat_template.jinja: "{% for message in messages %}<|im_start|>..."',
+         since="0.2.0"),
     Rule("IV518", Severity.ERROR, "a generation config names token ids the model does not have",
          explain="generation_config.json (and config.json) name the ids generation starts with, stops at and "
                  "pads with (`bos_token_id`, `eos_token_id`, `pad_token_id`, `decoder_start_token_id`). An id at "
@@ -49,7 +51,7 @@ RULES = [
                  "copied from the base (GPT-2's 50256) onto a model with another vocabulary looks like. Set the "
                  "ids from the tokenizer the model is delivered with.",
          bad='generation_config.json: {"eos_token_id": 50256}   the model: 128 token ids',
-         good='generation_config.json: {"eos_token_id": 0}   tokenizer: eos_token "<eos>" = id 0'),
+         good='generation_config.json: {"eos_token_id": 0}   tokenizer: eos_token "<eos>" = id 0', since="0.2.0"),
 ]
 
 DELIVERED = ("transformers-model", "peft-adapter")
