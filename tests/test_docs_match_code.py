@@ -335,3 +335,13 @@ def test_every_relative_link_reaches_a_file_and_a_heading(path):
         assert linked.exists(), f"{path.name}: {target}"
         if anchor and linked.suffix == ".md":
             assert anchor in _anchors(linked), f"{path.name}: {target}"
+
+
+def test_the_reload_schemas_dtypes_are_the_loaders_dtypes():
+    """reload.json's `dtype`: the schema accepts exactly the names the reload understands (format/loaders.py),
+    and "auto"; a name one accepts and the other refuses would be IV105 on a loadable entry, or the reverse."""
+    from itera_verify.format.loaders import DTYPES
+
+    schema = json.loads((ROOT / "schemas/reload.schema.json").read_text())
+    enum = schema["properties"]["artifacts"]["additionalProperties"]["properties"]["dtype"]["enum"]
+    assert sorted(enum) == sorted(["auto", *DTYPES])

@@ -378,3 +378,18 @@ def test_junit_takes_a_family_from_the_registry_when_the_report_does_not_name_it
     family = all_rules()["IV409"].family
     assert family == "losses"
     assert any(name.startswith(f"{family} ") or name == family for name in names), names
+
+
+def test_html_reloads_table_has_a_cell_under_every_header():
+    """Artifact, Loader, Devices, Result, Time, Peak memory, Detail: each row's cells line up with the header
+    (the loader's cell was missing, which shifted every cell after it one column left)."""
+    import re
+
+    page = render("html", sample_report())
+    section = page[page.index("<th>Artifact</th>"):]
+    table = section[:section.index("</table>")]
+    headers = re.findall(r"<th[^>]*>", table[:table.index("</thead>")])
+    rows = re.findall(r"<tr>(.*?)</tr>", table[table.index("<tbody>"):], re.S)
+    assert len(headers) == 7 and rows
+    assert all(len(re.findall(r"<td[^>]*>", row)) == 7 for row in rows)
+    assert "<code>transformers</code>" in table or "<code>peft</code>" in table

@@ -12,6 +12,11 @@ from dataclasses import dataclass
 
 FOLDER, FILE, EITHER = "folder", "file", "either"
 
+# reload.json's `dtype` of an entry (besides "auto", the stored one): its names and the torch dtype each means.
+# schemas/reload.schema.json's dtype enum is these and "auto" (tests/test_docs_match_code.py holds them equal).
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "fp16": "float16"}
+
 # The artifact kinds of manifest.artifacts[].kind, in the order the docs list them.
 KINDS = ("safetensors", "transformers-model", "peft-adapter", "resume-checkpoint", "diffusers-pipeline",
          "diffusers-lora", "timm-model", "sentence-transformers-model", "gguf", "onnx")

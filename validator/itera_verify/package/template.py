@@ -14,6 +14,7 @@ from typing import Any
 
 from ..format.names import ID
 from ..model import UsageError
+from ..version import FORMAT
 
 RUN_ID = ID
 PLACEHOLDER = re.compile(r"^\s*<[^<>]*>\s*$")
@@ -48,7 +49,7 @@ def _run(run_id: str, role: str, params_hint: str) -> dict:
 
 def template_manifest(campaign_id: str) -> dict:
     return {
-        "format": "itera-output/1",
+        "format": FORMAT,
         "campaign_id": campaign_id,
         "question": _fill("the question this campaign answers, with its success threshold, e.g. Does a LoRA "
                           "r=16 variant reach macro-F1 >= 0.80 against the full fine-tune control?"),

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..format import money as money_rules
 from ..format.money import money
+from ..version import FORMAT
 from .errors import RecordError
 from .files import read_bytes, remove_stale_temps, write_atomic
 from .ids import check_id
@@ -21,7 +22,6 @@ from .run import Run
 from .stoprules import validate_rules
 from .store import EVAL_IDS, MANIFEST, RELOAD, STOPS, now, parse_time, read, transaction
 
-FORMAT = "itera-output/1"
 TRAIN_IDS = "corpus/train_ids.txt"
 
 
