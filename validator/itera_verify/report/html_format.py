@@ -303,7 +303,8 @@ def _reloads(report: Report) -> str:
     for r in report.reloads:
         detail = r.error if not r.ok else (where_words(r) or r.forward)
         rows.append((f"<b>{esc(r.artifact)}</b><div class='small muted'>{esc(r.kind)} {esc(r.path)}</div>",
-                     f"<code>{esc(r.loader)}</code>", esc(", ".join(r.devices) or r.device), badge("ok") if r.ok else badge("failed"),
+                     f"<code>{esc(r.loader)}</code>", esc(", ".join(r.devices) or r.device),
+                     badge("ok") if r.ok else badge("failed"),
                      f"{r.seconds:.1f} s", esc(memory_cell(r)), esc(detail or "")))
     table = _table(("Artifact", "Loader", "Devices", "Result", "Time", "Peak memory (host / GPU)", "Detail"), rows,
                    numeric=(4, 5))
