@@ -29,6 +29,8 @@ PACKAGE_MARKS = (MANIFEST, SEAL_DIR)
 ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # A Hugging Face hub id: `name` or `org/name`.
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+# A pinned revision: a 40-hex commit (IV501); a branch or tag name is not a pin.
+PINNED_REVISION = re.compile(r"[0-9a-f]{40}")
 
 # Suffixes of files torch, pickle and joblib users read with an unpickler (SPEC §6: scanned by name or content).
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle")

@@ -126,7 +126,7 @@ def pin_peft_revision(model, hf_cache=None) -> None:
     loaded the base at when it is not the default branch."""
     for config in model.peft_config.values():
         revision = getattr(config, "revision", None)
-        if isinstance(revision, str) and COMMIT.match(revision):
+        if isinstance(revision, str) and COMMIT.fullmatch(revision):
             continue
         try:
             commit = loaded_commit(model) or resolve_commit(config.base_model_name_or_path, revision, hf_cache)

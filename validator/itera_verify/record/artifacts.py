@@ -98,7 +98,7 @@ def register_adapter(run: RunRecord, path, base: str, model, revision: str | Non
     if not exists(run.root, config_rel):
         raise RecordError(f"{rel} holds no adapter_config.json: save the adapter (model.save_pretrained) first")
     commit = loaded_commit(model) if model is not None else None
-    if commit is not None and revision is not None and COMMIT.match(revision) and revision != commit:
+    if commit is not None and revision is not None and COMMIT.fullmatch(revision) and revision != commit:
         raise RecordError(f"the base was loaded from commit {commit}, not {revision}")
     pinned = resolve_commit(base, commit or revision, cache_dir)
     if run.writer:

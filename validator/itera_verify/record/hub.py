@@ -9,11 +9,13 @@ import re
 from pathlib import Path
 
 from ..runtime.environment import Environment
+from ..format.names import PINNED_REVISION
+from ..runtime import hfcache
 from ..runtime.hfcache import resolve_hf_cache
 from ..model import UsageError
 from .errors import RecordError
 
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
+COMMIT = PINNED_REVISION
 
 
 def hub_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -27,7 +29,7 @@ def hub_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 def repo_folder(repo_id: str, cache_dir: str | os.PathLike | None = None) -> Path:
-    return hub_cache_dir(cache_dir) / ("models--" + repo_id.replace("/", "--"))
+    return hfcache.repo_folder(hub_cache_dir(cache_dir), repo_id)
 
 
 def resolve_commit(repo_id: str, revision: str | None = None,
@@ -40,7 +42,7 @@ def resolve_commit(repo_id: str, revision: str | None = None,
                           "hub id at a pinned revision, never a local path (IV502)")
     repo = repo_folder(repo_id, cache_dir)
     revision = revision or "main"
-    if COMMIT.match(revision):
+    if COMMIT.fullmatch(revision):
         commit = revision
     else:
         ref = repo / "refs" / revision
@@ -50,7 +52,7 @@ def resolve_commit(repo_id: str, revision: str | None = None,
             raise RecordError(f"{repo_id}: the hub cache {hub_cache_dir(cache_dir)} has no ref {revision!r}; "
                               "load the base with cache_dir= pointing at the cache it came from, or pass its "
                               "40-hex commit") from None
-        if not COMMIT.match(commit):
+        if not COMMIT.fullmatch(commit):
             raise RecordError(f"{ref} does not hold a 40-hex commit")
     if not (repo / "snapshots" / commit).is_dir():
         raise RecordError(f"{repo_id}@{commit}: no such snapshot in the hub cache {hub_cache_dir(cache_dir)}")
@@ -61,7 +63,7 @@ def loaded_commit(model) -> str | None:
     """The commit transformers recorded when it loaded `model` (a PeftModel's base included), if any."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     commit = getattr(getattr(base, "config", None), "_commit_hash", None)
-    return commit if isinstance(commit, str) and COMMIT.match(commit) else None
+    return commit if isinstance(commit, str) and COMMIT.fullmatch(commit) else None
 
 
 def add_to_hub_cache(folder: str | os.PathLike, repo_id: str, cache_dir: str | os.PathLike | None = None) -> str:

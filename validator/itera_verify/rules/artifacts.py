@@ -9,6 +9,7 @@ from ..format.names import HUB_ID, PICKLE_SUFFIXES
 from ..model import Finding, Rule, Severity
 from ..package import MANIFEST, RELOAD, RunContext, pointer_of
 from ..package.template import is_placeholder
+from ..format.names import PINNED_REVISION
 
 RULES = [
     Rule("IV501", Severity.ERROR, "adapter base revision not pinned",
@@ -52,7 +53,7 @@ RULES = [
          good="artifacts/control-model/model.safetensors"),
 ]
 
-PINNED = re.compile(r"[0-9a-f]{40}")
+PINNED = PINNED_REVISION
 PICKLE_WEIGHTS = re.compile(r"(pytorch_model.*|adapter_model)\.bin")
 # accelerate's save_fsdp_model writes these for a resume whatever the user asks (no safetensors option), beside
 # the model.safetensors the Trainer saves: resume files, not the delivered weights.

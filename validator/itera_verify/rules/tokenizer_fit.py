@@ -12,7 +12,9 @@ from typing import Any, Iterator
 from ..format import facts as table
 from ..model import Finding, Rule, Severity
 from ..package import RunContext, pointer_of
+from ..package.jsonread import read_json_file
 from ..package.records import Tokenizer, Weights, chat_template, read_tokenizer, read_weights
+from ..runtime.hfcache import snapshot_folder
 from ._records import ArtifactFolder, PackageFolder, artifact_folders, run_params
 
 RULES = [
@@ -79,7 +81,8 @@ def check(ctx: RunContext) -> Iterator[Finding]:
         rows = _rows(weights, config)
         yield from _config_vocab(folder, config, weights)
         if view.is_file(table.ADAPTER_CONFIG):
-            yield from _adapter(folder, weights, tokenizer, params.get(folder.run) or {})
+            yield from _adapter(folder, weights, tokenizer, params.get(folder.run) or {},
+                                _cached_base_rows(ctx, view.json(table.ADAPTER_CONFIG)))
         elif tokenizer is not None and rows is not None and not table.agree(VOCABULARY, tokenizer.size, rows[0]):
             yield _too_small(folder, tokenizer, rows)
         if tokenizer is not None:
@@ -124,22 +127,44 @@ def _too_small(folder: ArtifactFolder, tokenizer: Tokenizer, rows: tuple[int, st
                            "train, and save them with it")
 
 
+def _cached_base_rows(ctx: RunContext, adapter_config: Any) -> int | None:
+    """The vocabulary of the base an adapter names, from its config.json in the run's hub cache (the reviewer's
+    own, --hf-cache): what base + adapter has when the adapter saves no embeddings."""
+    if not isinstance(adapter_config, dict):
+        return None
+    name, revision = adapter_config.get("base_model_name_or_path"), adapter_config.get("revision")
+    if not isinstance(name, str) or not (revision is None or isinstance(revision, str)):
+        return None
+    snapshot = snapshot_folder(ctx.options.hf_cache, name, revision or "main")
+    try:
+        config = read_json_file(snapshot / table.CONFIG) if snapshot is not None else None
+    except (OSError, ValueError):
+        return None
+    vocab = next((value for _, value in table.declared_values(config, table.fact("vocabulary size"))), None) \
+        if isinstance(config, dict) else None
+    return vocab if _count(vocab) and vocab > 0 else None
+
+
 def _adapter(folder: ArtifactFolder, weights: Weights | None, tokenizer: Tokenizer | None,
-             params: dict) -> Iterator[Finding]:
-    """An adapter's model has the rows its saved embeddings have, else its base's (params base_vocab_size)."""
+             params: dict, cached_base: int | None = None) -> Iterator[Finding]:
+    """An adapter's model has the rows its saved embeddings have, else its base's: params base_vocab_size, or
+    the base's config.json in the hub cache."""
     saved = weights.embedding_rows() if weights is not None else None
     base, trained = params.get(BASE_VOCAB), params.get(RUN_VOCAB)
+    base_source = f"params {BASE_VOCAB}"
+    if not (_count(base) and base > 0) and cached_base is not None:
+        base, base_source = cached_base, f"its base's {table.CONFIG} in the hub cache"
     rows = saved or (base if _count(base) and base > 0 else None)
     if saved is None and _count(base) and _count(trained) and not table.agree(TRAINED, trained, base):
         yield Finding("IV516", f"{folder.rel}/{table.ADAPTER_CONFIG}", run=folder.run, artifact=folder.id,
                       message=f"run {folder.run} trained with {trained} token ids (params {RUN_VOCAB}) on a base "
-                              f"of {base} (params {BASE_VOCAB}), but {folder.label} saves no embeddings: the "
+                              f"of {base} ({base_source}), but {folder.label} saves no embeddings: the "
                               "resized rows were never saved, and base + adapter has the base's vocabulary; save "
                               "them (modules_to_save with the embeddings, or save_pretrained(..., "
                               "save_embedding_layers=True))")
         return
     if tokenizer is not None and rows is not None and not table.agree(VOCABULARY, tokenizer.size, rows):
-        source = "the rows of the embeddings it saves" if saved else f"its base's rows, params {BASE_VOCAB}"
+        source = "the rows of the embeddings it saves" if saved else f"its base's rows, {base_source}"
         yield _too_small(folder, tokenizer, (rows, source))
 
 

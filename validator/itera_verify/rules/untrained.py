@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..package.jsonread import read_json_file
-from ..format.names import HUB_ID
+from ..runtime.hfcache import snapshot_folder
 from ..model import Finding, Rule, Severity
 from ..format.layouts import CHECKPOINT_FOLDER, TRAINER_STATE
 from ..package import RunContext
@@ -56,7 +56,6 @@ LORA_B = re.compile(r".*\.lora_(?:B|embedding_B)(?:\.[^.]+)?\.weight|.*\.lora_em
 LORA_TENSOR = re.compile(r".*\.(?:lora_(?:A|B|embedding_A|embedding_B)|lora_magnitude_vector)(?:\.[^.]+)*")
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
-PINNED = re.compile(r"[0-9a-f]{40}")
 
 
 def _text(value) -> str | None:
@@ -111,18 +110,7 @@ def _component_weights(ctx: RunContext, folder: str, weights: str) -> list[str] 
 
 
 def _snapshot(cache: Path, name: str, revision: str) -> Path | None:
-    """The cached snapshot of ORG/NAME at a commit (or at the commit a cached ref names)."""
-    if not HUB_ID.fullmatch(name) or "/" in revision or revision in ("", ".", ".."):
-        return None
-    repo = cache / f"models--{name.replace('/', '--')}"
-    commit = revision
-    if not PINNED.fullmatch(revision):
-        try:
-            commit = (repo / "refs" / revision).read_text(encoding="utf-8").strip()
-        except OSError:
-            return None
-    folder = repo / "snapshots" / commit
-    return folder if folder.is_dir() else None
+    return snapshot_folder(cache, name, revision)
 
 
 def _named_bases(ctx: RunContext) -> list[tuple[str, str]]:

@@ -237,9 +237,10 @@ def resize_to_saved_embeddings(model, shapes: dict[str, tuple[int, ...]], outcom
         return
     name = next((n for n, p in model.named_parameters() if p is weight), None)
     rows = {shape[0] for key, shape in shapes.items() if model_key(key) == name and shape}
-    if len(rows) == 1 and (target := rows.pop()) != weight.shape[0]:
-        model.resize_token_embeddings(target)
-        outcome.facts["resized_embeddings"] = f"{weight.shape[0]} -> {target} rows, as the adapter saved them"
+    before = weight.shape[0]
+    if len(rows) == 1 and (target := rows.pop()) != before:
+        model.resize_token_embeddings(target)  # may resize the same Parameter in place
+        outcome.facts["resized_embeddings"] = f"{before} -> {target} rows, as the adapter saved them"
 
 
 def attach(base, folder: Path, device, outcome: Outcome, *, trainable: bool = False):
