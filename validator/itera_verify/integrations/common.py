@@ -63,9 +63,9 @@ def numeric_logs(logs: dict) -> dict[str, float]:
 
 def save_final_model(run: Run, model, rel_path: str, hf_cache=None, processing_class=None) -> str:
     """Save `model` into the package at `rel_path` as safetensors and register it: a PeftModel as an adapter
-    pinned to its base's commit, any other model as what its saved files are (format/artifact_kinds.py). `processing_class` (the
-    Trainer's tokenizer or processor) is saved beside it, as in every checkpoint: without it a reviewer cannot
-    turn the frozen eval inputs into ids (IV513)."""
+    pinned to its base's commit, any other model as what its saved files are (format/artifact_kinds.py).
+    `processing_class` (the Trainer's tokenizer or processor) is saved beside it, as in every checkpoint: without
+    it a reviewer cannot turn the frozen eval inputs into ids (IV513)."""
     target = prepare_target(run.root, rel_path, is_folder=True)
     if processing_class is not None and callable(getattr(processing_class, "save_pretrained", None)):
         processing_class.save_pretrained(target)
