@@ -2,7 +2,8 @@
 
 A reviewer reads them in a terminal or a CI log of 120 columns: the runs table shows first the metrics that the
 question and the stop rules name, and what does not fit a cell (a long stop reason, a reload's error) is printed
-whole below its table. Written to a file or a pipe (no terminal), a table is never cut: it takes its full width.
+whole below its table. Written to a file or a pipe (no terminal), a table is never cut: where its columns do
+not fit the report's width (long run or artifact ids), it takes the width they need.
 """
 from __future__ import annotations
 
@@ -26,12 +27,7 @@ def _table(title: str) -> Table:
 MAX_METRIC_COLUMNS = 6
 COLUMN_GAP = 3  # what _table's box puts between two columns: padding, divider, padding
 MIN_STOP_WIDTH = 16
-UNCUT = 100_000  # the width a table gets where no terminal cuts it: its own
-
-
-def _width(console: Console) -> int:
-    """The width the tables fit: the terminal's, or, written to a file or a pipe, whatever they need."""
-    return console.width if console.is_terminal else UNCUT
+UNCUT = 100_000  # where no terminal bounds a table, it is measured at this width: its own
 
 
 def _print(console: Console, table: Table) -> None:
@@ -40,7 +36,12 @@ def _print(console: Console, table: Table) -> None:
         console.print(table)
         return
     needed = Measurement.get(console, console.options.update(width=UNCUT), table).maximum
-    console.print(table, width=max(console.width, needed))
+    width = console.width
+    console.width = max(width, needed)
+    try:
+        console.print(table)
+    finally:
+        console.width = width
 
 
 def _row_width(widths: Iterable[int]) -> int:
@@ -83,10 +84,9 @@ def runs_table(console: Console, report: Report) -> None:
     stop_header = "stop rule: reason"
     fixed = _row_width(max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers))
     stop_natural = max(len(stop_header), *(len(s) for s in stops))
-    width = _width(console)
-    columns = _metric_columns(runs, list(report.named_metrics or []), fixed, stop_natural, width)
-    stop_width = max(min(stop_natural, width - _row_width([fixed, *(w for _, w in columns)]) - COLUMN_GAP),
-                     min(stop_natural, MIN_STOP_WIDTH))
+    columns = _metric_columns(runs, list(report.named_metrics or []), fixed, stop_natural, console.width)
+    stop_width = max(min(stop_natural, console.width - _row_width([fixed, *(w for _, w in columns)]) - COLUMN_GAP),
+                     min(stop_natural, max(MIN_STOP_WIDTH, len(stop_header))))  # its header is never cut
     table = _table("Runs")
     for header in headers:
         table.add_column(header, no_wrap=True)
