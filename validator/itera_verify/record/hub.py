@@ -86,8 +86,9 @@ def add_to_hub_cache(folder: str | os.PathLike, repo_id: str, cache_dir: str | o
     identity = on_disk(source)
     if identity is None or identity.kind not in BASE_KINDS:
         found = f" ({identity.what})" if identity is not None else ""
-        raise RecordError(f"{source}: not a model or pipeline folder{found}: save it with save_pretrained (a "
-                          "transformers model, a diffusers pipeline, a timm model) or SentenceTransformer.save first")
+        raise RecordError(f"{source}: not a model or pipeline folder{found}: no config.json with weights, "
+                          "model_index.json or modules.json; save it with save_pretrained (a transformers model, a "
+                          "diffusers pipeline, a timm model) or SentenceTransformer.save first")
     if cache_dir is not None:
         Path(cache_dir).mkdir(parents=True, exist_ok=True)  # a new cache for the campaign is fine
     digests = {p.relative_to(source).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
