@@ -187,5 +187,6 @@ def test_the_image_campaign_verifies_seals_signs_pushes_and_audits_from_the_buck
         store.stop()
     audit = json.loads(audited.stdout)
     assert audited.returncode == 0, [f for f in audit["findings"] if f["severity"] == "error"]
-    assert audit["audit"]["signature"]["signer"] == "renter@example.com" if "signer" in audit["audit"].get(
-        "signature", {}) else True
+    signature = audit["audit"]["signature"]
+    assert signature["signed"] is True and signature["principals"] == ["renter@example.com"]
+    assert audit["verdict"] == "pass" and audit["archive"]["path"] == key
