@@ -15,14 +15,14 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from .layouts import LATEST, PIPELINE_INDEX, STEP_PREFIX, TRAINER_STATE
 from .loaders import LOADERS
 
-# The files whose presence names the library that wrote the folder.
-PIPELINE_INDEX = "model_index.json"  # diffusers save_pretrained
+# The files whose presence names the library that wrote the folder (beside a pipeline's model_index.json and a
+# Trainer checkpoint's trainer_state.json, format/layouts.py's).
 MODULES = "modules.json"  # SentenceTransformer.save
 ADAPTER_CONFIG = "adapter_config.json"  # PEFT save_pretrained
 CONFIG = "config.json"  # transformers and timm (save_for_hf)
-TRAINER_STATE = "trainer_state.json"  # a Trainer checkpoint-N/
 LORA_FILES = ("pytorch_lora_weights.safetensors", "pytorch_lora_weights.bin")  # diffusers save_lora_weights
 WEIGHT_NAMES = re.compile(r"(model|pytorch_model|tf_model|flax_model)(-\d+-of-\d+)?\.(safetensors|bin|h5|msgpack)"
                           r"|(model|pytorch_model)\.(safetensors|bin)\.index\.json")
@@ -102,11 +102,11 @@ def identify(name: str, files: Iterable[str], is_folder: bool, documents: Mappin
         return _identify_file(name, files[0] if files else name.rsplit("/", 1)[-1], tensor_names)
     top = _top(files)
     dirs = {name.split("/", 1)[0] for name in files if "/" in name}
-    if TRAINER_STATE in top or "latest" in top or any(d.startswith("global_step") for d in dirs) \
+    if TRAINER_STATE in top or LATEST in top or any(d.startswith(STEP_PREFIX) for d in dirs) \
             or ".metadata" in top and any(f.endswith(".distcp") for f in top) \
             or any(re.fullmatch(r"random_states_\d+\.pkl", f) for f in top):
         return _identity("resume-checkpoint", "hf-trainer-checkpoint" if TRAINER_STATE in top else
-                         "deepspeed-checkpoint" if "latest" in top else
+                         "deepspeed-checkpoint" if LATEST in top else
                          "dcp" if ".metadata" in top else "accelerate-state",
                          "a resume checkpoint folder", CHECKPOINT_PROVERS)
     if PIPELINE_INDEX in top:
