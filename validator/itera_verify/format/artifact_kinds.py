@@ -35,6 +35,11 @@ RESUME_LOADERS = frozenset(name for name, row in LOADERS.items() if "resume-chec
 # A checkpoint folder also holds a loadable model: declared as one, it is proven as one.
 CHECKPOINT_PROVERS = RESUME_LOADERS | {"transformers", "peft", "safetensors"}
 HEADER_SAMPLE = 2  # safetensors files whose tensor names are read to recognise a LoRA layout
+# What only a checkpoint holds beside the weights: the optimizer, the scheduler, the RNG states (Trainer, accelerate).
+RESUME_FILE = re.compile(r"(optimizer|scheduler)(_\d+)?\.(pt|bin)|rng_state(_\d+)?\.pth|random_states_\d+\.pkl")
+# A model or adapter folder declared as a resume checkpoint is one stripped of its resume files: the resume
+# loader says which are missing (IV507), not IV510.
+MODEL_PROVERS = RESUME_LOADERS
 
 
 @dataclass(frozen=True)
@@ -103,19 +108,17 @@ def identify(name: str, files: Iterable[str], is_folder: bool, documents: Mappin
     top = _top(files)
     dirs = {name.split("/", 1)[0] for name in files if "/" in name}
     if TRAINER_STATE in top or LATEST in top or any(d.startswith(STEP_PREFIX) for d in dirs) \
-            or ".metadata" in top and any(f.endswith(".distcp") for f in top) \
-            or any(re.fullmatch(r"random_states_\d+\.pkl", f) for f in top):
-        return _identity("resume-checkpoint", "hf-trainer-checkpoint" if TRAINER_STATE in top else
-                         "deepspeed-checkpoint" if LATEST in top else
-                         "dcp" if ".metadata" in top else "accelerate-state",
-                         "a resume checkpoint folder", CHECKPOINT_PROVERS)
+            or any(RESUME_FILE.fullmatch(f) for f in top) \
+            or ".metadata" in top and any(f.endswith(".distcp") for f in top):
+        return _identity("resume-checkpoint", _resume_loader(top, dirs), "a resume checkpoint folder",
+                         CHECKPOINT_PROVERS)
     if PIPELINE_INDEX in top:
         return _identity("diffusers-pipeline", "diffusers", f"a diffusers pipeline folder ({PIPELINE_INDEX})")
     if MODULES in top:
         return _identity("sentence-transformers-model", "sentence-transformers",
                          f"a sentence-transformers folder ({MODULES})")
     if ADAPTER_CONFIG in top:
-        return _identity("peft-adapter", "peft", f"a PEFT adapter folder ({ADAPTER_CONFIG})")
+        return _identity("peft-adapter", "peft", f"a PEFT adapter folder ({ADAPTER_CONFIG})", MODEL_PROVERS)
     lora = [f for f in LORA_FILES if f in top] or [
         f for f in _suffixed(top, ".safetensors") if lora_layout(tensor_names.get(f, ()))]
     config = documents.get(CONFIG)
@@ -129,6 +132,17 @@ def identify(name: str, files: Iterable[str], is_folder: bool, documents: Mappin
     return _identify_bare(name, top)
 
 
+def _resume_loader(top: set[str], dirs: set[str]) -> str:
+    """The resume loader of a checkpoint folder, from the names directly inside it."""
+    if TRAINER_STATE in top or any(name.startswith("rng_state") for name in top):
+        return "hf-trainer-checkpoint"
+    if LATEST in top or any(d.startswith(STEP_PREFIX) for d in dirs):
+        return "deepspeed-checkpoint"
+    if ".metadata" in top:
+        return "dcp"
+    return "accelerate-state"
+
+
 def _identify_config(config: dict, top: set[str]) -> Identity | None:
     unread = tuple(_suffixed(top, ".gguf") + _suffixed(top, ".onnx"))
     if isinstance(config.get("architecture"), str) and "model_type" not in config:
@@ -136,11 +150,12 @@ def _identify_config(config: dict, top: set[str]) -> Identity | None:
     weights = any(WEIGHT_NAMES.fullmatch(f) for f in top)
     if isinstance(config.get("quantization_config"), dict):
         return _identity("transformers-model", "transformers",
-                         f"a quantized transformers model ({CONFIG} with `quantization_config`)", unread=unread)
+                         f"a quantized transformers model ({CONFIG} with `quantization_config`)", MODEL_PROVERS,
+                         unread=unread)
     if weights:
         # The safetensors loader proves a model's shards tensor by tensor (the format's documented use).
         return _identity("transformers-model", "transformers", f"a transformers model folder ({CONFIG} + weights)",
-                         {"safetensors"}, unread=unread)
+                         MODEL_PROVERS | {"safetensors"}, unread=unread)
     return None
 
 
