@@ -30,6 +30,7 @@ def two_seals(tmp_path):
     return make_archive(tmp_path / "first", seed=1), make_archive(tmp_path / "second", seed=2)
 
 
+@pytest.mark.slow  # four pushes of 11 MiB, the first starting the store
 @pytest.mark.parametrize("store_name", ["seaweedfs", "rclone"])
 def test_a_second_seal_pushed_to_the_same_key_is_refused_naming_both_sha256s(store_name, request, tmp_path):
     store = request.getfixturevalue(store_name)
@@ -102,6 +103,7 @@ def test_a_second_seal_copied_into_the_same_folder_is_refused(tmp_path):
     assert push(second, share, env, "--overwrite").returncode == 0 and sha256(share / NAME) == sha256(second)
 
 
+@pytest.mark.slow  # a seal, a store of its own, a push and two audits
 @pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs OpenSSH's ssh-keygen")
 def test_a_signature_the_receipt_lists_and_the_bucket_lost_is_IV702(built, tmp_path):
     from itera_verify import settle, verify
