@@ -40,6 +40,7 @@ from ..options import RunOptions
 from ..rules import all_rules
 from ..rules.archive import RECORD, AuditFacts, audit_findings
 from ..rules.pickles import seal_findings as pickle_findings
+from ..rules.reload import MACHINE_CODES
 from ..seal import termination_unwinds
 from ..seal.plan import SEAL_LAYOUT
 from .config import settle
@@ -100,7 +101,8 @@ def audit(archive: str | os.PathLike, options: RunOptions | None = None, *,
                                               device=resolved_device, progress=progress)
                 detached = _detached_checksum(path, extraction, remote)
                 facts = AuditFacts(path.name, limit, extraction, seal_scans=_scan_seal_files(extraction),
-                                   detached=None if detached is NOT_COMPARED else detached, unwalkable=unwalkable)
+                                   detached=None if detached is NOT_COMPARED else detached, unwalkable=unwalkable,
+                                   missing_sidecars=remote.missing_sidecars() if remote is not None else ())
                 # The top folder is the manifest's campaign_id (the seal names it so): compared once re-checked.
                 facts.rechecked, facts.campaign_id = bool(report.audit.get("rechecked")), report.campaign_id
                 facts.collisions = extraction_collisions(path, extraction.top) if extracted_by_tar else ()
@@ -404,13 +406,17 @@ def _configurations(recorded: dict, report: Report) -> dict:
     explained = [code for code in blocking if sender.get(code) != "error"
                  and code in registry and registry[code].severity != Severity.ERROR]
     recorded_version = _version(_recorded_text(recorded.get("version")))
-    newer = [code for code in blocking if code not in explained and code in registry and recorded_version is not None
-             and _version(registry[code].since) > recorded_version]
+    # What this machine could not do (a base not in the reviewer's hub cache) says nothing of the content.
+    machine = [code for code in blocking if code in MACHINE_CODES]
+    newer = [code for code in blocking if code not in explained and code not in machine and code in registry
+             and recorded_version is not None and _version(registry[code].since) > recorded_version]
+    unexplained = [code for code in blocking if code not in explained and code not in machine and code not in newer]
     return {"sender_rules": len(sender), "configuration_differences": differences,
-            "explained_by_configuration": explained, "explained_by_version": newer,
-            "not_believed": [{"code": code, "sender": sender.get(code, "not run")} for code in blocking
-                             if code not in explained and code not in newer and sender.get(code) != "error"],
-            "unexplained_blocking": [code for code in blocking if code not in explained and code not in newer]}
+            "explained_by_configuration": explained, "explained_by_this_machine": machine,
+            "explained_by_version": newer,
+            "not_believed": [{"code": code, "sender": sender.get(code, "not run")} for code in unexplained
+                             if sender.get(code) != "error"],
+            "unexplained_blocking": unexplained}
 
 
 VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)")

@@ -32,6 +32,20 @@ HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 # A pinned revision: a 40-hex commit (IV501); a branch or tag name is not a pin.
 PINNED_REVISION = re.compile(r"[0-9a-f]{40}")
 
+# A hub-cache snapshot folder, <cache>/models--ORG--NAME/snapshots/<commit>[/subfolder]: what diffusers (and
+# transformers) record as a saved component's `_name_or_path` when the base was loaded from the hub.
+HUB_SNAPSHOT = re.compile(r".*/models--(?P<repo>[^/]+)/snapshots/(?P<revision>[^/]+)(?:/(?P<sub>[^/].*?))?/?")
+NAME_OR_PATH = "_name_or_path"
+
+
+def snapshot_repo(value: str) -> tuple[str, str, str | None] | None:
+    """(hub id, revision, subfolder) of a hub-cache snapshot path, or None for another value."""
+    match = HUB_SNAPSHOT.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        return None
+    return match.group("repo").replace("--", "/", 1), match.group("revision"), match.group("sub")
+
+
 # Suffixes of files torch, pickle and joblib users read with an unpickler (SPEC §6: scanned by name or content).
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle")
 

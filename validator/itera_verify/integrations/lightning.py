@@ -159,6 +159,9 @@ class LightningRecorder(pl.Callback):
 
     def on_train_end(self, trainer, pl_module):
         self._priced_saves(trainer)
+        # A proof that failed at the last step (no batch came after it): the run stops here, not at complete().
+        pending = self.run.pending_stop(trainer.global_step) if trainer.is_global_zero else None
+        self._decide(trainer, pending)
         if trainer.is_global_zero and self.register_checkpoints:
             self._register_checkpoints(trainer)
         if trainer.is_global_zero and self.save_weights_to and not self.stopped:

@@ -55,10 +55,11 @@ class PushResult:
 
 def push(archive, dest, *, endpoint_url: str | None = None, read_back: bool = False, jobs: int = 4,
          part_size: int = DEFAULT_PART_SIZE, progress: Progress = NULL_PROGRESS, deadline: float | None = None,
-         warn=None) -> PushResult:
+         warn=None, overwrite: bool = False) -> PushResult:
     """Send `archive` (with its sidecars, the receipt last) to `dest`: `s3://bucket/prefix/` or a folder.
     `deadline` (seconds since the epoch, the rental's end): the first parts' throughput predicts the end of the
-    upload, and `warn` (default: progress.log) hears at once when it falls after the deadline."""
+    upload, and `warn` (default: progress.log) hears at once when it falls after the deadline. Another archive
+    already under the same name is never replaced unless `overwrite` (occupied.py: exit 1 otherwise)."""
     from .deadline import DeadlineWatch
 
     started, uploaded_at = time.monotonic(), _now()
@@ -69,11 +70,11 @@ def push(archive, dest, *, endpoint_url: str | None = None, read_back: bool = Fa
         watch = DeadlineWatch(deadline, warn or progress.log)
         result = _push_s3(archive, str(dest), sha256, sidecars, endpoint_url=endpoint_url, read_back=read_back,
                           jobs=jobs, part_size=part_size, progress=progress, started=started,
-                          uploaded_at=uploaded_at, watch=watch)
+                          uploaded_at=uploaded_at, watch=watch, overwrite=overwrite)
         result.deadline = watch.facts()
         return result
     return _push_folder(archive, dest, sha256, sidecars, progress=progress, started=started,
-                        uploaded_at=uploaded_at)
+                        uploaded_at=uploaded_at, overwrite=overwrite)
 
 
 def seal_follower(dest, **options):
@@ -182,12 +183,12 @@ def _write_receipt_here(archive: Path, receipt: dict) -> tuple[Path, bytes]:
 
 # ---- a folder ------------------------------------------------------------------------------------------
 def _push_folder(archive: Path, dest, sha256: str, sidecars: list, *, progress: Progress, started: float,
-                 uploaded_at: str) -> PushResult:
+                 uploaded_at: str, overwrite: bool = False) -> PushResult:
     from .local import copy_verified
     from .store import folder_destination
 
     folder = folder_destination(dest)
-    _, size, crc = copy_verified(archive, folder, expected_sha256=sha256, progress=progress)
+    _, size, crc = copy_verified(archive, folder, expected_sha256=sha256, progress=progress, overwrite=overwrite)
     return finish_folder(archive, folder, sha256, sidecars, size=size, crc=crc, started=started,
                          uploaded_at=uploaded_at)
 
@@ -209,7 +210,8 @@ def finish_folder(archive: Path, folder: Path, sha256: str, sidecars: list, *, s
 
 # ---- S3 ------------------------------------------------------------------------------------------------
 def _push_s3(archive: Path, dest: str, sha256: str, sidecars: list, *, endpoint_url, read_back: bool, jobs: int,
-             part_size: int, progress: Progress, started: float, uploaded_at: str, watch) -> PushResult:
+             part_size: int, progress: Progress, started: float, uploaded_at: str, watch,
+             overwrite: bool = False) -> PushResult:
     from . import multipart
     from .store import client, s3_destination
 
@@ -217,7 +219,7 @@ def _push_s3(archive: Path, dest: str, sha256: str, sidecars: list, *, endpoint_
     s3 = client(endpoint_url, jobs)
     endpoint = s3.meta.endpoint_url
     uploaded = multipart.upload(s3, archive, location, sha256=sha256, endpoint=endpoint, jobs=jobs,
-                                part_size=part_size, progress=progress, watch=watch)
+                                part_size=part_size, progress=progress, watch=watch, overwrite=overwrite)
     return finish_s3(s3, archive, location, uploaded, sha256, sidecars, read_back=read_back, jobs=jobs,
                      started=started, uploaded_at=uploaded_at, endpoint=endpoint)
 

@@ -13,7 +13,11 @@ from ..format.names import PINNED_REVISION
 from ..runtime import hfcache
 from ..runtime.hfcache import resolve_hf_cache
 from ..model import UsageError
+from ..package.artifact_identity import on_disk
 from .errors import RecordError
+
+# What a base can be: the folders a library loads whole from a hub id (an adapter or a LoRA is never a base).
+BASE_KINDS = ("transformers-model", "diffusers-pipeline", "timm-model", "sentence-transformers-model")
 
 COMMIT = PINNED_REVISION
 
@@ -67,7 +71,8 @@ def loaded_commit(model) -> str | None:
 
 
 def add_to_hub_cache(folder: str | os.PathLike, repo_id: str, cache_dir: str | os.PathLike | None = None) -> str:
-    """Lay out a model folder you built yourself (save_pretrained of a base you pre-trained) in the hub cache as
+    """Lay out a model folder you built yourself (save_pretrained of a base you pre-trained, a diffusers pipeline,
+    a timm or sentence-transformers folder) in the hub cache as
     huggingface_hub lays out a download: `blobs/<sha256>`, `snapshots/<commit>/<file>` linking to them, and
     `refs/main`. An adapter trained on `from_pretrained(repo_id, cache_dir=...)` then pins `repo_id` at that commit
     (IV501/IV502), and a reviewer's reload finds it offline. The commit is derived from the files (sha1 of their
@@ -80,8 +85,12 @@ def add_to_hub_cache(folder: str | os.PathLike, repo_id: str, cache_dir: str | o
         raise RecordError(f"{repo_id!r} is not a hub id (org/name): name the base as the adapter will pin it")
     source = Path(folder)
     files = sorted(p for p in source.rglob("*") if p.is_file() and not p.is_symlink())
-    if not (source / "config.json").is_file():
-        raise RecordError(f"{source}: no config.json (save the model with save_pretrained first)")
+    identity = on_disk(source)
+    if identity is None or identity.kind not in BASE_KINDS:
+        found = f" ({identity.what})" if identity is not None else ""
+        raise RecordError(f"{source}: not a model or pipeline folder{found}: no config.json with weights, "
+                          "model_index.json or modules.json; save it with save_pretrained (a transformers model, a "
+                          "diffusers pipeline, a timm model) or SentenceTransformer.save first")
     if cache_dir is not None:
         Path(cache_dir).mkdir(parents=True, exist_ok=True)  # a new cache for the campaign is fine
     digests = {p.relative_to(source).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}

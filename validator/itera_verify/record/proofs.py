@@ -149,6 +149,7 @@ class Proofs:
             with self._lock:
                 if self.pending is None:
                     self.pending = Violation(rule, proof.step or 0, "resume_proof", math.nan, reason)
+            _UNSETTLED.add(self)
             return
         what = ("failed" if conclusive_failure(result) else "did not conclude")
         message = (f"the resume proof of {self.run.id}'s checkpoint {proof.artifact} {what}: {finding}"
@@ -168,6 +169,7 @@ class Proofs:
     def take_pending(self) -> Violation | None:
         with self._lock:
             pending, self.pending = self.pending, None
+        _UNSETTLED.discard(self)
         return pending
 
     def running(self) -> list[Proof]:
@@ -276,11 +278,17 @@ def _tail(log: Path) -> str:
 # Proofs still running when the script ends are waited for, so their result is recorded (each proof is bounded
 # by its timeout).
 _LIVE: set[Proofs] = set()
+_UNSETTLED: set[Proofs] = set()  # a failed proof under the rule waits here until its run stops for it
 
 
 @atexit.register
 def _wait_at_exit() -> None:
-    for proofs in list(_LIVE):
+    for proofs in list(_LIVE | _UNSETTLED):
         if proofs.running():
             print(f"itera-verify: waiting for the resume proof of {proofs.run.id}", file=sys.stderr, flush=True)
         proofs.wait()
+        try:
+            proofs.run.stop_pending()  # a failed proof nobody took: the run's stop record, not a lost finding
+        except Exception as exc:  # noqa: BLE001 - at exit, one line where the user looks
+            print(f"itera-verify: the stop of {proofs.run.id} for its failed resume proof could not be recorded: "
+                  f"{exc}", file=sys.stderr, flush=True)

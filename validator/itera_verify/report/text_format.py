@@ -264,6 +264,10 @@ def _record(console: Console, report: Report) -> None:
         console.print(f"  {', '.join(clean(c) for c in newer)}: failing now; rules added after the sender's "
                       f"itera-verify {clean(comparison.get('recorded_version'))} (a newer tool checks more, not a "
                       "change of content)", soft_wrap=True)
+    machine = comparison.get("explained_by_this_machine") or []
+    if machine:
+        console.print(f"  {', '.join(clean(c) for c in machine)}: what this machine could not verify (a base not in "
+                      "its hub cache, a library not installed), not a change of content", soft_wrap=True)
     for claim in comparison.get("not_believed") or []:
         if isinstance(claim, dict):
             console.print(f"  {clean(claim.get('code'))}: failing now; the sender's record says "

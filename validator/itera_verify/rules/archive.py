@@ -32,7 +32,9 @@ RULES = [
                  ".sig and model.sig when signed) and nothing else: any other "
                  "member there is refused even when SHA256SUMS lists it; every file there, the seal's own "
                  "included, is scanned, and a pickle there is named (IV506 besides, when it names a global "
-                 "outside the allowlist).",
+                 "outside the allowlist). Audited from a bucket, what the push receipt lists beside the archive "
+                 "(its .sha256, its .sig) must be there too: a signature deleted after the push would otherwise "
+                 "read as an unsigned delivery.",
          bad="predictions/extra.jsonl in the archive, not in SEAL/SHA256SUMS",
          good="the same set of file names on both sides"),
     Rule("IV703", Severity.ERROR, "audit: an unsafe member",
@@ -120,6 +122,7 @@ class AuditFacts:
     extraction: "Extraction"
     seal_scans: dict[str, "ScanResult"] = field(default_factory=dict)  # every SEAL/ file, written aside, scanned
     detached: tuple[str, bool] | None = None  # (<archive>.sha256, whether it names this archive's bytes)
+    missing_sidecars: tuple[str, ...] = ()  # from a bucket: what the push receipt lists beside it, not there
     unwalkable: str | None = None  # why the extracted package could not be walked
     record_contradicted: bool = False  # the recorded verdict is pass, the re-check fails
     contradicting_codes: tuple[str, ...] = ()  # the blocking codes that no configuration difference explains
@@ -165,6 +168,11 @@ def audit_findings(facts: AuditFacts) -> list[Finding]:
     if facts.detached is not None and not facts.detached[1]:
         findings.append(Finding("IV701", facts.archive_name,
                                 message=f"the archive's SHA-256 does not match {facts.detached[0]}"))
+    for name in facts.missing_sidecars:
+        findings.append(Finding("IV702", name, message=f"the push receipt beside the archive lists {name}, and the "
+                                                       "bucket does not hold it: what was delivered beside the "
+                                                       "archive is incomplete"
+                                + (" (its signature was removed)" if name.endswith(".sig") else "")))
     findings += _sums_findings(extraction)
     skipped = extraction.skippable
     if skipped.frames:

@@ -10,6 +10,7 @@ from ..package.jsonpos import line_of, pointer_lines
 from ..package.layout import references
 from ..format import names
 from ..format.parts import PROVENANCE
+from ..format.names import NAME_OR_PATH, snapshot_repo
 from ..model import Finding, Rule, Severity, UsageError
 from ..package import MANIFEST, RELOAD, RunContext, pointer_of
 from ..package.pickles.strings import pickled_strings
@@ -137,7 +138,8 @@ def _document_values(ctx: RunContext, rel: str, suffix: str, matcher: TmpMatcher
 
     for path, string in tmp_hits[:PER_FILE]:
         pointer, line = located(path)
-        yield Finding("IV201", rel, pointer=pointer, line=line, message=f"temporary-directory path {_short(string)}")
+        yield Finding("IV201", rel, pointer=pointer, line=line,
+                      message=f"temporary-directory path {_short(string)}{_tmp_fix(path, string)}")
     if len(tmp_hits) > PER_FILE:
         yield Finding("IV201", rel, message=f"{len(tmp_hits) - PER_FILE} more temporary-directory paths in this file")
     for path, string in outside_hits[:PER_FILE]:
@@ -147,17 +149,13 @@ def _document_values(ctx: RunContext, rel: str, suffix: str, matcher: TmpMatcher
                       or f"absolute path outside the package: {_short(string)}")
 
 
-# A hub-cache snapshot folder: <cache>/models--ORG--NAME/snapshots/<commit>[/subfolder].
-_HUB_SNAPSHOT = re.compile(r".*/models--(?P<repo>[^/]+)/snapshots/(?P<revision>[^/]+)(?:/(?P<sub>[^/].*?))?/?")
-
-
 def _hub_snapshot_words(ctx: RunContext, path: list, value: str) -> str | None:
     """IV202's message for the hub-cache snapshot a library loaded the base from (diffusers records it as each
     component's `_name_or_path`): what it is, and whether the manifest pins that base; None for another path."""
-    match = _HUB_SNAPSHOT.fullmatch(value)
-    if not match:
+    snapshot = snapshot_repo(value)
+    if snapshot is None:
         return None
-    repo, revision, sub = match.group("repo").replace("--", "/", 1), match.group("revision"), match.group("sub")
+    repo, revision, sub = snapshot
     key = path[-1] if path else None
     recorded = " recorded by diffusers/transformers as `_name_or_path`" if key == "_name_or_path" else ""
     pinned = {(b.get("name"), b.get("revision")) for a in ctx.documents.artifacts()
@@ -171,6 +169,20 @@ def _hub_snapshot_words(ctx: RunContext, path: list, value: str) -> str | None:
         tail = f"name the base in the manifest (artifact `base`: {repo!r} and its revision) so a reviewer can load it"
     return (f"the base's hub-cache snapshot on the training machine, {repo} at {revision}"
             + (f" ({sub})" if sub else "") + f",{recorded}: {tail} ({_short(value)})")
+
+def _tmp_fix(path: list, value: str) -> str:
+    """What wrote a temporary path IV201 found, and how to fix it, where the key says it: `_name_or_path` is
+    where save_pretrained (diffusers, transformers) records the folder the model was loaded from."""
+    if not path or path[-1] != NAME_OR_PATH:
+        return ""
+    snapshot = snapshot_repo(value)
+    if snapshot is not None:
+        return (f": save_pretrained recorded the hub-cache snapshot the base was loaded from ({snapshot[0]} at "
+                f"{snapshot[1]}) as `{NAME_OR_PATH}`; write \"{snapshot[0]}\" there (the recorder's run.artifact "
+                "and callbacks do), or keep the hub cache outside the temporary folder")
+    return (f": save_pretrained recorded the folder the model was loaded from as `{NAME_OR_PATH}`; write the "
+            "model's hub id there instead")
+
 
 _VALUE_MAY_BE_ABSOLUTE = re.compile(r'"(?:/|\\/|[A-Za-z]:(?:\\\\|/|\\/))')
 
