@@ -1,4 +1,4 @@
-"""Signed seals (SPEC §7, IV801-IV803): real keys made by ssh-keygen, a real ssh-agent started here (and killed at
+"""Signed seals (docs/format.md, signatures, IV801-IV803): real keys made by ssh-keygen, a real ssh-agent started here (and killed at
 the end), OpenSSH verifying what the seal wrote, the audit refusing what a courier could do to a signed archive,
 and the pure-Python verifier against `ssh-keygen -Y verify` over valid and damaged signatures."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Checkpoint layouts as data: from the names in a checkpoint folder, which layout it is and which of its
-requirements the names do not meet (SPEC §1, multi-GPU training outputs; §6 resume readings).
+requirements the names do not meet (docs/format.md: multi-GPU training outputs, the resume readings).
 
 One reading for the two halves of IV507/IV508: the static checks (`--no-reload`, the CI gate) call
 `trainer_requirements` on the names discovery saw, the reload calls it on the names in the folder it is about to

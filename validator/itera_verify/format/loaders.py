@@ -52,7 +52,7 @@ TABLE = (
            what="an Accelerator.save_state folder"),
     Loader("lightning-checkpoint", "lightning", ("resume-checkpoint",), FILE, "one .ckpt file", ".ckpt",
            what="one .ckpt file"),
-    # SPEC §1 "Loaders beyond Hugging Face text models": each library is an optional extra of the tool.
+    # docs/format.md, loaders "Loaders beyond Hugging Face text models": each library is an optional extra of the tool.
     Loader("diffusers", "diffusers", ("diffusers-pipeline",), FOLDER, default_for=("diffusers-pipeline",),
            libraries=("diffusers",), extra="diffusers"),
     # peft, which load_lora_weights needs, is one of the tool's own dependencies.

@@ -1,4 +1,5 @@
-"""What a push leaves beside the archive and in the store (SPEC §7 "Leaving the machine: push"): names and fields.
+"""What a push leaves beside the archive and in the store (docs/integration.md, leaving the machine): names and
+fields.
 
 The push writes the journal and the receipt with these names; the audit from a bucket reads the object's
 metadata and the sidecars by them. Pure facts, no I/O.

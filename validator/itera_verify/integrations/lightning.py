@@ -6,7 +6,7 @@ live (every rank takes the decision together), and at the end saves the module's
 safetensors and registers them. Only the global-zero process writes.
 
 With `register_checkpoints=True`, each `.ckpt` file the trainer's ModelCheckpoint callbacks save inside the
-package is registered as a resume artifact (loader `lightning-checkpoint`, SPEC's multi-GPU table) when it is
+package is registered as a resume artifact (loader `lightning-checkpoint`, docs/format.md's multi-GPU table) when it is
 saved, priced (write seconds from the checkpoint's dump to its file's last write, bytes) and, by `prove_resume`
 ("first", "every", False), its resume proven in the background as RecordCallback does; those kept at the end are
 registered again, those deleted forgotten. Off by default until every checker in use knows that loader."""

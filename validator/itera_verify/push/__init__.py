@@ -1,4 +1,4 @@
-"""Leaving the machine (SPEC §7): push a sealed archive to S3 or a folder, verified, with a receipt.
+"""Leaving the machine (docs/integration.md): push a sealed archive to S3 or a folder, verified, with a receipt.
 
 The archive goes first (multipart.py: resumable, parallel parts, checked by the store), is proven equal to the
 local bytes (the store's CRC64NVME of the whole object, or the object read back and hashed when the store keeps

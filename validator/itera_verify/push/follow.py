@@ -65,7 +65,8 @@ class Follower:
         threads start (flows/verify.py); begin() calls it too. Idempotent."""
 
     def set_deadline(self, end) -> None:
-        """The rental's end (a datetime with its zone, or None), once the workflow knows it (SPEC §7)."""
+        """The rental's end (a datetime with its zone, or None), once the workflow knows it (docs/integration.md,
+        leaving the machine)."""
         self.watch.deadline = end.timestamp() if end is not None else None
 
     def abandon(self) -> None:

@@ -163,7 +163,7 @@ class Campaign:
         (default: the longest lot), other expenses ({label, usd, included}). `started_at` (RFC 3339, or an aware
         datetime): when the rental began, given to every lot that does not say (to this machine's lot only, when
         it was opened with `lot=`); the rental ends at started_at +
-        days (SPEC §7), which the recorder prints at each save. Declaring the same plan again is a no-op."""
+        days (docs/record.md), which the recorder prints at each save. Declaring the same plan again is a no-op."""
         if not self.writer:
             return
         if not lots or not all(isinstance(lot, dict) and {"gpu", "days", "price_usd"} <= lot.keys() for lot in lots):
@@ -180,7 +180,7 @@ class Campaign:
             raise RecordError(f"plan lots: every price_usd is an amount between 0 and {money_rules.MAX_USD:,} USD")
         if not all(isinstance(e, dict) and {"label", "usd", "included"} <= e.keys() for e in other_expenses):
             raise RecordError("other expenses: a list of {label, usd, included}")
-        # Lots bought together run side by side: the window is the longest lot (SPEC §6).
+        # Lots bought together run side by side: the window is the longest lot (docs/format.md).
         longest = max(lot["days"] for lot in lots) * 24
         window_hours = longest if window_hours is None else window_hours
         if window_hours > longest:
@@ -317,7 +317,7 @@ def _unexplained_hours(manifest: dict, observed_hours: float) -> float:
 
 
 def cost_per_accepted(plan: dict, accepted: list[str]) -> float | None:
-    """(rental + included other expenses) / distinct accepted runs, to the cent; None at zero (SPEC §6). The
+    """(rental + included other expenses) / distinct accepted runs, to the cent; None at zero (docs/format.md). The
     arithmetic is format/money.py's, the one the budget rules check with."""
     return money(money_rules.cost_per_accepted(money_rules.total_usd(plan), len(set(accepted))))
 

@@ -23,7 +23,7 @@ COMMIT = PINNED_REVISION
 
 
 def hub_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The hub cache, found as the checker finds it (SPEC §6 --hf-cache): `cache_dir` (a hub cache or an
+    """The hub cache, found as the checker finds it (docs/format.md --hf-cache): `cache_dir` (a hub cache or an
     HF_HOME), else HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub."""
     try:
         # The recorder is an entry point of its own: the environment is read here, once per call.

@@ -1,4 +1,4 @@
-"""The early resume proof (SPEC §7): a checkpoint reloaded, while the training goes on, by the very reload
+"""The early resume proof (docs/record.md): a checkpoint reloaded, while the training goes on, by the very reload
 `itera-verify` runs at the end (static scan, weights_only, every component), in a background process at the
 lowest CPU and I/O priority, on the CPU unless told otherwise.
 

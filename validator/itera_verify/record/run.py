@@ -168,7 +168,7 @@ class Run:
         return pending
 
     def inputs(self, split: str, total: int, truncated: int, step: int | None = None) -> Violation | None:
-        """How many `split` inputs the run fed and how many of them the tokenizer truncated (SPEC §7): the metric
+        """How many `split` inputs the run fed and how many of them the tokenizer truncated (docs/record.md): the metric
         lines `inputs_total/<split>` and `inputs_truncated/<split>` at `step` (default: the last logged step),
         and the declared `truncated_input` rule they break, if any. Every rank may call it; only rank 0 writes.
         Before the run starts, the counts wait for its start (the callbacks start it at train begin and stop it

@@ -47,7 +47,7 @@ class Report:
         return sum(1 for f in self.findings if f.severity == severity)
 
     def to_json(self) -> dict[str, Any]:
-        """The stable JSON shape of SPEC §4 (schemas/report.schema.json)."""
+        """The stable JSON shape of docs/integration.md (schemas/report.schema.json)."""
         return {
             "tool": self.tool, "version": self.version, "mode": self.mode, "package": self.package,
             "campaign_id": self.campaign_id, "verdict": self.verdict, "strict": self.strict,

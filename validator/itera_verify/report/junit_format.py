@@ -106,7 +106,7 @@ def _properties(suite: ET.Element, report: Report) -> None:
         ("package", report.package), ("campaign_id", report.campaign_id), ("verdict", report.verdict),
         ("summary", verdict_line(report)), ("archive", archive.get("path")), ("archive_sha256", archive.get("sha256")),
         ("signature", signer_line(report)))
-    # Each run's saves (SPEC §7), one property per run: the viewers that show a suite's properties show these.
+    # Each run's saves (docs/record.md), one property per run: the viewers that show a suite's properties show these.
     values = [*values, *((f"saves.{clean(run.get('id'))}", saves_line(run)) for run in report.runs or []
                          if isinstance(run, dict))]
     properties = ET.Element("properties")

@@ -82,7 +82,7 @@ def verdict_line(report: Report) -> str:
 
 
 def cost_per_accepted(budget: dict) -> str:
-    """The ratio, or why it is undefined: never a cost of zero (SPEC §2 budget summary)."""
+    """The ratio, or why it is undefined: never a cost of zero (docs/format.md budget summary)."""
     ratio = budget.get("cost_per_accepted_usd")
     if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and ratio > 0:
         return usd(ratio)

@@ -149,7 +149,7 @@ def _cell(value, unit: str = "", digits: int = 1) -> str:
 
 
 def saves_table(console: Console, report: Report) -> None:
-    """What each run's saves cost (SPEC §7), what the guide asks to weigh: how often, how long each write, how
+    """What each run's saves cost (docs/record.md), what the guide asks to weigh: how often, how long each write, how
     long a restore, how much work a crash loses, the share of the run spent saving."""
     runs = [r for r in (report.runs or []) if isinstance(r, dict) and isinstance(r.get("saves"), dict)]
     if not runs:

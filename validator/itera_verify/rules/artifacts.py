@@ -226,7 +226,7 @@ def _shape_finding(ctx: RunContext, artifact: dict, loader: str, pointer: str, w
 
 
 def _pickled_weights(ctx: RunContext, artifact: dict) -> list[str]:
-    """Model-weight files stored as pickles inside one artifact (SPEC §6: never optimizer/RNG/resume files)."""
+    """Model-weight files stored as pickles inside one artifact (docs/format.md: never optimizer/RNG/resume files)."""
     path = _artifact_path(ctx, artifact)
     if not path or artifact.get("kind") not in ("safetensors", "transformers-model", "peft-adapter",
                                                  "resume-checkpoint", "diffusers-pipeline", "diffusers-lora",
