@@ -108,6 +108,14 @@ def seal_findings(problems: list[tuple[str, str, str]]) -> list[Finding]:
     return findings
 
 
+def assembled_link_refused(rel: str, target: str, lot: str, why: str) -> Finding:
+    """assemble (flows/assemble_merge.py): a part's link that, joined with the other parts' links, leads nowhere
+    safe; each part's audit resolved only its own."""
+    shown = target if len(target) <= 120 else target[:117] + "..."
+    return Finding("IV703", rel, message=f"the link {rel} -> {shown} of {lot}, joined with the other parts' links, "
+                                         f"resolves to {why}: nothing is assembled")
+
+
 # ---- the audit ---------------------------------------------------------------------------------------------
 STREAM_CODES = {"truncated": "IV702", "too-large": "IV705", "not-zstd": "IV701", "corrupt": "IV701",
                 "profile": "IV703", "canonical": "IV703"}
