@@ -8,13 +8,16 @@ signatures required with `--allowed-signers`. Then it is extracted once more, th
 into a private folder under DIR, and its SHA-256 must be the one audited: an object replaced in the bucket
 meanwhile is refused. The package is built there from the parts' files as they hold them (moved, never
 rewritten), the merged manifest.json, stops.json and reload.json, and `provenance/<lot>/` (each part's own
-three documents and SEAL/ records, which bind its reload proof: flows/partproofs.py). Nothing is left under
-DIR when anything is refused.
+three documents and SEAL/ records, which bind its reload proof: flows/partproofs.py; and `assembled.json`, what
+this assemble audited, authenticated with the reviewer's key: flows/assemble_record.py). Every folder is opened
+without following a link and nothing is ever replaced, so nothing is written outside DIR whatever the parts'
+links. Nothing is left under DIR when anything is refused.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import shutil
 import stat
@@ -32,8 +35,10 @@ from ..package.jsonread import read_json
 from ..record.files import dumps
 from ..report import Report
 from ..runtime.progress import NULL_PROGRESS, Progress
+from ..runtime.reviewer_key import reviewer_key
 from ..seal.plan import SEAL_LAYOUT
 from .assemble_merge import PartContent, merge
+from .assemble_record import ASSEMBLED, assembled_record
 from .audit import audit, default_max_size
 from .config import settle
 from .signatures import read_reviewer
@@ -100,6 +105,7 @@ def assemble(sources: list[str | os.PathLike], output: str | os.PathLike, option
     options = replace(options, part=True, reload=False)
     progress = NULL_PROGRESS if progress is None else progress
     read_reviewer(options.allowed_signers, options.signer)  # an unreadable file: exit 2 before any work
+    key = reviewer_key(options.results_key, options.environment, create=True)  # so is an unusable key
     out = _output_folder(output)
     assembly = Assembly(out)
     for source in part_sources(sources, options.endpoint_url):
@@ -132,7 +138,7 @@ def assemble(sources: list[str | os.PathLike], output: str | os.PathLike, option
         target = _refuse_existing(out, assembly.campaign_id)
         tree = staging / assembly.campaign_id
         try:
-            _build(tree, contents, merged, assembly.parts)
+            _build(tree, contents, merged, assembly.parts, key)
         except OSError as exc:  # the merge refuses what would collide: this is the last line of defence
             assembly.findings.append(Finding("IV703", str(exc.filename or assembly.campaign_id), message=(
                 f"cannot be placed safely ({exc.strerror or exc}: a link or another part's entry in its way); "
@@ -271,8 +277,9 @@ def _extract(part: PartAudit, folder: Path, options: RunOptions, assembly: Assem
     return PartContent(part.name, documents, entries), root, extraction
 
 
-def _build(tree: Path, contents, merged, parts: list[PartAudit]) -> None:
-    """The package: every file from the part that holds it (moved), the merged documents, the provenance.
+def _build(tree: Path, contents, merged, parts: list[PartAudit], key: bytes) -> None:
+    """The package: every file from the part that holds it (moved), the merged documents, the provenance (each
+    part's records, and what this assemble recorded of it with the reviewer's key: flows/assemble_record.py).
 
     Every folder is opened through descriptors that never follow a link (archive/extract.py's tree), on the
     part's side and on the package's, and nothing is ever replaced: whatever the parts' links, nothing is
@@ -293,13 +300,18 @@ def _build(tree: Path, contents, merged, parts: list[PartAudit]) -> None:
                       package.folder(names[:-1], create=True))
         for name in (MANIFEST, STOPS, RELOAD):
             _write(package, [name], dumps(merged.documents[name]))
+        campaign_id = str(merged.documents[MANIFEST].get("campaign_id"))
         for part, (_, _, extraction), source in zip(parts, contents, held):
-            kept = [PROVENANCE, str(part.lot)]
+            kept, digests = [PROVENANCE, str(part.lot)], {}
             for name in MERGED_DOCUMENTS:
                 _move(source.folder([], create=False), name, package.folder(kept, create=True))
+                digests[name] = extraction.files[name]
             for member, name in SEAL_RECORDS.items():
                 if member in extraction.seal_files:
                     _write(package, [*kept, name], extraction.seal_files[member])
+                    digests[name] = hashlib.sha256(extraction.seal_files[member]).hexdigest()
+            _write(package, [*kept, ASSEMBLED], assembled_record(key, campaign_id, str(part.lot), part.record(),
+                                                                 digests))
     finally:
         for opened in (package, *held):
             opened.close()

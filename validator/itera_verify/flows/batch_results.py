@@ -21,11 +21,10 @@ from ..model import UsageError
 from ..options import RunOptions
 from ..package.jsonread import read_json
 from ..push.listing import RESULT_MAX
-from ..runtime.reviewer_key import authentic, mac, reviewer_key
+from ..runtime.reviewer_key import authentic_record, authenticated, reviewer_key
 from ..version import __version__
 
 RESULT_FORMAT = "itera-verify-result/2"  # /1 carried no MAC
-MAC_KEY = "hmac_sha256"
 NOT_AUTHENTIC = "not authenticated by this reviewer's key (--results-key)"
 
 
@@ -92,8 +91,8 @@ class ResultStore:
             envelope = read_json(data)
         except ValueError:
             return None, "not readable as a result"
-        claimed = envelope.pop(MAC_KEY, None) if isinstance(envelope, dict) else None
-        if not authentic(self.key, RESULT_FORMAT, canonical(envelope), claimed):
+        envelope = authentic_record(self.key, RESULT_FORMAT, envelope)
+        if envelope is None:
             return None, NOT_AUTHENTIC
         report = self.valid(envelope, archive_sha256)
         return (report, None) if report is not None else (None, "not a result of this archive and these options")
@@ -124,8 +123,7 @@ class ResultStore:
             return None
         envelope = {"format": RESULT_FORMAT, "archive_sha256": archive_sha256, "version": __version__,
                     "options": self.digest, "report": json.loads(json.dumps(report, allow_nan=False, default=str))}
-        body = canonical(envelope)
-        data = body[:-1] + f',"{MAC_KEY}":"{mac(self.key, RESULT_FORMAT, body)}"}}'.encode("ascii")
+        data = authenticated(self.key, RESULT_FORMAT, envelope)
         if len(data) > RESULT_MAX:
             return None  # read back it would not be one: the next run audits it again
         where = self.where(archive_sha256)
@@ -161,10 +159,4 @@ class ResultStore:
         return data if len(data) <= RESULT_MAX else None
 
 
-def canonical(envelope: Any) -> bytes:
-    """The one spelling of an envelope its MAC covers: written so, and spelled so again from what is read."""
-    return json.dumps(envelope, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False,
-                      default=str).encode("ascii")
-
-
-__all__ = ["ResultStore", "canonical", "options_digest"]
+__all__ = ["ResultStore", "options_digest"]

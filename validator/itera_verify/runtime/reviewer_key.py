@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import secrets
 import stat
@@ -98,6 +99,36 @@ def _make(path: Path) -> None:
         raise UsageError(f"{path}: the results key cannot be made ({exc.strerror or exc})") from None
 
 
+MAC_FIELD = "hmac_sha256"  # the member of an authenticated record that holds its MAC
+
+
+def canonical(value) -> bytes:
+    """The one spelling of a record its MAC covers: written so, and spelled so again from what is read."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False,
+                      default=str).encode("ascii")
+
+
+def authenticated(key: bytes, purpose: str, record: dict) -> bytes:
+    """`record` as JSON bytes, with its MAC beside its members (a JSON object still)."""
+    body = canonical(record)
+    if not record or MAC_FIELD in record:
+        raise ValueError(f"an authenticated record has members, and none named {MAC_FIELD}")
+    return body[:-1] + f',"{MAC_FIELD}":"{mac(key, purpose, body)}"}}'.encode("ascii")
+
+
+def authentic_record(key: bytes | None, purpose: str, value) -> dict | None:
+    """The record (as parsed from what `authenticated` wrote), without its MAC, when the MAC is this key's;
+    else None. Nothing without the key passes: not a record edited, nor one of another purpose."""
+    if not isinstance(value, dict):
+        return None
+    record = {name: member for name, member in value.items() if name != MAC_FIELD}
+    try:
+        body = canonical(record)
+    except ValueError:
+        return None
+    return record if authentic(key, purpose, body, value.get(MAC_FIELD)) else None
+
+
 def mac(key: bytes, purpose: str, data: bytes) -> str:
     """HMAC-SHA256 of `data` for `purpose` (a record's format name), in hex."""
     return hmac.new(key, purpose.encode("ascii") + b"\n" + data, hashlib.sha256).hexdigest()
@@ -108,4 +139,5 @@ def authentic(key: bytes | None, purpose: str, data: bytes, claimed) -> bool:
         hmac.compare_digest(mac(key, purpose, data), claimed)
 
 
-__all__ = ["authentic", "default_key_file", "mac", "reviewer_key"]
+__all__ = ["MAC_FIELD", "authentic", "authentic_record", "authenticated", "canonical", "default_key_file", "mac",
+           "reviewer_key"]
