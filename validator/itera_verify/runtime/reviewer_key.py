@@ -9,8 +9,9 @@ purpose (so a record of one kind is never taken for the other). Without the key 
 The key is a file, `$XDG_CONFIG_HOME/itera-verify/results.key` (else `~/.config/itera-verify/results.key`),
 created on first use: 32 random bytes in hex, mode 0600, in a folder of mode 0700. `--results-key FILE` or
 `ITERA_RESULTS_KEY=FILE` names another, which must exist (shards on several machines share one key: a shared
-home, a Kubernetes Secret, a CI secret written to a file). A key that other users may read is refused: it
-would not be the reviewer's alone.
+home, a Kubernetes Secret, a CI secret written to a file). A key that every user may read, or its group may
+write, is refused: it would not be the reviewer's alone (its group may read it: a Secret mounted for a pod's
+fsGroup is).
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def default_key_file(environment: Environment) -> Path:
 def reviewer_key(explicit: Path | None, environment: Environment, *, create: bool) -> bytes | None:
     """The key's bytes: from `explicit` (it must exist), else from the default file, made there when `create`
     and missing (None when not `create` and missing). UsageError (exit 2) when it cannot be read or made, or
-    when other users may read it."""
+    when every user may read it."""
     path = explicit if explicit is not None else default_key_file(environment)
     try:
         return _read(path)
