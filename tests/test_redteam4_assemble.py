@@ -59,8 +59,6 @@ def test_each_hostile_part_audits_clean_alone(hostile_parts, tmp_path):
         assert result.returncode == 0, result.stdout[-2000:]
 
 
-@pytest.mark.xfail(strict=True, reason="red team 4: assemble moves a part's file through another part's link and "
-                                       "writes it outside -o DIR (flows/assemble.py _build)")
 def test_two_parts_whose_links_chain_across_lots_write_nothing_outside_DIR(hostile_parts, tmp_path):
     review = tmp_path / "review"
     review.mkdir()
@@ -70,8 +68,6 @@ def test_two_parts_whose_links_chain_across_lots_write_nothing_outside_DIR(hosti
     assert result.returncode != 0
 
 
-@pytest.mark.xfail(strict=True, reason="red team 4: the same join replaces an existing file beside -o DIR "
-                                       "(os.rename over the reviewer's ~/.bashrc when DIR is ~/out)")
 def test_two_parts_whose_links_chain_across_lots_replace_no_existing_file(hostile_parts, tmp_path):
     home = tmp_path / "home"
     home.mkdir()

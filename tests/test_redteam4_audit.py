@@ -199,8 +199,6 @@ def test_a_huge_sparse_sha256_beside_the_archive_is_read_within_a_bound(clean, t
 
 
 # ---- a hostile store of results ------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="red team 4: --results trusts any well-formed envelope: a result written by "
-                                       "whoever can write the results store turns a failing archive into PASS")
 def test_a_forged_result_in_the_results_store_does_not_pass_a_tampered_archive(clean, tmp_path):
     results = tmp_path / "results"
     good = copy_of(clean, tmp_path / "first")

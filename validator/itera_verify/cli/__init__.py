@@ -409,14 +409,14 @@ def _push_sealed(report: Report, dest, **options):
 def audit_command(archive, do_reload, endpoint_url,
                   max_size, device, hf_cache, timeout, jobs, isolation, confine, fmt, reports, strict,
                   select, ignore, config_path, allowed_signers, signer, oms_public_key, quiet, verbose,
-                  shard, engine, results):
+                  shard, engine, results, results_key):
     """Audit a sealed ARCHIVE without trusting it: members, checksums, then every check again. ARCHIVE may be a
     folder, an s3://BUCKET/PREFIX/ or @list.txt: every *.tar.zst there, each in its own process (exit 0 all
     pass, 1 any fails, 2 the batch could not run)."""
     from ..flows.audit import audit
 
     keep_freed_buffers()
-    if is_batch_target(archive, shard=shard, results=results, engine=engine):
+    if is_batch_target(archive, shard=shard, results=results, engine=engine, results_key=results_key):
         return run_batch(archive, locals())
 
     def action() -> int:

@@ -12,6 +12,7 @@ from typing import Iterable
 from ..model import Finding
 from ..rules import all_rules
 from . import Report
+from .lots import where_words
 from .words import saves_line, signer_line
 from .text_format import clean, human_bytes, location, severity_of, verdict_line
 
@@ -88,7 +89,9 @@ def _reload_cases(report: Report) -> list[ET.Element]:
         facts = [f"device {clean(reload.device)}", f"peak memory {human_bytes(reload.peak_memory_bytes)}"]
         if reload.forward:
             facts.append(f"forward: {clean(reload.forward)}")
-        if not reload.ok:
+        if reload.lot_proof is not None:  # not reloaded here, and no failure: what stands for it is said
+            ET.SubElement(case, "skipped", message=clean(where_words(reload)))
+        elif not reload.ok:
             related = [f for f in report.findings if f.artifact == reload.artifact]
             code = related[0].code if related else "IV504"
             # A base model missing offline means the artifact could not be tested at all: an error, not a failure.

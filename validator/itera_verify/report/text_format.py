@@ -49,12 +49,13 @@ def _reload_clause(report: Report) -> str:
     total = len(report.reloads)
     ok = sum(1 for r in report.reloads if r.ok)
     devices = report.device or ", ".join(sorted({clean(r.device) for r in report.reloads})) or "?"
-    on_lots = sum(1 for r in report.reloads if r.ok and reloaded_on(r))
-    if on_lots:  # an assembled campaign: a lot's signed record stands for what this machine could not reload
-        devices += f" ({on_lots} of them by their lot's signed record)"
+    # An assembled campaign: a lot's signed proof stands for what this machine could not reload; not a reload.
+    on_lots = sum(1 for r in report.reloads if reloaded_on(r))
+    lots = f", {on_lots} not reloaded here (each stands on its lot's signed proof)" if on_lots else ""
+    failed = total - ok - on_lots
     if total == ok:
         return f"{plural(total, 'artifact')} reloaded on {devices}"
-    return f"{ok} of {plural(total, 'artifact')} reloaded on {devices}, {total - ok} failed"
+    return f"{ok} of {plural(total, 'artifact')} reloaded on {devices}{lots}" + (f", {failed} failed" if failed else "")
 
 
 def _seal_clause(report: Report) -> str:

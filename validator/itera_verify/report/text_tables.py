@@ -127,10 +127,13 @@ def reloads_table(console: Console, report: Report, verbose: bool) -> None:
         table.add_column(column, no_wrap=True, overflow="ellipsis")
     details = []
     for reload in report.reloads:
-        ok = Text("ok", style="green") if reload.ok else Text("FAILED", style="bold red")
-        detail = clean(reload.error if not reload.ok else (where_words(reload) or (reload.forward if verbose else "")))
+        on_lot = where_words(reload)  # not reloaded here: a lot's signed proof stands for it (report/lots.py)
+        ok = Text("ok", style="green") if reload.ok else Text("on its lot", style="yellow") if on_lot else \
+            Text("FAILED", style="bold red")
+        detail = clean(on_lot or (reload.error if not reload.ok else (reload.forward if verbose else "")))
         if detail:
-            details.append(Text(f"  {clean(reload.artifact)}: {detail}", style="" if reload.ok else "red"))
+            details.append(Text(f"  {clean(reload.artifact)}: {detail}",
+                                style="" if reload.ok else "yellow" if on_lot else "red"))
         table.add_row(clean(reload.artifact), clean(reload.loader), clean(", ".join(reload.devices) or reload.device),
                       ok, f"{reload.seconds:.1f}", memory_cell(reload))
     _print(console, table)

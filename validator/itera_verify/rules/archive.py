@@ -110,6 +110,27 @@ def seal_findings(problems: list[tuple[str, str, str]]) -> list[Finding]:
     return findings
 
 
+def assembled_link_refused(rel: str, target: str, lot: str, why: str) -> Finding:
+    """assemble (flows/assemble_merge.py): a part's link that, joined with the other parts' links, leads nowhere
+    safe; each part's audit resolved only its own."""
+    shown = target if len(target) <= 120 else target[:117] + "..."
+    return Finding("IV703", rel, message=f"the link {rel} -> {shown} of {lot}, joined with the other parts' links, "
+                                         f"resolves to {why}: nothing is assembled")
+
+
+def assembled_unplaceable(rel: str, why: str) -> Finding:
+    """assemble: the last line of defence, an entry the merge let through that the O_NOFOLLOW build refuses."""
+    return Finding("IV703", rel, message=f"cannot be placed safely ({why}: a link or another part's entry in its "
+                                         "way); nothing is assembled")
+
+
+def assembled_part_changed(part: str, now: str, audited: str) -> Finding:
+    """assemble: the part archive read again is not the one its audit passed (replaced between the two reads)."""
+    return Finding("IV701", part, message=(
+        f"{part} is not the archive its audit passed (sha256 now {now[:12] or '?'}…, audited {audited[:12] or '?'}…): "
+        "it changed while assembling; assemble again"))
+
+
 # ---- the audit ---------------------------------------------------------------------------------------------
 STREAM_CODES = {"truncated": "IV702", "too-large": "IV705", "not-zstd": "IV701", "corrupt": "IV701",
                 "profile": "IV703", "canonical": "IV703"}

@@ -125,10 +125,22 @@ def header_differs(field: str, lot_a: str, value_a, lot_b: str, value_b, path: s
                            f"are its own)")
 
 
-def file_differs(rel: str, lot_a: str, digest_a: str, lot_b: str, digest_b: str) -> Finding:
-    return Finding("IV615", rel, message=f"both parts hold {rel} and it differs (sha256 {digest_a[:12]}… on {lot_a}, "
-                                         f"{digest_b[:12]}… on {lot_b}): a file both lots hold must be byte for "
-                                         f"byte the same")
+def file_differs(rel: str, lot_a: str, entry_a: tuple[str, str], lot_b: str, entry_b: tuple[str, str]) -> Finding:
+    """`entry`: (file, its sha256), (symlink, its target) or (directory, ""), listed or implied by a path."""
+    if entry_a[0] == entry_b[0] == "file":
+        return Finding("IV615", rel, message=f"both parts hold {rel} and it differs (sha256 {entry_a[1][:12]}… on "
+                                             f"{lot_a}, {entry_b[1][:12]}… on {lot_b}): a file both lots hold must "
+                                             f"be byte for byte the same")
+    return Finding("IV615", rel, message=f"both parts hold {rel} and it differs ({_entry(entry_a)} on {lot_a}, "
+                                         f"{_entry(entry_b)} on {lot_b}): joined, one part's files would lie "
+                                         f"beneath, or in place of, the other's")
+
+
+def _entry(entry: tuple[str, str]) -> str:
+    kind, detail = entry
+    if kind == "symlink":
+        return f"a link to {_value(detail)}"
+    return "a folder" if kind == "directory" else f"a file (sha256 {detail[:12]}…)"
 
 
 def part_holds(lot: str | None, what: str, path: str, pointer: str | None) -> Finding:

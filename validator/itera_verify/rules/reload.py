@@ -114,7 +114,7 @@ def missing_library_findings(ctx: RunContext, runs_by_artifact: dict[str, str | 
     artifacts waiting for it: the fix is one install, not one per artifact."""
     waiting: dict[str, list[str]] = {}
     for result in ctx.reloads or []:
-        for problem in ([] if result.ok else _problems(result)):
+        for problem in ([] if result.ok or result.lot_proof is not None else _problems(result)):
             if problem.get("failure") == "missing-library":
                 waiting.setdefault(problem.get("message") or "a library is missing", []).append(result.artifact)
     for message, artifacts in waiting.items():
@@ -129,8 +129,8 @@ def failure_findings(ctx: RunContext, runs_by_artifact: dict[str, str | None]) -
     seen_statically = resume_facts(ctx)
     yield from missing_library_findings(ctx, runs_by_artifact)
     for result in ctx.reloads or []:
-        if result.ok or result.failure in NOT_REPORTED_HERE:
-            continue
+        if result.ok or result.failure in NOT_REPORTED_HERE or result.lot_proof is not None:
+            continue  # a lot's signed proof stands for it (flows/partproofs.py): the report says so, not a finding
         for problem in _problems(result):
             if problem.get("failure") == "missing-library":
                 continue  # said once for every artifact that needs it, above
@@ -147,7 +147,7 @@ def accepted_findings(ctx: RunContext, runs_by_artifact: dict[str, str | None]) 
     if not isinstance(accepted, list):
         return
     known_runs = {r.get("id") for r in ctx.documents.runs()}
-    reloaded = {runs_by_artifact.get(r.artifact) for r in ctx.reloads or [] if r.ok}
+    reloaded = {runs_by_artifact.get(r.artifact) for r in ctx.reloads or [] if r.ok or r.lot_proof is not None}
     # A run whose artifacts this machine could not verify (IV505 says so) is unverified here, not empty-handed.
     unverified = {runs_by_artifact.get(r.artifact) for r in ctx.reloads or []
                   if not r.ok and {p.get("failure") for p in _problems(r)} <= UNVERIFIED_HERE}

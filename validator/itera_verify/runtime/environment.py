@@ -21,9 +21,11 @@ GITHUB_ACTIONS, GITHUB_WORKSPACE = "GITHUB_ACTIONS", "GITHUB_WORKSPACE"  # the d
 NO_COLOR = "NO_COLOR"
 AWS_ENDPOINTS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")  # an S3-compatible store (push/store.py)
 RAY_ADDRESS = "RAY_ADDRESS"  # audit --engine ray: an existing Ray cluster (flows/batch_ray.py)
+RESULTS_KEY = "ITERA_RESULTS_KEY"  # the reviewer's key file, as --results-key (runtime/reviewer_key.py)
+XDG_CONFIG_HOME = "XDG_CONFIG_HOME"  # where the reviewer's key file is by default
 
 SETTINGS = (RELOAD_HOST_MEMORY, RELOAD_GPU_MEMORY, CUDA_VISIBLE_DEVICES, HF_HUB_CACHE, HF_HOME, *TEMP_FOLDERS,
-            GITHUB_ACTIONS, GITHUB_WORKSPACE, NO_COLOR, *AWS_ENDPOINTS, RAY_ADDRESS)
+            GITHUB_ACTIONS, GITHUB_WORKSPACE, NO_COLOR, *AWS_ENDPOINTS, RAY_ADDRESS, RESULTS_KEY, XDG_CONFIG_HOME)
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,20 @@ class Environment:
     @property
     def ray_address(self) -> str | None:
         return self.get(RAY_ADDRESS) or None
+
+    @property
+    def results_key(self) -> Path | None:
+        """ITERA_RESULTS_KEY: the reviewer's key file named in place of the default one."""
+        return Path(self.variables[RESULTS_KEY]).expanduser() if self.get(RESULTS_KEY) else None
+
+    @property
+    def config_home(self) -> Path:
+        """XDG_CONFIG_HOME when it is an absolute path (the XDG rule), else ~/.config."""
+        chosen = self.get(XDG_CONFIG_HOME)
+        if chosen and os.path.isabs(chosen):
+            return Path(chosen)
+        home = self.get("HOME")
+        return (Path(home) if home and os.path.isabs(home) else Path.home()) / ".config"
 
 
 def _rebuild(variables: dict[str, str], torch_version: str | None) -> Environment:
