@@ -66,9 +66,9 @@ RULES = [
          explain="The audit stops reading once the expanded size passes --max-size (default: 20 times the "
                  "archive's size, at least 1 GiB), so a decompression bomb costs a bounded amount of time and "
                  "disk. A real package expands about 1.3× (weights) to 10× (text). It stops as well past one "
-                 "member per 16 KiB of --max-size (65,536 at 1 GiB): each member costs an inode and its facts "
-                 "in memory, so an archive of empty files is a bomb too. If the archive is genuine, raise "
-                 "--max-size.",
+                 "member per 32 KiB of --max-size (32,768 at 1 GiB, at least 4,096): each member costs an "
+                 "inode and its facts in memory, so an archive of empty files is a bomb too. If the archive is "
+                 "genuine, raise --max-size.",
          bad="a 40 KiB archive that expands to 50 GiB of zeros",
          good="itera-verify audit big.tar.zst --max-size 200000000000"),
     Rule("IV706", Severity.ERROR, "seal: the package already holds SEAL/",
