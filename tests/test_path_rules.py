@@ -232,6 +232,12 @@ def test_two_names_differing_only_in_unicode_normalisation_are_IV206(package_dir
     assert len(only(static_findings(package_dir), "IV206")) == 1
 
 
+def test_a_folder_named_seal_in_lower_case_is_IV206_beside_the_archives_SEAL(package_dir):
+    write_text(package_dir, "seal/notes.md", "x\n")
+    found = only(static_findings(package_dir), "IV206")
+    assert [f.path for f in found] == ["seal"] and "the folder the sealed archive adds" in found[0].message
+
+
 def test_two_folders_differing_only_in_case_are_IV206(package_dir):
     write_text(package_dir, "analysis/Plots/a.md", "a\n")
     write_text(package_dir, "analysis/plots/b.md", "b\n")

@@ -293,9 +293,10 @@ def _case_twins(ctx: RunContext) -> Iterator[Finding]:
     """Entries whose names a case-insensitive, normalisation-insensitive disk takes for one (the folders' entries are
     listed too, so `Data/x` and `data/y` are two folders `data` there)."""
     inventory = ctx.inventory
-    first: dict[str, str] = {}
+    first: dict[str, str] = {folded(names.SEAL_DIR): names.SEAL_DIR}  # the folder the sealed archive adds
     for rel in sorted((*inventory.dirs, *inventory.files, *inventory.links, *inventory.specials)):
         earlier = first.setdefault(folded(rel), rel)
         if earlier != rel:
-            yield Finding("IV206", rel, message=f"differs from {earlier} only in case or Unicode normalisation: on "
-                                                "macOS or Windows one is written over the other")
+            whose = " (the folder the sealed archive adds)" if earlier == names.SEAL_DIR else ""
+            yield Finding("IV206", rel, message=f"differs from {earlier}{whose} only in case or Unicode "
+                                                "normalisation: on macOS or Windows one is written over the other")
