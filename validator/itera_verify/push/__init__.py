@@ -21,14 +21,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..format.push import (CHECKSUM_LOCAL, CHECKSUM_SUFFIX, DEFAULT_PART_SIZE, METADATA_SHA256, PROBE_TAG,
-                           RECEIPT_FORMAT, SIGNATURE_SUFFIX, VERIFIED_BY_READ_BACK, VERIFIED_BY_STORE_CRC,
+from ..format.push import (CHECKSUM_FILE_MAX, CHECKSUM_LOCAL, CHECKSUM_SUFFIX, DEFAULT_PART_SIZE, METADATA_SHA256,
+                           PROBE_TAG, RECEIPT_FORMAT, SIGNATURE_SUFFIX, VERIFIED_BY_READ_BACK, VERIFIED_BY_STORE_CRC,
                            receipt_name)
 from ..format.sshsig import MAX_SIGNATURE_FILE
 from ..runtime.progress import NULL_PROGRESS, Progress
 from .store import PushError, PushUnverified, S3Location, is_s3
-
-CHECKSUM_FILE_MAX = 4096  # `<64 hex>  <name>\n`, a name of at most 255 bytes
 
 __all__ = ["PushError", "PushResult", "PushUnverified", "check_destination", "is_s3", "push", "seal_follower"]
 

@@ -234,6 +234,9 @@ def _archive(console: Console, report: Report) -> None:
         console.print(Text("Archive", style="bold"))
         console.print(f"  {clean(archive.get('path'))} ({human_bytes(archive.get('bytes'))})", soft_wrap=True)
         console.print(f"  sha256 {clean(archive.get('sha256'))}{_named_by(report)}", soft_wrap=True)
+        for unread in (report.audit or {}).get("sidecars_unread") or () if isinstance(report.audit, dict) else ():
+            if isinstance(unread, dict):
+                console.print(f"  {clean(unread.get('path'))}: {clean(unread.get('why'))}", soft_wrap=True)
         if signer_line(report):
             console.print(f"  {signer_line(report)}", soft_wrap=True)
     elif report.seal_skipped:
