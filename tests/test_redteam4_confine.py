@@ -2,8 +2,7 @@
 in it. The confinement (reload/confine.py, runtime/landlock.py) is the layer that should hold then. No mock: a
 real forked child confines itself exactly as a reload child does (`confine_child`, then `cut_network`), with the
 variables a reload child is given (reload/runner.py `child_env`), and tries; the services it reaches are real
-(a real ssh-agent holding a real key, a UDP socket this test owns). Safe outcomes are asserted; what gets through
-today is xfail(strict)."""
+(a real ssh-agent holding a real key, a UDP socket this test owns). Safe outcomes are asserted."""
 from __future__ import annotations
 
 import errno
@@ -24,6 +23,7 @@ from itera_verify.runtime.environment import Environment
 from itera_verify.runtime.launcher import Forked
 
 ABI, WHY = landlock.abi_version()
+HELD = f"landlock ABI {ABI}: fs, net; seccomp: no sockets"  # what a reload child says held (reload/confine.py)
 pytestmark = pytest.mark.skipif(ABI < landlock.NET_ABI, reason=f"this kernel cannot confine files and TCP: {WHY}")
 needs_ssh = pytest.mark.skipif(not (shutil.which("ssh-agent") and shutil.which("ssh-keygen")),
                                reason="needs OpenSSH's ssh-agent and ssh-keygen")
@@ -64,8 +64,6 @@ def package(tmp_path) -> Path:
     return root
 
 
-@pytest.mark.xfail(strict=True, reason="red team 4: a reload child inherits every variable of the reviewer's "
-                                       "environment: cloud keys, tokens, the ssh-agent socket (runner.child_env)")
 def test_a_reload_child_is_not_handed_the_reviewers_secrets(tmp_path):
     environment = Environment.read({**os.environ, **SECRETS})
     env = child_env({"hf_cache": None, "threads": 1}, str(tmp_path), environment)
@@ -92,9 +90,6 @@ def agent(tmp_path):
 
 
 @needs_ssh
-@pytest.mark.xfail(strict=True, reason="red team 4: a confined reload child reaches the reviewer's ssh-agent over its "
-                                       "unix socket (Landlock up to ABI 7 does not confine path sockets) and signs "
-                                       "an itera-verify statement with the reviewer's key")
 def test_a_confined_child_cannot_sign_with_the_reviewers_ssh_agent(tmp_path, package, agent):
     sock, key = agent
     env = child_env({"hf_cache": None, "threads": 1}, str(tmp_path),
@@ -115,7 +110,7 @@ def test_a_confined_child_cannot_sign_with_the_reviewers_ssh_agent(tmp_path, pac
             else "no signature"
 
     held, outcome = confined(tmp_path, {"package_root": str(package)}, tries, env)
-    assert held == f"landlock ABI {ABI}: fs, net"
+    assert held == HELD
     if outcome == "signed":  # OpenSSH itself accepts it as the reviewer's signature
         (signature,) = tmp_path.glob("itera-reload-*/statement.json.sig")
         allowed = tmp_path / "allowed_signers"
@@ -128,17 +123,18 @@ def test_a_confined_child_cannot_sign_with_the_reviewers_ssh_agent(tmp_path, pac
     assert outcome != "signed"
 
 
-@pytest.mark.xfail(strict=True, reason="red team 4: a confined reload child sends UDP datagrams (Landlock up to "
-                                       "ABI 7 has no UDP rules; cut_network patches connect, not sendto)")
 def test_a_confined_child_sends_no_udp_datagram(tmp_path, package):
     server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     server.bind(("127.0.0.1", 0))
     server.settimeout(2)
     address = server.getsockname()
 
-    def tries(_scratch: Path) -> str:
+    def send() -> None:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as out:
-            return attempt(lambda: out.sendto(b"AWS_SECRET_ACCESS_KEY=...", address))
+            out.sendto(b"AWS_SECRET_ACCESS_KEY=...", address)
+
+    def tries(_scratch: Path) -> str:
+        return attempt(send)
 
     try:
         held, outcome = confined(tmp_path, {"package_root": str(package)}, tries)
@@ -148,13 +144,10 @@ def test_a_confined_child_sends_no_udp_datagram(tmp_path, package):
             received = b""
     finally:
         server.close()
-    assert held == f"landlock ABI {ABI}: fs, net"
+    assert held == HELD
     assert outcome != "ok" and received == b"", (outcome, received)
 
 
-@pytest.mark.xfail(strict=True, reason="red team 4: a reload child on a GPU may write all of /dev/shm, where audits "
-                                       "extract archives (flows/audit.py scratch_folder): it can rewrite another "
-                                       "archive's extracted package mid-audit")
 def test_a_confined_gpu_child_cannot_rewrite_an_audit_extraction_in_shared_memory(tmp_path, package):
     if not os.access("/dev/shm", os.W_OK):
         pytest.skip("no writable /dev/shm")
@@ -183,5 +176,5 @@ def test_a_confined_child_cannot_read_its_parents_environment_or_signal_it(tmp_p
                 "signal": attempt(lambda: os.kill(parent, 0))}
 
     held, outcome = confined(tmp_path, {"package_root": str(package)}, tries)
-    assert held == f"landlock ABI {ABI}: fs, net"
+    assert held == HELD
     assert outcome == {"environ": "EACCES", "signal": "EPERM"}

@@ -166,11 +166,12 @@ def main() -> None:
 _isolation_option = click.option("--isolation", type=click.Choice(["auto", "fork", "spawn"]), default="auto",
                                  help="Reload children forked from one preloaded process (auto, fork) or each a "
                                       "new interpreter (spawn).")
-# How each reload child confines itself (Landlock, reload/confine.py): as far as the kernel can, or exit 2 without it.
+# How each reload child confines itself (Landlock and seccomp, reload/confine.py): as far as the kernel can, or exit 2.
 _confine_option = click.option("--confine", type=click.Choice(["auto", "required"]), default="auto",
-                               help="Reload children confined by Linux Landlock (read-only package, hub cache and "
-                                    "libraries, writes only in their scratch folder, no TCP): auto confines as far "
-                                    "as the kernel allows and reports it; required exits 2 where it cannot.")
+                               help="Reload children confined by Linux Landlock and seccomp (read-only package, hub "
+                                    "cache and libraries, writes only in their scratch folder, no TCP, no new "
+                                    "socket): auto confines as far as the kernel allows and reports it; required "
+                                    "exits 2 where it cannot.")
 _format_option = click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
                               help="Output format on stdout (default text; github under GitHub Actions).")
 _report_option = click.option("--report", "reports", multiple=True, metavar="[FORMAT=]PATH",

@@ -24,6 +24,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..runtime.environment import Environment
 from ..runtime.launcher import kill_tree
 from .checkpoints import set_proof
 from .errors import RecordError
@@ -72,6 +73,16 @@ class Proof:
         return self.process.pid
 
 
+def proof_env(device: str, environment: Environment) -> dict[str, str]:
+    """The proof process's variables: the tool's settings and what its libraries need, never the training's
+    secrets (runtime/environment.py `for_tool`)."""
+    env = environment.for_tool()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (VALIDATOR_DIR, env.get("PYTHONPATH", "")) if p)
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the GPU is training: the proof never touches it
+    return env
+
+
 def conclusive_failure(proof: dict | None) -> bool:
     """A proof that judged the checkpoint and found it unusable (a finding with its code); a proof that could
     not run (killed, no result) judged nothing."""
@@ -96,13 +107,9 @@ class Proofs:
                 str(work / "result.json"), "--device", device, "--timeout", str(timeout)]
         if hf_cache is not None:
             argv += ["--hf-cache", str(Path(hf_cache).absolute())]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (VALIDATOR_DIR, env.get("PYTHONPATH", "")) if p)
-        if device == "cpu":
-            env["CUDA_VISIBLE_DEVICES"] = ""  # the GPU is training: the proof never touches it
         with open(work / "proof.log", "wb") as log:
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                       env=env, cwd=work)
+                                       env=proof_env(device, Environment.read()), cwd=work)
         proof = Proof(artifact_id, step, process, work, view, timeout=timeout)
         with self._lock:
             self.started[artifact_id] = proof
