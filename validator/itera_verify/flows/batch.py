@@ -11,22 +11,18 @@ then); the BatchReport holds every row at the end.
 """
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import time
 from typing import Callable
 
 from ..model import UsageError
 from ..options import RunOptions
 from ..report.batch import FAIL, AuditRow, BatchReport
-from ..report.json_format import finite
 from ..runtime.progress import NULL_PROGRESS, Progress
+from .batch_entry import PROGRESS_KEY, prepare
 from .batch_results import ResultStore
 from .batch_sources import Entry, list_archives, shard_of
 from .config import settle
 
-PROGRESS_KEY = "batch"
 RowCallback = Callable[[AuditRow, BatchReport], None]
 
 
@@ -96,63 +92,6 @@ def _with_progress(progress: Progress, entries: list[Entry], run: Callable[[], N
         progress.finish(PROGRESS_KEY)
 
 
-def prepare() -> None:
-    """What every audit needs, imported and built once here, before the children fork: each starts with it
-    (the workflow, the rule families, the compiled JSON Schemas) instead of paying for it again."""
-    from ..package.schemas import NAMES, validator
-    from ..rules import all_rules
-    from . import audit  # noqa: F401
-
-    all_rules()
-    for name in NAMES:
-        validator(name)
-
-
-def audit_entry(entry: Entry, options: RunOptions, store: ResultStore | None) -> bytes:
-    """One archive, in the process of its own that audits it: its row as JSON. A stored result is reused only for
-    the SHA-256 of the bytes read here; an archive that cannot be read is a failed row, never an exception."""
-    from .audit import audit
-
-    started = time.monotonic()
-    row = AuditRow(entry.source, entry.key)
-    try:
-        if store is not None:
-            row.sha256 = archive_sha256(entry, options)
-            stored, row.not_reused = store.get(row.sha256)
-            if stored is not None:
-                row.report, row.reused, row.verdict = stored, True, stored.get("verdict", FAIL)
-        if row.report is None:
-            report = audit(entry.source, options)
-            row.report, row.verdict = finite(report.to_json()), report.verdict
-            row.sha256 = (report.archive or {}).get("sha256") or row.sha256
-    except UsageError as exc:  # unreadable: no such file, a fifo, a store that refuses it
-        row.error = str(exc)
-    row.seconds = time.monotonic() - started
-    return json.dumps(row.to_json(), allow_nan=False, default=str).encode("utf-8")
-
-
-def archive_sha256(entry: Entry, options: RunOptions) -> str:
-    """The SHA-256 of the archive's bytes, read here (for --results: never what beside it claims)."""
-    if entry.source.startswith("s3://"):
-        from ..push.remote import open_remote
-
-        return open_remote(entry.source, options.endpoint_url).sha256()
-    from .audit import open_archive
-
-    fd = open_archive(entry.source)  # a regular file, or UsageError: a fifo never blocks the batch
-    try:
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            return hashlib.file_digest(handle, "sha256").hexdigest()
-    except OSError as exc:
-        raise UsageError(f"{entry.source}: cannot read ({exc.strerror or exc})") from None
-    finally:
-        os.close(fd)
-
-
-def failed_row(entry: Entry, why: str, seconds: float) -> AuditRow:
-    return AuditRow(entry.source, entry.key, FAIL, seconds, error=why)
-
-
 def row_line(row: AuditRow, batch: BatchReport, slowest: tuple[str, float] | None) -> str:
     """What the progress says as an archive ends: `[3/10] FAIL a.tar.zst (IV701) 4.2 s; slowest in flight: …`."""
     codes = sorted({f.get("code") for f in (row.report or {}).get("findings", []) if isinstance(f, dict)
@@ -167,4 +106,4 @@ def row_line(row: AuditRow, batch: BatchReport, slowest: tuple[str, float] | Non
     return line
 
 
-__all__ = ["audit_batch", "audit_entry"]
+__all__ = ["audit_batch"]

@@ -24,7 +24,7 @@ from ..push.listing import RESULT_MAX
 from ..report.batch import AuditRow
 from ..runtime.launcher import ChildFailed, ChildLost, Forked, kill_tree, resident_bytes, termination_unwinds
 from ..runtime.progress import Progress
-from .batch import PROGRESS_KEY, audit_entry, failed_row
+from .batch_entry import PROGRESS_KEY, audit_entry, failed_row
 from .batch_results import ResultStore
 from .batch_sources import Entry
 

@@ -30,7 +30,7 @@ from ..options import RunOptions
 from ..package.jsonread import read_json
 from ..report.batch import AuditRow
 from ..runtime.progress import Progress
-from .batch import PROGRESS_KEY, audit_entry, failed_row
+from .batch_entry import PROGRESS_KEY, audit_entry, failed_row
 from .batch_local import ROW_MAX, audit_seconds
 from .batch_results import ResultStore
 from .batch_sources import Entry
