@@ -24,7 +24,14 @@ def _state() -> dict:
         "cmdline": [a.decode() for a in open("/proc/self/cmdline", "rb").read().split(b"\0") if a],
         "tmpdir": os.environ.get("TMPDIR"), "cwd": os.getcwd(),
         "modelling_imported": sorted(m for m in ("transformers", "peft", "accelerate") if m in sys.modules),
+        "imported": sorted(m for m in WATCHED if sys.modules.get(m) is not None),
+        "kept_out": sorted(m for m in WATCHED if m in sys.modules and sys.modules[m] is None),
     }
+
+
+# Libraries a zygote imports only where its run's loaders need them (itera_verify/reload/preloads.py).
+WATCHED = ("transformers", "peft", "accelerate", "bitsandbytes", "boto3", "scipy", "torchvision", "diffusers", "timm",
+           "deepspeed", "sentence_transformers", "torch._inductor.compile_fx")
 
 
 def probe(argv: list[str]) -> int:
@@ -41,6 +48,10 @@ def probe(argv: list[str]) -> int:
         torch.manual_seed(1234)
         torch.rand(5)
         np.random.seed(99)
+        report["after"] = _state()
+    elif action == "import-scipy":  # a library the zygote kept out, imported directly by the child
+        import scipy  # noqa: F401
+
         report["after"] = _state()
     with open(out, "w", encoding="utf-8") as handle:
         json.dump(report, handle)

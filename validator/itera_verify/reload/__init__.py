@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..model import UsageError
 from .confine import MODES as CONFINE_MODES, check_mode as check_confinement
 from .runner import prestart, run_reloads
+from .warm import warm_zygotes
 
 DEVICES = ("auto", "cuda", "cpu")
 
@@ -25,4 +26,4 @@ def resolve_device(requested: str) -> str:
     raise UsageError(f"--device cuda: no CUDA GPU available: {why}; use --device cpu or auto")
 
 
-__all__ = ["CONFINE_MODES", "check_confinement", "prestart", "resolve_device", "run_reloads"]
+__all__ = ["CONFINE_MODES", "check_confinement", "prestart", "resolve_device", "run_reloads", "warm_zygotes"]

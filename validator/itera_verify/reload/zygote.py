@@ -1,5 +1,6 @@
-"""The zygote: `python -m itera_verify.reload.zygote FD ROOM [--light] [MODEL_TYPE...]`, one preloaded parent that forks
-every reload child.
+"""The zygote: `python -m itera_verify.reload.zygote FD ROOM [--import=M,...] [--without=M,...] [MODEL_TYPE...]`, one
+preloaded parent that forks every reload child. It imports what the run's loaders need and keeps out what none of
+them does (preloads.py).
 
 Why: a fresh interpreter spends 5-18 s importing torch, transformers and peft; the reloads themselves take well
 under a second for most artifacts. The zygote pays that once per run, then forks one new process per job. Each
@@ -32,14 +33,10 @@ import tempfile
 import time
 import traceback
 
-# What every reload child would import anyway (child.PRE_IMPORTS), and the tool's own loader modules; the
-# modelling libraries only where a loader needs them (LIGHT: a package of safetensors and torch-resume files
-# alone, where they would be 2.5 s and 100 MiB of every child's memory for nothing).
-PRELOADS = ("numpy", "torch", "safetensors", "safetensors.torch", "itera_verify.reload.child",
-            "itera_verify.reload.common")
-MODELLING = ("transformers", "transformers.modeling_utils", "transformers.models.auto.modeling_auto", "peft",
-             "accelerate", "huggingface_hub")
-LIGHT = "--light"
+from .preloads import BASE, imports_for, keep_out, let_back
+
+# The command line's flags: what to import (preloads.py decides, per run), what to keep out.
+IMPORT, WITHOUT = "--import=", "--without="
 PR_SET_PDEATHSIG = 1
 MODEL_TYPE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 REAP_POLL_SECONDS = 0.02
@@ -55,15 +52,20 @@ def thread_count() -> int:
         return threading.active_count()
 
 
-def preload(model_types: list[str], light: bool = False) -> dict:
-    """Import what the children will use. `model_types`: transformers' names of the package's architectures
-    (config.json `model_type`, read by the runner, never here), whose modelling modules transformers would
-    otherwise import lazily in every child. `light`: no loader of the run needs transformers or peft."""
+def preload(model_types: list[str], light: bool = False, *, imports=None, without=()) -> dict:
+    """Import what the children will use: `imports` (preloads.py; by default torch alone when `light`, else the
+    modelling libraries too), never the libraries in `without`. `model_types`: transformers' names of the
+    package's architectures (config.json `model_type`, read by the runner, never here), whose modelling modules
+    transformers would otherwise import lazily in every child."""
     started = time.monotonic()
+    keep_out(without)
     from .loaders import MODULES, loader_module
 
-    for name in PRELOADS + (() if light else MODELLING):
-        importlib.import_module(name)
+    for name in imports if imports is not None else (BASE if light else imports_for(["peft"])):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass  # a loader's optional library: its child names the extra that installs it
     for model_type in model_types:
         if MODEL_TYPE.fullmatch(model_type):
             try:
@@ -130,6 +132,7 @@ def _run_child(request: dict, parent: int) -> None:  # pragma: no cover - runs i
         _die_with_parent(parent)
         for number in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
             signal.signal(number, signal.SIG_DFL)
+        let_back(request.get("without") or ())
         os.environ.update(request.get("env") or {})
         work = request["work"]
         os.chdir(work)
@@ -160,6 +163,7 @@ def _run_child(request: dict, parent: int) -> None:  # pragma: no cover - runs i
 class Zygote:
     def __init__(self, sock: socket.socket):
         self.sock, self.buffer, self.children = sock, b"", {}  # children: pid -> job id
+        self.without: tuple[str, ...] = ()  # kept out of the imports, let back in each child
         self.pid = os.getpid()
 
     def send(self, message: dict) -> None:
@@ -182,7 +186,7 @@ class Zygote:
             return
         if pid == 0:
             self.sock.close()
-            _run_child(request, self.pid)
+            _run_child(dict(request, without=self.without), self.pid)
         self.children[pid] = request.get("id")
         self.send({"id": request.get("id"), "pid": pid})
 
@@ -254,7 +258,11 @@ def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=int(argv[1]))
     zygote = Zygote(sock)
     try:
-        zygote.send(preload([a for a in argv[3:] if a != LIGHT], light=LIGHT in argv[3:]))
+        flags = [a for a in argv[3:] if a.startswith((IMPORT, WITHOUT))]
+        listed = {flag.split("=", 1)[0] + "=": [n for n in flag.split("=", 1)[1].split(",") if n] for flag in flags}
+        zygote.without = tuple(listed.get(WITHOUT, ()))
+        zygote.send(preload([a for a in argv[3:] if a not in flags], imports=listed.get(IMPORT),
+                            without=zygote.without))
         zygote.serve()
     finally:
         zygote.stop()
