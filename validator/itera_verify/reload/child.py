@@ -69,10 +69,10 @@ def rss_now_bytes() -> int | None:
 
 def pre_import(job: dict) -> None:
     """A spawned child's libraries, as a zygote would have imported them (preloads.py): library start-up is
-    process start-up, not reload time; the libraries its run keeps out stay out of these imports."""
+    process start-up, not reload time; the libraries its run keeps out stay out, as in a forked child."""
     import importlib
 
-    from .preloads import IMPORTS, keep_out, let_back
+    from .preloads import IMPORTS, keep_out
 
     keep_out(job.get("without") or ())
     for module in IMPORTS.get(job["loader"], ()):
@@ -80,7 +80,6 @@ def pre_import(job: dict) -> None:
             importlib.import_module(module)
         except ImportError:
             pass  # a loader's optional library: its require() names the extra that installs it
-    let_back(job.get("without") or ())
 
 
 def run(job: dict, started: float = STARTED, started_at: float = STARTED_AT) -> dict | None:

@@ -13,8 +13,9 @@ it as not installed) only where no artifact of the run can need it:
 - scipy and torchvision: where every loader of the run is a Hugging Face model or checkpoint loader (TEXT_LOADERS)
   and the modelling file of every architecture the run loads never names them.
 
-A forked child takes them back out of `sys.modules` (zygote.py), so a library that imports one directly still
-can. This module imports nothing heavy: the runner reads it before any child or zygote starts.
+Its forked children keep them out too, as a spawned child does (child.py): peft asks whether bitsandbytes is
+installed only when it attaches an adapter, and would import it then, in every child (2 s each). This module
+imports nothing heavy: the runner reads it before any child or zygote starts.
 """
 from __future__ import annotations
 
@@ -144,12 +145,3 @@ def keep_out(names) -> None:
     for name in names:
         if name not in sys.modules:
             sys.modules[name] = None  # type: ignore[assignment]
-
-
-def let_back(names) -> None:
-    """In a forked child: a library that imports one of them directly may (the zygote's copy never did)."""
-    import sys
-
-    for name in names:
-        if sys.modules.get(name, False) is None:
-            del sys.modules[name]

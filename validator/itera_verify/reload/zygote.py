@@ -33,7 +33,7 @@ import tempfile
 import time
 import traceback
 
-from .preloads import BASE, imports_for, keep_out, let_back
+from .preloads import BASE, imports_for, keep_out
 
 # The command line's flags: what to import (preloads.py decides, per run), what to keep out.
 IMPORT, WITHOUT = "--import=", "--without="
@@ -72,6 +72,8 @@ def preload(model_types: list[str], light: bool = False, *, imports=None, withou
                 importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
             except ImportError:
                 pass  # not a model transformers knows: the child's from_pretrained says so
+    if "transformers" in sys.modules:
+        warm_caches(model_types)
     for loader in MODULES:  # helpers' loaders import their libraries lazily; the module itself is cheap
         try:
             loader_module(loader)
@@ -85,6 +87,17 @@ def preload(model_types: list[str], light: bool = False, *, imports=None, withou
     return {"ready": True, "threads": thread_count(),
             "cuda_initialised": bool(torch.cuda.is_initialized()) or cuda_driver_loaded(),
             "seconds": round(time.monotonic() - started, 3)}
+
+
+def warm_caches(model_types: list[str]) -> None:
+    """Build once the tables every child's first from_pretrained builds alike: transformers' checkpoint
+    conversion mapping (a thousand regular expressions, 0.3 s a child). A transformers without it: nothing."""
+    try:
+        from transformers import conversion_mapping
+
+        conversion_mapping.get_checkpoint_conversion_mapping(model_types[0] if model_types else "llama")
+    except Exception:  # noqa: BLE001 - an internal table of one transformers version: its absence costs time only
+        pass
 
 
 def cuda_driver_loaded() -> bool:
@@ -132,7 +145,6 @@ def _run_child(request: dict, parent: int) -> None:  # pragma: no cover - runs i
         _die_with_parent(parent)
         for number in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
             signal.signal(number, signal.SIG_DFL)
-        let_back(request.get("without") or ())
         os.environ.update(request.get("env") or {})
         work = request["work"]
         os.chdir(work)
@@ -163,7 +175,6 @@ def _run_child(request: dict, parent: int) -> None:  # pragma: no cover - runs i
 class Zygote:
     def __init__(self, sock: socket.socket):
         self.sock, self.buffer, self.children = sock, b"", {}  # children: pid -> job id
-        self.without: tuple[str, ...] = ()  # kept out of the imports, let back in each child
         self.pid = os.getpid()
 
     def send(self, message: dict) -> None:
@@ -186,7 +197,7 @@ class Zygote:
             return
         if pid == 0:
             self.sock.close()
-            _run_child(dict(request, without=self.without), self.pid)
+            _run_child(request, self.pid)
         self.children[pid] = request.get("id")
         self.send({"id": request.get("id"), "pid": pid})
 
@@ -260,9 +271,8 @@ def main(argv: list[str]) -> int:
     try:
         flags = [a for a in argv[3:] if a.startswith((IMPORT, WITHOUT))]
         listed = {flag.split("=", 1)[0] + "=": [n for n in flag.split("=", 1)[1].split(",") if n] for flag in flags}
-        zygote.without = tuple(listed.get(WITHOUT, ()))
         zygote.send(preload([a for a in argv[3:] if a not in flags], imports=listed.get(IMPORT),
-                            without=zygote.without))
+                            without=listed.get(WITHOUT, ())))
         zygote.serve()
     finally:
         zygote.stop()
