@@ -107,3 +107,28 @@ def test_runs_inside_warm_zygotes_share_one_zygote_and_another_environment_gets_
         assert [(r.artifact, r.ok, r.facts["isolation"]) for r in results] == [("lora-r16-resume", True, "fork")]
     assert kept.client.proc.returncode is not None, "leaving warm_zygotes ends its zygotes"
     assert list(folder.iterdir()) == [], "a zygote's folder was left behind"
+
+
+# --- the device, without importing torch in the tool's own process ---------------------------------------
+
+def test_device_auto_with_a_torch_built_for_the_cpu_alone_is_cpu_without_importing_torch():
+    import subprocess
+    import sys
+
+    from itera_verify.reload import torch_build
+
+    if torch_build() != "cpu":
+        pytest.skip("this torch is built with CUDA or ROCm: auto asks it")
+    probe = "import sys; from itera_verify.reload import resolve_device; print(resolve_device('auto'), 'torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.split()[-2:] == ["cpu", "False"]
+
+
+def test_a_torch_built_with_cuda_or_rocm_is_not_taken_for_a_cpu_build():
+    from itera_verify.reload import built_for_cpu_alone
+
+    cpu = "__version__ = '2.13.0+cpu'\ncuda: Optional[str] = None\nhip: Optional[str] = None\n"
+    assert built_for_cpu_alone(cpu)
+    assert not built_for_cpu_alone(cpu.replace("cuda: Optional[str] = None", "cuda: Optional[str] = '12.8'"))
+    assert not built_for_cpu_alone(cpu.replace("hip: Optional[str] = None", "hip: Optional[str] = '6.2.41133'"))
+    assert not built_for_cpu_alone("__version__ = '3.0'\n")  # a file that no longer says: torch is asked
