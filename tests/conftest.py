@@ -2,6 +2,7 @@
 under a file lock); each test gets its own copy and plants one defect."""
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -21,6 +22,12 @@ sys.path.insert(0, str(ROOT))  # the `fixtures` builders live at the repository 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+# The reviewer's key (runtime/reviewer_key.py) is made on first use under the config folder: the tests' own, never
+# the developer's (each xdist worker has one; a test's runs, which share a worker, share its key).
+_CONFIG_HOME = tempfile.mkdtemp(prefix="itera-tests-config-")
+os.environ["XDG_CONFIG_HOME"] = _CONFIG_HOME
+os.environ.pop("ITERA_RESULTS_KEY", None)
+atexit.register(shutil.rmtree, _CONFIG_HOME, True)
 
 # No test may reach the network. Beside the variables above (which a library reads once, at import), this
 # process refuses any name lookup or connection beyond this machine, and remembers the attempt: a library that

@@ -137,8 +137,21 @@ def _bypass_rows(results: list[tuple[str, str]]) -> tuple[list[str], int]:
     return rows, refused
 
 
+BLOCK_BEGIN = "<!-- fuzz:begin (make fuzz writes this block: python -m tests.fuzz_all; do not edit by hand) -->"
+BLOCK_END = "<!-- fuzz:end -->"
+
+
+def with_block(document: str, block: str) -> str:
+    """`document` with its generated block replaced by `block`; the notes written by hand around it are kept. A
+    document without the block (a new one) gets a heading and the block."""
+    begin, end = document.find(BLOCK_BEGIN), document.find(BLOCK_END)
+    if begin < 0 or end < begin:
+        return f"## Survival table\n\n{BLOCK_BEGIN}\n{block}\n{BLOCK_END}\n" + (f"\n{document}" if document else "")
+    return document[:begin] + f"{BLOCK_BEGIN}\n{block}\n" + document[end:]
+
+
 def survival_markdown(reader_stats: list[dict], bypasses, faults, examples: int) -> str:
-    lines = ["## Survival table", "", f"Produced by `make fuzz` (`python -m tests.fuzz_all --examples {examples}`). "
+    lines = [f"Produced by `make fuzz` (`python -m tests.fuzz_all --examples {examples}`). "
              "A failure is a traceback, a hang, an unpickled global, a started process, a stray write, a wrong exit "
              "code, a report breaking its schema or a missed IV506.", "",
              "| reader fuzzed | inputs tried | failures | distinct causes |", "|---|---:|---:|---:|"]
@@ -199,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         faults = run_pytest_file("tests/test_faults.py", args.workdir / "faults.xml")
     table = survival_markdown(ordered, bypasses, faults, args.examples)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(table + "\n", encoding="utf-8")
+    existing = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
+    args.out.write_text(with_block(existing, table.rstrip("\n")), encoding="utf-8")
     print("\n" + table + f"\nfailures (first input and traceback per cause): {failures_file}")
     return 1 if any(s["failed"] or s.get("harness_error") for s in ordered) else 0
 

@@ -1,4 +1,4 @@
-"""A tiny package written by hand in SPEC §1 shape (plain JSON dicts, no fixture builder, no artifacts).
+"""A tiny package written by hand in the shape docs/format.md gives (plain JSON dicts, no fixture builder, no artifacts).
 
 Tests use it to check rules and summaries against values they can read at a glance, independently of the
 real example package.

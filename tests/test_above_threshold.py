@@ -1,4 +1,4 @@
-"""`above_threshold` (SPEC §7): a ceiling, "eval loss above 6", in the recorder (live), the manifest schema and
+"""`above_threshold` (docs/record.md): a ceiling, "eval loss above 6", in the recorder (live), the manifest schema and
 IV405/IV408, planted in the example package."""
 from __future__ import annotations
 

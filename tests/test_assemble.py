@@ -298,7 +298,10 @@ def test_an_artifact_this_machine_lacks_the_memory_to_reload_stands_on_its_lot_s
         ["control-weights"], ["lora-r8-weights", "lora-r16-weights"]]
     from itera_verify.report import renderer
 
-    assert "reloaded on lot-b (cpu), by its part's record signed by" in renderer("text")(report, {})
+    assert not any(r.ok for r in report.reloads)  # not reloaded here: standing on a proof is not a reload
+    text = renderer("text")(report, {})
+    assert "not reloaded here (cpu: " in text and "stands on lot-b's signed proof: reloaded there on cpu" in text
+    assert "3 not reloaded here (each stands on its lot's signed proof)" in text
 
 
 def alice_fingerprint(package: Path, lot: str) -> str:
@@ -325,8 +328,62 @@ def test_an_artifact_changed_after_its_lot_sealed_it_is_never_excused(reloaded_p
     weights = package / "artifacts/lora-r8.safetensors"
     weights.write_bytes(weights.read_bytes() + b"\0")  # not the bytes the lot reloaded and signed
     report = reverify(package, monkeypatch, "40M")
-    failed = {r.artifact for r in report.reloads if not r.ok}
+    failed = {r.artifact for r in report.reloads if not r.ok and "reloaded_on" not in r.facts}
     assert failed == {"lora-r8-weights"} and "IV504" in {f.code for f in report.blocking()}
+
+
+@pytest.mark.slow
+def test_a_campaign_assembled_under_another_reviewer_s_key_stands_on_no_lot_s_proof(
+        reloaded_parts, tmp_path, monkeypatch):
+    """What assemble recorded is authenticated with the key of the reviewer who ran it (provenance/<lot>/
+    assembled.json): verified under another key, no lot's signed proof stands for anything."""
+    package = closed_campaign(reloaded_parts["signed"], tmp_path, allowed_signers=reloaded_parts["allowed"])
+    other = tmp_path / "other.key"
+    other.write_text("ab" * 32 + "\n")
+    other.chmod(0o600)
+    monkeypatch.setenv("ITERA_RESULTS_KEY", str(other))
+    report = reverify(package, monkeypatch, "40M")
+    assert {f.code for f in report.blocking()} >= {"IV504"}
+    assert not any(r.ok or "reloaded_on" in r.facts for r in report.reloads)
+
+
+@pytest.mark.slow
+def test_a_lot_s_assembled_record_removed_or_put_under_another_lot_proves_nothing(
+        reloaded_parts, tmp_path, monkeypatch):
+    package = closed_campaign(reloaded_parts["signed"], tmp_path, allowed_signers=reloaded_parts["allowed"])
+    lot_a, lot_b = (package / "provenance" / lot / "assembled.json" for lot in ("lot-a", "lot-b"))
+    lot_b.write_bytes(lot_a.read_bytes())  # lot-a's genuine record, under lot-b
+    lot_a.unlink()
+    report = reverify(package, monkeypatch, "40M")
+    assert {r.artifact for r in report.reloads if "reloaded_on" in r.facts} == set()
+    assert {f.code for f in report.blocking()} >= {"IV504"}
+
+
+def test_a_memory_failure_stands_on_a_lot_only_where_the_artifact_s_size_explains_it(machines, tmp_path):
+    """Never a timeout; a failure for want of memory only where what the artifact needs for its size on disk is
+    more than this machine gives a reload: under a low ITERA_RELOAD_HOST_MEMORY, yes; a tiny artifact that ran
+    out of the automatic limit (its size times 4, and the libraries'), never: that is the artifact's doing."""
+    from itera_verify.flows.partproofs import _size_explains
+    from itera_verify.model import ReloadResult
+    from itera_verify.reload.limits import over_limit
+    from itera_verify.runtime.environment import Environment
+    from tests.helpers import context
+
+    join(parts(machines, tmp_path, "lot-a", "lot-b"), tmp_path / "assembled")
+    package = tmp_path / "assembled" / CAMPAIGN
+    artifact = {"id": "control-weights", "run": "control", "path": "artifacts/control.safetensors"}
+    starved = ReloadResult("control-weights", "safetensors", device="cpu", failure="crash",
+                           error=over_limit(2 << 30, "automatic"))
+    endless = ReloadResult("control-weights", "safetensors", device="cpu", failure="timeout",
+                           error="timed out after 15 s")
+
+    def explains(result, **variables) -> bool:
+        environment = Environment.read({**variables})
+        return _size_explains(context(package, reload=True, environment=environment), result, artifact)
+
+    assert not explains(starved)  # the automatic limit, on a machine with more: the artifact asked too much
+    assert explains(starved, ITERA_RELOAD_HOST_MEMORY="40M")  # the reviewer's machine gives less than it needs
+    assert not explains(endless, ITERA_RELOAD_HOST_MEMORY="40M")
 
 
 def test_each_lot_s_rental_start_comes_from_its_own_part(tmp_path):

@@ -130,6 +130,32 @@ def test_the_audit_says_what_names_the_archives_sha256_or_that_nothing_does(seal
     assert "names it" not in run_cli("audit", alone).stdout
 
 
+@pytest.mark.parametrize("form", ["fifo", "link", "sparse"])
+def test_a_sha256_beside_the_archive_that_is_no_small_file_names_nothing_and_is_never_read(sealed, tmp_path, form):
+    """A fifo would block the audit for ever, a sparse 1 GiB file fill its memory, a link read what it points at:
+    `.sha256` is read as every file beside an archive (push/beside.py), and the report says why it was not."""
+    alone = tmp_path / sealed.name
+    shutil.copy(sealed, alone)
+    beside = tmp_path / (sealed.name + ".sha256")
+    if form == "fifo":
+        os.mkfifo(beside)
+    elif form == "link":
+        shutil.copy(sealed.with_name(sealed.name + ".sha256"), tmp_path / "real.sha256")
+        os.symlink("real.sha256", beside)
+    else:
+        beside.write_text(f"{'0' * 64}  {sealed.name}\n")  # a wrong digest: never read, never compared
+        with open(beside, "r+b") as fh:
+            fh.truncate(1 << 30)
+    result = run_cli("audit", alone, "--format", "json", timeout=120)
+    report = json.loads(result.stdout)
+    assert result.returncode == 0 and report["audit"]["sha256_named_by"] is None, report["findings"]
+    (unread,) = report["audit"]["sidecars_unread"]
+    assert unread["path"] == beside.name
+    assert {"fifo": "not a regular file", "link": "a link", "sparse": "larger than 4096 bytes"}[form] in unread["why"]
+    text = run_cli("audit", alone, timeout=120).stdout
+    assert f"{beside.name}: " in text and "not read" in text, text
+
+
 def test_audit_of_a_missing_archive_exits_2(tmp_path):
     result = run_cli("audit", tmp_path / "nothing.tar.zst")
     assert result.returncode == 2 and "no such file" in result.stderr
@@ -349,7 +375,8 @@ def test_extraction_folder_is_private_and_removed(sealed, monkeypatch, private_t
 
     monkeypatch.setattr(audit_flow, "safe_extract", spy)
     assert audit(sealed).verdict == "pass"
-    assert seen["mode"] == 0o700 and seen["root"].parent == private_tmp and not seen["root"].exists()
+    assert seen["mode"] == 0o700 and seen["root"].parent.parent == private_tmp and not seen["root"].parent.exists()
+    assert seen["root"].parent.name.startswith("itera-audit-")
 
 
 def _package_with_large_shard(built, folder: Path) -> Path:
@@ -390,7 +417,7 @@ def test_member_names_nested_past_path_max_are_IV703_not_a_crash(sealed, tmp_pat
 
 # ---- where the private folder goes ------------------------------------------------------------------------
 def test_private_folder_goes_to_memory_only_when_nobody_chose_a_temporary_folder(sealed, tmp_path, monkeypatch):
-    from itera_verify.flows import audit as audit_flow
+    from itera_verify.flows import scratch as audit_flow
 
     if not audit_flow.MEMORY_SCRATCH.is_dir() or not os.access(audit_flow.MEMORY_SCRATCH, os.W_OK):
         pytest.skip("no writable /dev/shm here")
@@ -401,13 +428,13 @@ def test_private_folder_goes_to_memory_only_when_nobody_chose_a_temporary_folder
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     assert audit_flow.scratch_folder(sealed, None, Environment.read()) is None  # the user's choice wins
     monkeypatch.delenv("TMPDIR")
-    monkeypatch.setattr(audit_flow, "_available_memory", lambda: 1024)
+    monkeypatch.setattr(audit_flow, "available_memory", lambda: 1024)
     assert audit_flow.scratch_folder(sealed, None, Environment.read()) is None  # would not fit
 
 
 def test_a_stream_without_declared_sizes_is_never_extracted_into_memory(tmp_path, monkeypatch):
     """zstd from a pipe does not know the size: nothing bounds the expansion ahead, so the disk it is."""
-    from itera_verify.flows import audit as audit_flow
+    from itera_verify.flows import scratch as audit_flow
 
     streamed = tmp_path / "piped.tar.zst"
     with open(streamed, "wb") as out, zstandard.ZstdCompressor().stream_writer(out) as writer:

@@ -298,3 +298,21 @@ def test_two_different_20_MiB_models_are_not_called_equal_in_a_default_audit(bui
     archive = with_models(built, tmp_path, {"big-model": (big_weights["a"], "control"),
                                             "other-model": (big_weights["b"], "lora-r16")})
     assert iv512(audit(archive, settle(reviewer=True, hf_cache=big_weights["hub"]))) == []
+
+
+@pytest.mark.parametrize("recorded_version, contradicted", [("0.1.0", False), ("0.2.0", True)])
+def test_a_rule_newer_than_the_senders_tool_fails_the_audit_without_calling_the_record_a_lie(
+        built, tmp_path, recorded_version, contradicted):
+    """A stopped run's predictions file (IV314, added in 0.2.0) in an archive whose record says an older
+    itera-verify passed it: the audit fails on IV314, and the recorded pass is explained by the version, not
+    called a record that does not describe the content (IV701). Recorded by this version, it is IV701."""
+    pkg = copy_of(built, tmp_path)
+    shutil.copy(pkg / "predictions" / "control.jsonl", pkg / "predictions" / "lora-r64.jsonl")
+    record = json.dumps({"tool": "itera-verify", "version": recorded_version, "verdict": "pass",
+                         "findings": []}).encode()
+    report = audit(sealed_as_is(pkg, tmp_path / f"{CAMPAIGN}.tar.zst", record), settle(reviewer=True))
+    codes = {f.code for f in report.findings}
+    assert report.verdict == "fail" and "IV314" in codes
+    assert ("IV701" in codes) is contradicted
+    comparison = report.audit["comparison"]
+    assert comparison["explained_by_version"] == ([] if contradicted else ["IV314"])

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -173,6 +174,13 @@ def test_an_audit_killed_by_a_signal_is_one_failed_row_and_the_batch_goes_on(sea
 def test_an_audit_past_its_memory_is_stopped_with_what_it_started(sealed, tmp_path, monkeypatch):
     folder = delivery(tmp_path / "memory", sealed, copies=1)
     monkeypatch.setattr(batch_local, "audit_memory", lambda jobs: 1)  # every audit is over it at once
+    audit_entry = batch_local.audit_entry
+
+    def lingers(*args, **kwargs):  # an audit quicker than one poll would end before its memory is read
+        time.sleep(30)
+        return audit_entry(*args, **kwargs)
+
+    monkeypatch.setattr(batch_local, "audit_entry", lingers)
     batch = audit_batch(str(folder), settle(reviewer=True))
     assert len(batch.rows) == 1 and "its memory passed 1 bytes" in batch.rows[0].error
     assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(p) == os.getpid()]

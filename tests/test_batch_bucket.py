@@ -74,3 +74,18 @@ def test_an_empty_prefix_and_a_missing_bucket_are_exit_2(seaweedfs, bucket):
     assert empty.returncode == 2 and "no *.tar.zst archive to audit" in empty.stderr
     missing = run_cli("audit", "s3://no-such-bucket-here/x/", env=env)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1, missing.stderr
+
+
+def test_a_small_object_larger_than_one_socket_read_is_read_whole(seaweedfs, bucket, monkeypatch):
+    """A bounded body hands out one socket read at a time: a stored result or a sidecar of a few MiB is read
+    to its end (or to its limit), never cut at the first read."""
+    from itera_verify.push.ranged import read_start
+    from itera_verify.push.store import client
+
+    for name, value in store_env(seaweedfs.endpoint).items():
+        monkeypatch.setenv(name, value)
+    data = os.urandom(3 << 20)
+    seaweedfs.client().put_object(Bucket=bucket, Key="big/result.json", Body=data)
+    s3 = client(seaweedfs.endpoint, 1)
+    assert read_start(s3, bucket, "big/result.json", len(data)) == data
+    assert read_start(s3, bucket, "big/result.json", 1 << 20) == data[:(1 << 20) + 1]  # the limit, and one more

@@ -50,6 +50,16 @@ def gathered(folder: Path) -> list[dict]:
     return rows
 
 
+def results_key(path: Path) -> Path:
+    """The key the shards share (docs/integration.md says how to make it)."""
+    import secrets
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(secrets.token_hex(32) + "\n")
+    path.chmod(0o600)
+    return path
+
+
 def check_cover(rows: list[dict]) -> None:
     keys = [row["key"] for row in rows]
     assert sorted(keys) == sorted({*keys}) and len(keys) == 6  # each archive once, none twice
@@ -59,13 +69,28 @@ def check_cover(rows: list[dict]) -> None:
 @pytest.mark.slow
 def test_the_slurm_array_recipe_covers_every_key_once(sealed, tmp_path):
     folder = delivery(tmp_path / "bucket", sealed)
-    line = recipe(r"itera-verify audit s3://acme-campaigns/2026-11/ --shard \"\$SLURM_ARRAY_TASK_ID[^\n]*\\\n[^\n]*")
+    line = recipe(r"itera-verify audit s3://acme-campaigns/2026-11/ --shard \"\$SLURM_ARRAY_TASK_ID(?:[^\n]*\\\n)*[^\n]*")
     command = line.replace("s3://acme-campaigns/2026-11/", str(folder)).replace(
         "--results s3://acme-reviews/results/", f"--results {tmp_path / 'results'}")
+    home = tmp_path / "home"  # the home folder every node of the cluster shares, with the key in it
+    results_key(home / ".itera" / "results.key")
     for task in range(SHARDS):  # what `#SBATCH --array=0-2` runs, one task per index
-        result = run_shell(command, tmp_path, {"SLURM_ARRAY_TASK_ID": str(task), "SLURM_ARRAY_TASK_COUNT": str(SHARDS)})
+        result = run_shell(command, tmp_path, {"SLURM_ARRAY_TASK_ID": str(task), "SLURM_ARRAY_TASK_COUNT": str(SHARDS),
+                                               "HOME": str(home)})
         assert result.returncode in (0, 1), result.stderr
     check_cover(gathered(tmp_path))
+    # Resubmitted as one task: every result the shards kept is reused, authenticated by the key they share. A node
+    # with another key trusts none of them: the first copy of each archive is audited again (the five campaigns
+    # are one archive, the damaged one another), and the copies after it reuse that new result.
+    rerun = {"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "1"}
+    again = run_shell(command, tmp_path, {**rerun, "HOME": str(home)})
+    rows = [json.loads(line) for line in (tmp_path / "rows-0.jsonl").read_text().splitlines()]
+    assert again.returncode == 1 and len(rows) == 6 and all(row["reused"] for row in rows), again.stderr
+    results_key(home / ".itera" / "results.key")  # another key in its place (the hub cache, under HOME, stays)
+    again = run_shell(command, tmp_path, {**rerun, "HOME": str(home)})
+    rows = [json.loads(line) for line in (tmp_path / "rows-0.jsonl").read_text().splitlines()]
+    assert {row["key"]: row.get("not_reused") for row in rows if not row["reused"]} == dict.fromkeys(
+        ["campaign-0.tar.zst", "damaged.tar.zst"], "not authenticated by this reviewer's key (--results-key)")
     assert "#SBATCH --array=0-7" in DOC and "cat rows-*.jsonl > rows.jsonl" in DOC
 
 
@@ -75,12 +100,15 @@ def test_the_kubernetes_indexed_job_recipe_covers_every_key_once(sealed, tmp_pat
     line = recipe(r"itera-verify audit s3://acme-campaigns/2026-11/ --shard \$JOB_COMPLETION_INDEX/8[^\"]*")
     (tmp_path / "out").mkdir()
     command = line.replace("s3://acme-campaigns/2026-11/", str(folder)).replace("/8", f"/{SHARDS}").replace(
-        "--results s3://acme-reviews/results/", "").replace("/out/", f"{tmp_path / 'out'}/")
+        "--results s3://acme-reviews/results/", f"--results {tmp_path / 'results'}").replace(
+        "/out/", f"{tmp_path / 'out'}/").replace("/keys/", f"{tmp_path / 'keys'}/")
+    results_key(tmp_path / "keys" / "results.key")  # the Secret, as the pod mounts it
     for index in range(SHARDS):  # Kubernetes sets JOB_COMPLETION_INDEX from 0 to completions - 1
         result = run_shell(command, tmp_path, {"JOB_COMPLETION_INDEX": str(index)})
         assert result.returncode in (0, 1), result.stderr
     check_cover(gathered(tmp_path / "out"))
     assert "completionMode: Indexed" in DOC and "completions: 8" in DOC
+    assert "secretName: itera-results-key" in DOC and "mountPath: /keys" in DOC
 
 
 @pytest.mark.slow

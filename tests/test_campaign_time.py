@@ -1,4 +1,4 @@
-"""Campaign time (issue 26, SPEC §7) on real Trainer runs on the CPU: every save priced, the first checkpoint's
+"""Campaign time (issue 26, docs/record.md) on real Trainer runs on the CPU: every save priced, the first checkpoint's
 resume proven in a background process while the training goes on, a sabotaged first checkpoint stopping its run
 under `no_usable_resume`, a truncated eval input and an eval-loss ceiling stopping theirs, a proof process killed
 (the training goes on, the proof records it); then the checker's IV412-IV414, IV613 and IV309 and the report's

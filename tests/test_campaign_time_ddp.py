@@ -1,4 +1,4 @@
-"""Two ranks agree on the resume proof's news (issue 26, SPEC §7): a DDP run (torchrun, 2 gloo processes on the
+"""Two ranks agree on the resume proof's news (issue 26, docs/record.md): a DDP run (torchrun, 2 gloo processes on the
 CPU, the real Trainer) whose first checkpoint is sabotaged on disk right after the save. Only rank 0 proves it,
 in the background; when the proof fails under the declared `no_usable_resume` rule, rank 0 hands the stop to
 every rank at the same step: both stop there, take the same stop record, and the package holds it once."""

@@ -1,4 +1,4 @@
-"""Campaign time (issue 26, SPEC §7) with the real Lightning Trainer on the CPU, recorded by LightningRecorder:
+"""Campaign time (issue 26, docs/record.md) with the real Lightning Trainer on the CPU, recorded by LightningRecorder:
 every save priced (step, time, write seconds, bytes), the first checkpoint's resume proven in the background, a
 first checkpoint sabotaged on disk right after the save stopping its run under `no_usable_resume`, and a proof
 process that hangs (stopped by SIGSTOP) killed at its timeout: the training goes on, the proof records that it

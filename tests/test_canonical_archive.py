@@ -1,4 +1,4 @@
-"""The archive is canonical (SPEC §3, issue 23): every header the audit accepts is the one the seal writes for
+"""The archive is canonical (docs/format.md, the sealed archive, issue 23): every header the audit accepts is the one the seal writes for
 its member, the archive starts with its top folder, named as the manifest's campaign_id, and everything else is
 IV703 before anything is written for it. Each hostile archive is the tool's own sealed archive with one change,
 SEAL/SHA256SUMS re-computed so that it lists it: only the header rule can refuse it. GNU tar shows each form is

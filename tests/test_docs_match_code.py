@@ -335,3 +335,27 @@ def test_every_relative_link_reaches_a_file_and_a_heading(path):
         assert linked.exists(), f"{path.name}: {target}"
         if anchor and linked.suffix == ".md":
             assert anchor in _anchors(linked), f"{path.name}: {target}"
+
+
+def test_the_reload_schemas_dtypes_are_the_loaders_dtypes():
+    """reload.json's `dtype`: the schema accepts exactly the names the reload understands (format/loaders.py),
+    and "auto"; a name one accepts and the other refuses would be IV105 on a loadable entry, or the reverse."""
+    from itera_verify.format.loaders import DTYPES
+
+    schema = json.loads((ROOT / "schemas/reload.schema.json").read_text())
+    enum = schema["properties"]["artifacts"]["additionalProperties"]["properties"]["dtype"]["enum"]
+    assert sorted(enum) == sorted(["auto", *DTYPES])
+
+
+def test_make_fuzz_rewrites_only_its_block_of_the_survival_table():
+    """docs/survival.md holds notes written by hand (the red team rounds, what each loader admits) around the
+    block `make fuzz` generates: a run replaces the block and keeps every note."""
+    from tests.fuzz_all import BLOCK_BEGIN, BLOCK_END, with_block
+
+    document = (ROOT / "docs/survival.md").read_text()
+    assert document.count(BLOCK_BEGIN) == 1 and document.count(BLOCK_END) == 1
+    rewritten = with_block(document, "| reader fuzzed | inputs tried |\n|---|---|")
+    outside = document[:document.index(BLOCK_BEGIN)] + document[document.index(BLOCK_END):]
+    assert rewritten[:rewritten.index(BLOCK_BEGIN)] + rewritten[rewritten.index(BLOCK_END):] == outside
+    assert "| reader fuzzed | inputs tried |" in rewritten and "## What each loader admits" in rewritten
+    assert with_block("", "x").startswith("## Survival table")

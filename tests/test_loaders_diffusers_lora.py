@@ -1,4 +1,4 @@
-"""The `diffusers-lora` loader (SPEC §1): LoRAs saved by StableDiffusionPipeline.save_lora_weights (and one
+"""The `diffusers-lora` loader (docs/format.md, loaders): LoRAs saved by StableDiffusionPipeline.save_lora_weights (and one
 converted to kohya's layout) for a tiny base pipeline held in a hub cache of their own, attached with
 load_lora_weights and run one denoising step; the IV512 checks of diffusers LoRAs and pipelines."""
 from __future__ import annotations

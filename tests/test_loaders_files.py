@@ -1,4 +1,4 @@
-"""The `gguf` and `onnx` loaders (SPEC §1): real files written by each library's own save call, reloaded in one
+"""The `gguf` and `onnx` loaders (docs/format.md, loaders): real files written by each library's own save call, reloaded in one
 run (one child per artifact, as `verify` does); each planted defect is its own artifact of the same package."""
 from __future__ import annotations
 

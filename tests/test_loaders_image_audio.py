@@ -1,4 +1,4 @@
-"""The `transformers` loader runs a forward pass for models that take no token ids (SPEC §1): a synthetic input of
+"""The `transformers` loader runs a forward pass for models that take no token ids (docs/format.md, loaders): a synthetic input of
 the shape the config declares, ViT's pixel_values and Whisper's input_features; the output must be finite."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A loader's library that is not installed on the verifying machine is one clear IV505 per library naming the extra
-to install, never an IV504 about the artifact (SPEC §1). The libraries are hidden from the reload children by
+to install, never an IV504 about the artifact (docs/format.md, loaders). The libraries are hidden from the reload children by
 packages of the same name, first on PYTHONPATH, that fail to import as an absent one does."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The `diffusers` and `sentence-transformers` loaders (SPEC §1): a tiny StableDiffusionPipeline.save_pretrained and
+"""The `diffusers` and `sentence-transformers` loaders (docs/format.md, loaders): a tiny StableDiffusionPipeline.save_pretrained and
 a tiny SentenceTransformer.save, reloaded in one run; each planted defect is its own artifact of the package."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The `transformers` loader on a bitsandbytes 4-bit model (SPEC §1): quantized and saved on the CPU by
+"""The `transformers` loader on a bitsandbytes 4-bit model (docs/format.md, loaders): quantized and saved on the CPU by
 from_pretrained(quantization_config=BitsAndBytesConfig(load_in_4bit=True)), reloaded with its weights proven finite
 once dequantized; a verifying machine without bitsandbytes is IV505 naming the extra, never IV504."""
 from __future__ import annotations

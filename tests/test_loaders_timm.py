@@ -1,4 +1,4 @@
-"""The `timm` loader (SPEC §1): timm's tiny test_vit saved with save_for_hf, reloaded strictly, one forward pass on
+"""The `timm` loader (docs/format.md, loaders): timm's tiny test_vit saved with save_for_hf, reloaded strictly, one forward pass on
 the configured input size. Skipped where timm (and the torchvision it imports) is not installed: the `dev` extra
 leaves timm out while the only torchvision wheels for the pinned CPU torch are CUDA builds (pyproject.toml)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""OpenSSF model-signing signatures (SPEC §7, issue 28 item 3): `--sign model-signing:KEY.pem` with a real EC key
+"""OpenSSF model-signing signatures (docs/format.md, signatures, issue 28 item 3): `--sign model-signing:KEY.pem` with a real EC key
 made by `cryptography`; the real `model_signing verify key` command line (from this venv, in a child process)
 accepting the extracted folder and refusing a changed file; the audit verifying SEAL/model.sig with
 --oms-public-key (IV802, IV801) and saying it was not checked without one. Everything offline: the `key` method

@@ -1,4 +1,4 @@
-"""IV201–IV205 on the real example package: one planted defect per test."""
+"""IV201–IV206 on the real example package: one planted defect per test."""
 from __future__ import annotations
 
 import json
@@ -174,6 +174,74 @@ def test_symlink_inside_the_package_is_fine(package_dir):
 def test_broken_symlink_is_IV204(package_dir):
     os.symlink("checkpoint-900", package_dir / "checkpoints" / "control" / "best")
     assert [f.path for f in only(static_findings(package_dir), "IV204")] == ["checkpoints/control/best"]
+
+
+def link_chain(folder, length: int, end: str | None = "end.txt") -> None:
+    """`length` links in `folder`, 0000 -> 0001 -> ... -> the last, which points at `end` (a file written there)."""
+    folder.mkdir(parents=True)
+    for i in range(length):
+        os.symlink(f"{i + 1:04d}" if i + 1 < length else end, folder / f"{i:04d}")
+    if end is not None:
+        (folder / end).write_text("end\n")
+
+
+def test_a_chain_of_40_links_resolves_as_the_kernel_follows_it(package_dir):
+    link_chain(package_dir / "analysis" / "chain", 40)
+    found = static_findings(package_dir)
+    assert not only(found, "IV204") and not only(found, "IV203")
+
+
+def test_a_chain_of_41_links_is_IV204_too_many_levels_of_links(package_dir):
+    link_chain(package_dir / "analysis" / "chain", 41)
+    found = only(static_findings(package_dir), "IV204")
+    assert [f.path for f in found] == ["analysis/chain/0000"]  # the others need 40 links or fewer
+    assert "too many levels of links" in found[0].message
+
+
+def test_a_loop_of_links_is_IV204_too_many_levels_of_links(package_dir):
+    os.symlink("b", package_dir / "analysis" / "a")
+    os.symlink("a", package_dir / "analysis" / "b")
+    found = only(static_findings(package_dir), "IV204")
+    assert [f.path for f in found] == ["analysis/a", "analysis/b"]
+    assert all("too many levels of links" in f.message for f in found)
+
+
+@pytest.mark.slow
+def test_a_chain_of_3000_links_is_checked_in_time_linear_in_its_length(package_dir):
+    """Python 3.11's os.path.realpath recursed once per link (RecursionError at 1,500) and walked the rest of the
+    chain for each link (3,000 links: 4.5 million look-ups)."""
+    import time
+
+    link_chain(package_dir / "analysis" / "chain", 3000)
+    started = time.monotonic()
+    found = only(static_findings(package_dir), "IV204")
+    assert len(found) == 3000 - 40 and time.monotonic() - started < 30
+
+
+def test_two_files_differing_only_in_case_are_IV206(package_dir):
+    weights = package_dir / "artifacts" / "control-model" / "model.safetensors"
+    (weights.parent / "Model.safetensors").write_bytes(weights.read_bytes())
+    found = only(static_findings(package_dir), "IV206")
+    assert [f.path for f in found] == ["artifacts/control-model/model.safetensors"]
+    assert "artifacts/control-model/Model.safetensors" in found[0].message
+
+
+def test_two_names_differing_only_in_unicode_normalisation_are_IV206(package_dir):
+    write_text(package_dir, "analysis/r\u00e9sum\u00e9.md", "composed\n")  # é as one character
+    write_text(package_dir, "analysis/re\u0301sume\u0301.md", "decomposed\n")  # e + combining accent
+    assert len(only(static_findings(package_dir), "IV206")) == 1
+
+
+def test_a_folder_named_seal_in_lower_case_is_IV206_beside_the_archives_SEAL(package_dir):
+    write_text(package_dir, "seal/notes.md", "x\n")
+    found = only(static_findings(package_dir), "IV206")
+    assert [f.path for f in found] == ["seal"] and "the folder the sealed archive adds" in found[0].message
+
+
+def test_two_folders_differing_only_in_case_are_IV206(package_dir):
+    write_text(package_dir, "analysis/Plots/a.md", "a\n")
+    write_text(package_dir, "analysis/plots/b.md", "b\n")
+    assert [f.path for f in only(static_findings(package_dir), "IV206")] == ["analysis/plots"]
 
 
 @pytest.mark.parametrize("value", ["../params/control.json", "/etc/passwd", "params/../../x.json"])

@@ -1,4 +1,4 @@
-"""Placement over GPUs (issue 17, SPEC "Reload on every GPU"), planned on the CPU: meta-device models built with
+"""Placement over GPUs (issue 17; docs/format.md, multi-GPU training outputs), planned on the CPU: meta-device models built with
 accelerate's init_empty_weights, made-up free memory for two or eight GPUs. What fits goes on one GPU, what
 does not is spread in whole blocks over all of them, and accelerate's silent offload to disk (reproduced here
 with a small budget) is refused, before a load and after one."""

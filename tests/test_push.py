@@ -1,4 +1,4 @@
-"""`itera-verify push` (SPEC §7): to SeaweedFS (keeps CRC64NVME), rclone serve s3 (keeps no checksum) and a folder,
+"""`itera-verify push` (docs/integration.md, leaving the machine): to SeaweedFS (keeps CRC64NVME), rclone serve s3 (keeps no checksum) and a folder,
 each store started on loopback by these tests and stopped at the end. The command line runs in a child process
 with the standard AWS variables, as a user runs it."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The end of the rental (SPEC §7, issue 27 item 6): the first parts' throughput predicts the end of the upload, and
+"""The end of the rental (docs/integration.md, leaving the machine, issue 27 item 6): the first parts' throughput predicts the end of the upload, and
 a push that will not finish before the deadline says so at once, with the numbers. A loopback proxy throttles the
 link to a real SeaweedFS."""
 from __future__ import annotations

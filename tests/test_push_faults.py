@@ -1,4 +1,4 @@
-"""The push under faults (SPEC §7): killed mid-part and resumed from its journal, a stale upload aborted, the
+"""The push under faults (docs/integration.md, leaving the machine): killed mid-part and resumed from its journal, a stale upload aborted, the
 connection cut, a part changed in flight. A loopback proxy (tests/push_stores.FaultProxy) between the push and a
 real store breaks each; the store's own answers do the rest."""
 from __future__ import annotations

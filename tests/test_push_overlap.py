@@ -1,4 +1,4 @@
-"""`itera-verify OUTDIR --push s3://...` uploads while it seals (SPEC §7, issue 27): parts reach the store before the
+"""`itera-verify OUTDIR --push s3://...` uploads while it seals (docs/integration.md, leaving the machine, issue 27): parts reach the store before the
 archive is finished, the upload is completed only once the seal's read-back verified it, the bytes sent are proven
 to be those read back (CRC64NVME from the seal's own pass), and a seal that does not publish leaves no object, no
 upload and no receipt. Against SeaweedFS on loopback, through a proxy that notes when each part arrives."""

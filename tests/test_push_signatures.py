@@ -1,4 +1,4 @@
-"""A reviewer's audit from the bucket checks the seal's signatures (issue 28 item 4, SPEC §7): the `.sig` the push
+"""A reviewer's audit from the bucket checks the seal's signatures (issue 28 item 4, docs/integration.md, leaving the machine): the `.sig` the push
 put beside the object and the signed statement inside the archive, as the local audit does (IV801-IV803), against
 SeaweedFS on loopback. Keys are made by ssh-keygen; the seal signs with a private key file."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A push whose journal (`<archive>.push.json`) or receipt (`<archive>.receipt.json`) was changed between two runs
-(SPEC §7 "Leaving the machine"): it never sends a byte elsewhere than the command's destination, reuses a part only
+(docs/integration.md, leaving the machine): it never sends a byte elsewhere than the command's destination, reuses a part only
 on the store's word about the bytes it holds (never on the journal's checksums), and is never steered by a
 receipt. Against SeaweedFS on loopback; each test plants one change beside a clean resume."""
 from __future__ import annotations

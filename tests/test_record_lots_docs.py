@@ -93,7 +93,7 @@ def test_two_lots_record_push_assemble_close_and_seal_as_the_docs_say(store, tmp
     for lot in ("lot-a", "lot-b"):
         assert {p.name for p in (package / "provenance" / lot).iterdir()} == {
             "SHA256SUMS", "verification.json", "statement.json", "statement.json.sig", "manifest.json",
-            "stops.json", "reload.json"}
+            "stops.json", "reload.json", "assembled.json"}
     delivered = tmp_path / "delivered"  # the reviewer's own copy: never beside the folder it was sealed from
     delivered.mkdir()
     for name in ("two-lots.tar.zst", "two-lots.tar.zst.sha256", "two-lots.tar.zst.sig"):

@@ -1,4 +1,4 @@
-"""`run.stopped` is the same on every rank (issue 25, SPEC §7): rank 0 decides and records the stop; a rank that
+"""`run.stopped` is the same on every rank (issue 25, docs/record.md): rank 0 decides and records the stop; a rank that
 writes nothing learns it from the package (the run's status, read under the lock), so after-training code
 (predictions gathered to rank 0) takes the same branch everywhere."""
 from __future__ import annotations

@@ -378,3 +378,44 @@ def test_junit_takes_a_family_from_the_registry_when_the_report_does_not_name_it
     family = all_rules()["IV409"].family
     assert family == "losses"
     assert any(name.startswith(f"{family} ") or name == family for name in names), names
+
+
+def test_html_reloads_table_has_a_cell_under_every_header():
+    """Artifact, Loader, Devices, Result, Time, Peak memory, Detail: each row's cells line up with the header
+    (the loader's cell was missing, which shifted every cell after it one column left)."""
+    import re
+
+    page = render("html", sample_report())
+    section = page[page.index("<th>Artifact</th>"):]
+    table = section[:section.index("</table>")]
+    headers = re.findall(r"<th[^>]*>", table[:table.index("</thead>")])
+    rows = re.findall(r"<tr>(.*?)</tr>", table[table.index("<tbody>"):], re.S)
+    assert len(headers) == 7 and rows
+    assert all(len(re.findall(r"<td[^>]*>", row)) == 7 for row in rows)
+    assert "<code>transformers</code>" in table or "<code>peft</code>" in table
+
+
+# ----------------------------------------------------------------------------- a report of very many findings
+
+def test_a_report_keeps_1000_findings_of_a_code_and_says_the_rest_once_in_every_format():
+    """300,000 empty files once made 300,005 findings: a report keeps the first 1,000 of each code."""
+    import jsonschema
+
+    from itera_verify.report import FINDINGS_PER_CODE
+
+    report = sample_report()
+    report.findings += [finding("IV703", f"many/{i:05d}", "unsafe member", Severity.WARNING) for i in range(2400)]
+    report.findings += [finding("IV703", "many/last", "unsafe member")]  # one error among those left out
+    report.cap_findings()
+    listed = [f for f in report.findings if f.code == "IV703"]
+    assert len(listed) == FINDINGS_PER_CODE + 1 and "1,401 more IV703 findings" in listed[-1].message
+    assert listed[-1].severity == Severity.ERROR and report.verdict == "fail"
+    report.findings.append(finding("IV703", "later/one", "unsafe member"))
+    report.cap_findings()  # again, after more were added: what was left out stays counted
+    assert report.findings_omitted == {"IV703": 1402} and len(report.findings) == 5 + FINDINGS_PER_CODE + 1
+    document = json.loads(render("json", report))
+    jsonschema.validate(document, json.loads((ROOT / "schemas" / "report.schema.json").read_text()))
+    assert document["findings_omitted"] == {"IV703": 1402}
+    for name in ("text", "html", "junit", "github", "sarif"):
+        assert "1,402 more IV703 findings" in render(name, report), name
+    assert "findings_omitted" not in json.loads(render("json", sample_report()))

@@ -92,6 +92,7 @@ PATH_MAKERS = {"abspath", "os_path"}
 ALLOWED = {
     "_tensors.py": {"open_binary", "read_safetensors_header"},
     "untrained.py": {"read_text", "read_json_file"},
+    "tokenizer_fit.py": {"read_json_file"},  # the adapter's base config.json in the hub cache
 }
 
 

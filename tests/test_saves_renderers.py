@@ -1,4 +1,4 @@
-"""Each run's saves (SPEC §7, report `runs[].saves`) where JUnit and GitHub have room for them (a suite property
+"""Each run's saves (docs/record.md, report `runs[].saves`) where JUnit and GitHub have room for them (a suite property
 per run, a notice per run), and the JSON report with the campaign-time fields (saves, stop records, the rental's
 end and its estimates) validating against schemas/report.schema.json, which declares each of them."""
 from __future__ import annotations

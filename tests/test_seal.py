@@ -342,7 +342,7 @@ CHILD = textwrap.dedent("""
             print("advance", key, flush=True)
             time.sleep(0.002)  # widen the window a kill can land in
 
-    seal_package(context({package!r}), "big", {{}}, Path({destination!r}), progress=Announce())
+    seal_package(RunContext(discover({package!r}), settle(Config())), "big", {{}}, Path({destination!r}), progress=Announce())
     print("sealed", flush=True)
 """)
 

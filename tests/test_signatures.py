@@ -1,4 +1,4 @@
-"""Signed seals (SPEC §7, IV801-IV803): real keys made by ssh-keygen, a real ssh-agent started here (and killed at
+"""Signed seals (docs/format.md, signatures, IV801-IV803): real keys made by ssh-keygen, a real ssh-agent started here (and killed at
 the end), OpenSSH verifying what the seal wrote, the audit refusing what a courier could do to a signed archive,
 and the pure-Python verifier against `ssh-keygen -Y verify` over valid and damaged signatures."""
 from __future__ import annotations
@@ -261,6 +261,31 @@ def test_unsigned_archive_is_IV801_only_when_a_signer_is_required(sealed, agent,
     assert signature_codes(report) == [] and report.audit["signature"]["signed"] is False
     allowed = allowed_signers(tmp_path / "allowed", ("alice@example.com", agent["keys"]["alice"]))
     assert signature_codes(audit(sealed, settle(reviewer=True, allowed_signers=allowed))) == ["IV801"]
+
+
+@pytest.mark.parametrize("form", ["fifo", "sparse"])
+def test_a_fifo_or_a_huge_file_named_as_the_archive_signature_is_not_read_and_is_IV802_when_signers_are_required(
+        signed, agent, tmp_path, form):
+    """A fifo would block the audit, a sparse 1 GiB file fill its memory: neither is read (push/beside.py)."""
+    archive = tmp_path / signed.name
+    shutil.copy(signed, archive)
+    shutil.copy(signed.with_name(signed.name + ".sha256"), archive.with_name(archive.name + ".sha256"))
+    sidecar = archive.with_name(archive.name + ".sig")
+    if form == "fifo":
+        os.mkfifo(sidecar)
+    else:
+        with open(sidecar, "wb") as fh:
+            fh.truncate(1 << 30)
+    why = "not a regular file" if form == "fifo" else "larger than"
+    plain = run_cli("audit", archive, "--format", "json", timeout=120)
+    report = json.loads(plain.stdout)
+    assert plain.returncode == 0 and report["audit"]["sidecars_unread"][0]["path"] == sidecar.name
+    assert why in report["audit"]["sidecars_unread"][0]["why"]
+    allowed = allowed_signers(tmp_path / "allowed", ("alice@example.com", agent["keys"]["alice"]))
+    required = run_cli("audit", archive, "--format", "json", "--allowed-signers", allowed, timeout=120)
+    findings = [f for f in json.loads(required.stdout)["findings"] if f["code"].startswith("IV8")]
+    assert required.returncode == 1 and [(f["code"], f["path"]) for f in findings] == [("IV802", sidecar.name)]
+    assert why in findings[0]["message"]
 
 
 def test_resealed_archive_is_IV802(signed, agent, tmp_path):

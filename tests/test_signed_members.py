@@ -1,4 +1,4 @@
-"""Every member is scanned and every member is signed (issue 35 item 3, SPEC §7 "Signed seals"): SEAL/statement.json,
+"""Every member is scanned and every member is signed (issue 35 item 3; docs/format.md, signatures): SEAL/statement.json,
 its .sig and SEAL/model.sig are scanned like every file (IV506); a statement without its signature and a model.sig
 that is no JSON Sigstore bundle are refused (IV802); with --allowed-signers every member `tar -xf` would write, and
 every byte of the zstd stream, must be covered by what the allowed signer signed, with or without `<archive>.sig`.

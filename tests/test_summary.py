@@ -1,4 +1,4 @@
-"""The budget, plan, runs and curves summaries the report shows (SPEC §2 budget paragraph, §4, §6)."""
+"""The budget, plan, runs and curves summaries the report shows (docs/format.md budget paragraph, §4, §6)."""
 from __future__ import annotations
 
 import json

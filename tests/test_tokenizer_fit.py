@@ -111,3 +111,26 @@ def test_the_chat_adapter_with_its_resized_embeddings_reloads_on_its_base(built,
     assert result.ok, result.error
     assert result.facts["resized_embeddings"].startswith("128 -> 130 rows")
     assert not [f for f in reload_rules.check(package) if f.artifact == "chat-lora-adapter"]
+
+
+def test_an_adapter_without_its_embeddings_is_held_to_its_cached_base_when_the_params_are_silent(
+        built, built_truth, truth_dir):
+    """Params written by hand name no base_vocab_size: the base's rows come from its config.json in the hub
+    cache, and the tokenizer's 130 ids against a base of 128 are IV516 all the same."""
+    from fixtures.edit import refresh_hashes
+    from itera_verify.flows.checks import run_checks
+    from itera_verify.rules import Selection
+    from tests.helpers import context
+
+    adapter = truth_dir / "artifacts/chat-lora-adapter"
+    shutil.rmtree(adapter)
+    shutil.copytree(Path(built_truth["extras"]) / "chat-lora-unsaved", adapter)
+    edit_json(truth_dir, "params/chat-lora.json", lambda params: [params.pop(key, None)
+                                                                  for key in ("base_vocab_size", "vocab_size")])
+    refresh_hashes(truth_dir)
+    package = context(truth_dir, hf_cache=Path(built["hf_cache"]))
+    findings = [f for f in run_checks(package, Selection(select=("IV516",)), "static")
+                if f.artifact == "chat-lora-adapter"]
+    assert len(findings) == 1, [f.message for f in findings]
+    assert "its base's config.json in the hub cache" in findings[0].message
+    assert "ids up to 129" in findings[0].message

@@ -22,7 +22,7 @@ def _state() -> dict:
         "torch_rng": hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest(),
         "numpy_rng": hashlib.sha256(np.random.get_state()[1].tobytes()).hexdigest(),
         "cmdline": [a.decode() for a in open("/proc/self/cmdline", "rb").read().split(b"\0") if a],
-        "tmpdir": os.environ.get("TMPDIR"), "cwd": os.getcwd(),
+        "tmpdir": os.environ.get("TMPDIR"), "cwd": os.getcwd(), "variables": sorted(os.environ),
         "modelling_imported": sorted(m for m in ("transformers", "peft", "accelerate") if m in sys.modules),
         "imported": sorted(m for m in WATCHED if sys.modules.get(m) is not None),
         "kept_out": sorted(m for m in WATCHED if m in sys.modules and sys.modules[m] is None),

@@ -27,6 +27,7 @@ class Rule:
     bad: str = ""
     good: str = ""
     family: str = ""  # filled by the registry: the module that declares it
+    since: str = "0.1.0"  # the tool version that introduced the code: an older record cannot have run it
 
 
 @dataclass
@@ -53,6 +54,11 @@ class Finding:
         return out
 
 
+# A failed reload's fact, set by the verifying process alone (flows/partproofs.py), never a reload child: the lot's
+# signed reload proof the artifact stands on in an assembled campaign. It is not a reload here: `ok` stays false.
+STANDS_ON = "reloaded_on"
+
+
 @dataclass
 class ReloadResult:
     """Facts one reload child reported about one artifact. Rules turn these into findings."""
@@ -75,6 +81,12 @@ class ReloadResult:
     device_peak_memory_bytes: int | None = None  # GPU memory at its peak, over every GPU used (None on the CPU)
     # What confined the child (reload/confine.py): "landlock ABI 7: fs, net", "none (why)"; None: no child ran.
     confinement: str | None = None
+
+    @property
+    def lot_proof(self) -> dict[str, Any] | None:
+        """The lot's signed proof this failed reload stands on (STANDS_ON), or None."""
+        proof = self.facts.get(STANDS_ON) if isinstance(self.facts, dict) and not self.ok else None
+        return proof if isinstance(proof, dict) else None
 
     def to_json(self) -> dict[str, Any]:
         out = {

@@ -110,6 +110,9 @@ class RunOptions:
     shard: tuple[int, int] | None = None  # (I, N): audit only the I-th of N slices of the sorted keys (0 <= I < N)
     engine: str = "local"  # local: forked processes; ray: Ray tasks
     results: str | None = None  # a folder or s3:// prefix keeping each archive's report for a rerun
+    # the reviewer's key file (runtime/reviewer_key.py): --results-key, else ITERA_RESULTS_KEY; None: the default
+    # one under the reviewer's config folder. It authenticates the stored results and what assemble records.
+    results_key: Path | None = None
     # where these came from (the report's `configuration`)
     configuration: Mapping[str, Any] = field(default_factory=dict)
     _settled: object = field(default=None, repr=False, compare=False)

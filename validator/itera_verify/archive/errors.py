@@ -20,3 +20,7 @@ class Corrupt(ArchiveError):
 
 class TooLarge(ArchiveError):
     kind = "too-large"
+
+
+class TooManyMembers(ArchiveError):
+    kind = "too-many"

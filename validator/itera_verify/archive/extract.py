@@ -12,7 +12,13 @@ workflow turns them into findings. Defences:
 - every file is created through folder descriptors opened with O_NOFOLLOW, with O_EXCL: a write can never go
   through a symbolic link or replace something already extracted, whatever order members come in;
 - links: a symlink whose target is absolute or climbs out of the top folder is refused; once everything is
-  extracted each symlink is resolved for real and removed if it lands outside (chains of inside-looking links);
+  extracted each symlink is resolved for real (links.py: each once, iteratively) and removed if it lands outside
+  (chains of inside-looking links) or needs more than 40 links on its way (the kernel's ELOOP); at most MAX_LINKS
+  links are extracted;
+- counts: past `member_limit(max_expanded)` members the stream is refused (TooManyMembers), so an archive of
+  empty files costs a bounded number of inodes and facts, like a bomb a bounded number of bytes;
+- names that differ only in case or Unicode normalisation (or whose folders do) are refused, the second one:
+  `tar -x` on a case-insensitive disk (macOS, Windows) would write one over the other;
 - names seen twice, names with empty or `.` components: refused (the reader has already refused every header
   outside the seal's profile, archive/profile.py, and the whole stream with it);
 - the caller's reserved folder (`Reserved`: the seal's `SEAL/`) is never written into the tree: the members it
@@ -30,10 +36,27 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..format.names import folded
 from .canonical import HeaderFacts, NotCanonical, top_folder_problem
-from .errors import ArchiveError
+from .errors import ArchiveError, TooManyMembers
+from .links import MAX_HOPS, TOO_MANY, LinkResolver
 from .reader import ArchiveReader, Member
 from .zstdframes import Skipped
+
+
+# One member per 32 KiB of the allowed expanded size (--max-size), at least 4,096: 32,768 members at the default
+# 1 GiB. Each member costs the audit about 70 µs of CPU (its header rebuilt and compared, an inode created, hashed
+# and listed) and about 1 KiB of memory, as much as a few MB of content; real packages hold hundreds to a few tens
+# of thousands of files (20,000 pass at the smallest default), and a larger one raises --max-size.
+MEMBER_BYTES = 32 << 10
+MIN_MEMBERS = 4096
+# A package's links are aliases (checkpoints/best -> checkpoint-400): a few, thousands at the very most.
+MAX_LINKS = 10_000
+
+
+def member_limit(max_expanded: int | None) -> int | None:
+    """How many members an archive may hold when it may expand to `max_expanded` bytes (None: no limit)."""
+    return None if max_expanded is None else max(MIN_MEMBERS, max_expanded // MEMBER_BYTES)
 
 
 @dataclass(frozen=True)
@@ -154,6 +177,8 @@ class _Extractor:
         self.result = result
         self.on_bytes = on_bytes
         self.seen: set[str] = set()
+        self.folded: dict[str, str] = {}  # every name and folder extracted, folded -> as the archive spells it
+        self.seen_folders: set[str] = set()  # the folders of the names in `folded`, as spelt
         self.symlinks: list[list[str]] = []
         self.refused_links: set[str] = set()  # a member beneath one would go where the link pointed
 
@@ -180,6 +205,11 @@ class _Extractor:
         if rel in self.seen:
             return self.refuse(member, "a second member with this name (which one a tool keeps is ambiguous)")
         self.seen.add(rel)
+        twin = self._case_twin(parts)
+        if twin is not None:
+            return self.refuse(member, f"its name differs from {self.result.top}/{twin} only in case or Unicode "
+                                       "normalisation: tar on a case-insensitive disk (macOS, Windows) writes one "
+                                       "over the other")
         if member.not_canonical:  # nothing is written for it, nor beneath it unless it is a folder (a link)
             if member.kind != "directory":
                 self.refused_links.add(rel)
@@ -192,6 +222,20 @@ class _Extractor:
             getattr(self, "_" + member.kind.replace("-", "_"), self._unsupported)(reader, member, parts, rel)
         except OSError as exc:
             self.refuse(member, f"cannot be extracted safely ({exc.strerror or exc}: a link or file in its way)")
+
+    def _case_twin(self, parts: list[str]) -> str | None:
+        """The name already extracted that this one (or one of its folders) equals on a case-insensitive disk;
+        None when there is none, and then the name and its folders are remembered."""
+        names = ["/".join(parts[1:depth]) for depth in range(2, len(parts) + 1)]
+        new = [name for name in names if name not in self.seen_folders]  # a folder met before was checked then
+        for name in new:
+            earlier = self.folded.get(folded(name))
+            if earlier is not None and earlier != name:
+                return earlier
+        for name in new:
+            self.folded.setdefault(folded(name), name)
+        self.seen_folders.update(names[:-1])
+        return None
 
     def _file(self, reader: ArchiveReader, member: Member, parts: list[str], rel: str) -> None:
         """Every byte is written whole and hashed (IV512 compares tensor payloads without --reload too)."""
@@ -213,6 +257,10 @@ class _Extractor:
         if link_escapes(parts, member.linkname):
             self.refused_links.add(rel)
             return self.refuse(member, f"a link leaving the package ({member.linkname})")
+        if len(self.symlinks) >= MAX_LINKS:
+            self.refused_links.add(rel)
+            return self.refuse(member, f"more than {MAX_LINKS} links in one archive (a package's links are a few "
+                                       "aliases)")
         os.symlink(member.linkname, parts[-1], dir_fd=self.tree.folder(parts[:-1], create=True))
         self.symlinks.append(parts)
 
@@ -256,14 +304,21 @@ class _Extractor:
 
     def check_symlinks(self) -> None:
         """Resolve every extracted symlink for real (all of them before removing any: removing one changes
-        where the others lead); remove those that land outside the top folder."""
-        top = os.path.realpath(os.path.join(self.root, self.result.top or ""))
-        paths = [os.path.join(self.root, *parts) for parts in self.symlinks]
-        leaving = [(parts, path) for parts, path in zip(self.symlinks, paths)
-                   if not _within(os.path.realpath(path), top)]
-        for parts, path in leaving:
+        where the others lead); remove those that land outside the top folder or need too many links."""
+        resolver = LinkResolver()
+        top = resolver.resolve(os.path.join(self.root, self.result.top or "")).path
+        refused = []
+        for parts in self.symlinks:
+            path = os.path.join(self.root, *parts)
+            resolved = resolver.resolve(path)
+            if resolved.looped:
+                refused.append((parts, path, f"{TOO_MANY}: more than {MAX_HOPS} links on its way (the kernel "
+                                             "refuses it, ELOOP), or a loop"))
+            elif not _within(resolved.path, top):
+                refused.append((parts, path, "a link leaving the package through other links"))
+        for parts, path, why in refused:
             os.unlink(path)
-            self.result.refused.append(("/".join(parts), "a link leaving the package through other links"))
+            self.result.refused.append(("/".join(parts), why))
 
 
 def _within(path: str, top: str) -> bool:
@@ -280,11 +335,15 @@ def safe_extract(fileobj, root: str, *, max_expanded: int | None,
     outside `root` for its files other than the kept ones."""
     result = Extraction()
     extractor = _Extractor(root, result, on_bytes, seal_side, reserved)
+    most_members = member_limit(max_expanded)
     reader = None
     try:
         reader = ArchiveReader(fileobj, max_expanded=max_expanded, frames="scan", hash_archive=hash_archive)
         for member in reader:
             result.members += 1
+            if most_members is not None and result.members > most_members:
+                raise TooManyMembers(f"more than {most_members} members (one per {MEMBER_BYTES // 1024} KiB of "
+                                     f"the {max_expanded} bytes it may expand to)")
             result.headers.append((member.name, member.kind, member.size, member.mode, member.mtime,
                                    member.linkname))
             extractor.add(reader, member)

@@ -166,11 +166,12 @@ def main() -> None:
 _isolation_option = click.option("--isolation", type=click.Choice(["auto", "fork", "spawn"]), default="auto",
                                  help="Reload children forked from one preloaded process (auto, fork) or each a "
                                       "new interpreter (spawn).")
-# How each reload child confines itself (Landlock, reload/confine.py): as far as the kernel can, or exit 2 without it.
+# How each reload child confines itself (Landlock and seccomp, reload/confine.py): as far as the kernel can, or exit 2.
 _confine_option = click.option("--confine", type=click.Choice(["auto", "required"]), default="auto",
-                               help="Reload children confined by Linux Landlock (read-only package, hub cache and "
-                                    "libraries, writes only in their scratch folder, no TCP): auto confines as far "
-                                    "as the kernel allows and reports it; required exits 2 where it cannot.")
+                               help="Reload children confined by Linux Landlock and seccomp (read-only package, hub "
+                                    "cache and libraries, writes only in their scratch folder, no TCP, no new "
+                                    "socket): auto confines as far as the kernel allows and reports it; required "
+                                    "exits 2 where it cannot.")
 _format_option = click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
                               help="Output format on stdout (default text; github under GitHub Actions).")
 _report_option = click.option("--report", "reports", multiple=True, metavar="[FORMAT=]PATH",
@@ -204,12 +205,13 @@ def _warn(message: str) -> None:
 
 
 def _push_archive(archive, dest, *, endpoint_url, read_back, jobs, part_size, quiet, verbose, follower=None,
-                  deadline=None):
+                  deadline=None, overwrite=False):
     """The push shared by `push` and `verify --push`: (result, None) or (None, (exit code, one line, whether
     pushing the same archive to the same DEST later can succeed)). `follower`: the upload that overlapped the seal,
     completed here when it followed this archive."""
     from ..format.push import DEFAULT_PART_SIZE
     from ..push import PushError, PushUnverified, push
+    from ..push.occupied import Occupied
     from ..push.store import DestinationRefused
 
     try:
@@ -218,7 +220,9 @@ def _push_archive(archive, dest, *, endpoint_url, read_back, jobs, part_size, qu
         with _make_progress(quiet, verbose) as progress:
             return push(archive, dest, endpoint_url=endpoint_url, read_back=read_back, jobs=jobs,
                         part_size=part_size or DEFAULT_PART_SIZE, progress=progress, deadline=deadline,
-                        warn=_warn), None
+                        warn=_warn, overwrite=overwrite), None
+    except Occupied as exc:  # another archive under this name: only --overwrite sends this one there
+        return None, (1, f"itera-verify: push refused: {exc}", False)
     except PushUnverified as exc:
         return None, (1, f"itera-verify: push not verified: {exc}", True)
     except PushError as exc:  # a destination refused as given: pushing the archive there again cannot help
@@ -272,7 +276,8 @@ def _rfc3339(ctx, param, value):
                                            "CAMPAIGN.LOT.part.tar.zst for `assemble` (docs/record.md).")
 @click.option("-o", "--output", type=click.Path(),  # a str: Path() would drop the trailing / that means a folder
               help="Archive file (NAME.tar.zst) or folder (DIR/, created if its parent exists).")
-@click.option("--overwrite", is_flag=True, help="Replace an existing archive of the same name.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing archive of the same name (with --push, "
+                                                "also the one at DEST).")
 @_format_option
 @_report_option
 @click.option("--strict", is_flag=True, help="Warnings fail too.")
@@ -328,10 +333,10 @@ def verify_command(outdir, device, no_reload, no_seal, part, output, overwrite, 
                 from ..push import seal_follower
 
                 follower = seal_follower(push_dest, endpoint_url=endpoint_url, read_back=read_back, jobs=4,
-                                         part_size=part_size, progress=progress, warn=_warn)
+                                         part_size=part_size, progress=progress, warn=_warn, overwrite=overwrite)
             report = verify(outdir, options, progress=progress, push=follower)
             push_options = dict(endpoint_url=endpoint_url, read_back=read_back, part_size=part_size,
-                                quiet=quiet or fmt_chosen != "text", verbose=verbose)
+                                quiet=quiet or fmt_chosen != "text", verbose=verbose, overwrite=overwrite)
             streamed = follower is not None and follower.state == "sealed"
             if streamed:  # completed under the same progress bars its parts were sent under
                 failure = _push_sealed(report, push_dest, follower=follower, **push_options)
@@ -405,14 +410,14 @@ def _push_sealed(report: Report, dest, **options):
 def audit_command(archive, do_reload, endpoint_url,
                   max_size, device, hf_cache, timeout, jobs, isolation, confine, fmt, reports, strict,
                   select, ignore, config_path, allowed_signers, signer, oms_public_key, quiet, verbose,
-                  shard, engine, results):
+                  shard, engine, results, results_key):
     """Audit a sealed ARCHIVE without trusting it: members, checksums, then every check again. ARCHIVE may be a
     folder, an s3://BUCKET/PREFIX/ or @list.txt: every *.tar.zst there, each in its own process (exit 0 all
     pass, 1 any fails, 2 the batch could not run)."""
     from ..flows.audit import audit
 
     keep_freed_buffers()
-    if is_batch_target(archive, shard=shard, results=results, engine=engine):
+    if is_batch_target(archive, shard=shard, results=results, engine=engine, results_key=results_key):
         return run_batch(archive, locals())
 
     def action() -> int:
@@ -447,10 +452,12 @@ def audit_command(archive, do_reload, endpoint_url,
 @click.option("--deadline", metavar="TIME", default=None, callback=_rfc3339,
               help="When the rental ends (RFC 3339): the first parts' throughput predicts the end of the upload, "
                    "and a push that will not finish in time says so at once.")
+@click.option("--overwrite", is_flag=True, help="Replace another archive already stored under the same name "
+                                                "(refused otherwise, exit 1).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @_quiet
 @_verbose
-def push_command(archive, dest, endpoint_url, read_back, part_size, jobs, deadline, fmt, quiet, verbose):
+def push_command(archive, dest, endpoint_url, read_back, part_size, jobs, deadline, overwrite, fmt, quiet, verbose):
     """Send a sealed ARCHIVE to DEST (s3://bucket/prefix/ or a folder), resumable and verified, with a receipt
     (exit 0 verified, 1 differs or unverified, 2 could not run)."""
     import json
@@ -460,7 +467,8 @@ def push_command(archive, dest, endpoint_url, read_back, part_size, jobs, deadli
 
         result, failure = _push_archive(archive, dest, endpoint_url=endpoint_url, read_back=read_back, jobs=jobs,
                                         part_size=part_size, quiet=quiet or fmt == "json", verbose=verbose,
-                                        deadline=datetime.fromisoformat(deadline).timestamp() if deadline else None)
+                                        deadline=datetime.fromisoformat(deadline).timestamp() if deadline else None,
+                                        overwrite=overwrite)
         if fmt == "json":
             click.echo(json.dumps({"tool": "itera-verify", "version": __version__, "mode": "push",
                                    "archive": str(archive), "verdict": "pass" if failure is None else "fail",

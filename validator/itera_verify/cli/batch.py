@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import click
 
@@ -21,6 +22,10 @@ BATCH_OPTIONS = [
                       "cluster, else a local Ray runs with the command)."),
     click.option("--results", default=None, metavar="DIR/|s3://BUCKET/PREFIX/",
                  help="For a batch: keep each archive's report there; a rerun reuses it and audits the rest."),
+    click.option("--results-key", type=click.Path(path_type=Path, dir_okay=False), default=None, metavar="FILE",
+                 help="The key that authenticates --results (default: $ITERA_RESULTS_KEY, else "
+                      "~/.config/itera-verify/results.key, made on first use); shards on several machines share "
+                      "one."),
 ]
 
 
@@ -30,15 +35,15 @@ def batch_options(function):
     return function
 
 
-def is_batch_target(archive: str, *, shard, results, engine) -> bool:
+def is_batch_target(archive: str, *, shard, results, engine, results_key=None) -> bool:
     """Whether `audit ARCHIVE` is a batch; the batch's options given for one archive are a usage error."""
     from ..flows.batch_sources import is_batch_target as batch_target
 
     if batch_target(archive):
         return True
-    if shard or results or engine != "local":
-        raise click.UsageError("--shard, --results and --engine ray audit a folder, an s3:// prefix ending in / "
-                               "or @list.txt, not one archive")
+    if shard or results or results_key or engine != "local":
+        raise click.UsageError("--shard, --results, --results-key and --engine ray audit a folder, an s3:// prefix "
+                               "ending in / or @list.txt, not one archive")
     return False
 
 
@@ -67,7 +72,8 @@ def run_batch(target: str, given: dict) -> None:
                          isolation=given["isolation"], confine=given["confine"],
                          allowed_signers=given["allowed_signers"],
                          signer=given["signer"], oms_public_key=given["oms_public_key"], batch_jobs=given["jobs"],
-                         shard=given["shard"], engine=given["engine"], results=given["results"])
+                         shard=given["shard"], engine=given["engine"], results=given["results"],
+                         results_key=given["results_key"])
         streaming = fmt == "jsonl" and not any(t[0] == "jsonl" for t in targets)
         stdout = sys.stdout  # the report's stream, whatever a library redirects meanwhile
 

@@ -8,12 +8,16 @@ signatures required with `--allowed-signers`. Then it is extracted once more, th
 into a private folder under DIR, and its SHA-256 must be the one audited: an object replaced in the bucket
 meanwhile is refused. The package is built there from the parts' files as they hold them (moved, never
 rewritten), the merged manifest.json, stops.json and reload.json, and `provenance/<lot>/` (each part's own
-three documents and SEAL/ records, which bind its reload proof: flows/partproofs.py). Nothing is left under
-DIR when anything is refused.
+three documents and SEAL/ records, which bind its reload proof: flows/partproofs.py; and `assembled.json`, what
+this assemble audited, authenticated with the reviewer's key: flows/assemble_record.py). Every folder is opened
+without following a link and nothing is ever replaced, so nothing is written outside DIR whatever the parts'
+links. Nothing is left under DIR when anything is refused.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import os
 import shutil
 import stat
@@ -21,7 +25,7 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..archive.extract import safe_extract
+from ..archive.extract import _Tree, safe_extract
 from ..format.names import ID, MANIFEST, RELOAD, SEAL_DIR, STOPS
 from ..format.parts import MERGED_DOCUMENTS, PART_SUFFIX, PROVENANCE, SEAL_RECORDS, lot_ids, lot_of_archive_name
 from ..model import Finding, Severity, UsageError
@@ -31,8 +35,11 @@ from ..package.jsonread import read_json
 from ..record.files import dumps
 from ..report import Report
 from ..runtime.progress import NULL_PROGRESS, Progress
+from ..rules.archive import assembled_part_changed, assembled_unplaceable
+from ..runtime.reviewer_key import reviewer_key
 from ..seal.plan import SEAL_LAYOUT
 from .assemble_merge import PartContent, merge
+from .assemble_record import ASSEMBLED, assembled_record
 from .audit import audit, default_max_size
 from .config import settle
 from .signatures import read_reviewer
@@ -99,6 +106,7 @@ def assemble(sources: list[str | os.PathLike], output: str | os.PathLike, option
     options = replace(options, part=True, reload=False)
     progress = NULL_PROGRESS if progress is None else progress
     read_reviewer(options.allowed_signers, options.signer)  # an unreadable file: exit 2 before any work
+    key = reviewer_key(options.results_key, options.environment, create=True)  # so is an unusable key
     out = _output_folder(output)
     assembly = Assembly(out)
     for source in part_sources(sources, options.endpoint_url):
@@ -130,7 +138,12 @@ def assemble(sources: list[str | os.PathLike], output: str | os.PathLike, option
         assembly.lots_without_part = [lot for lot in plan_lots if lot not in {p.lot for p in assembly.parts}]
         target = _refuse_existing(out, assembly.campaign_id)
         tree = staging / assembly.campaign_id
-        _build(tree, contents, merged, assembly.parts)
+        try:
+            _build(tree, contents, merged, assembly.parts, key)
+        except OSError as exc:  # the merge refuses what would collide: this is the last line of defence
+            assembly.findings.append(assembled_unplaceable(str(exc.filename or assembly.campaign_id),
+                                                           str(exc.strerror or exc)))
+            return assembly
         os.rename(tree, target)
         assembly.package = target
     return assembly
@@ -239,9 +252,7 @@ def _extract(part: PartAudit, folder: Path, options: RunOptions, assembly: Assem
         extraction = safe_extract(source, str(folder), max_expanded=limit, reserved=SEAL_LAYOUT)
     if extraction.error is not None or extraction.refused or extraction.archive_sha256 != part.sha256 \
             or extraction.top is None:
-        assembly.findings.append(Finding("IV701", part.name, message=(
-            f"{part.name} is not the archive its audit passed (sha256 now {extraction.archive_sha256[:12] or '?'}…, "
-            f"audited {(part.sha256 or '?')[:12]}…): it changed while assembling; assemble again")))
+        assembly.findings.append(assembled_part_changed(part.name, extraction.archive_sha256 or "", part.sha256 or ""))
         return None
     root = folder / extraction.top
     entries = {name: ("file", digest) for name, digest in extraction.files.items()
@@ -253,6 +264,8 @@ def _extract(part: PartAudit, folder: Path, options: RunOptions, assembly: Assem
             entries[rel] = (kind, linkname if kind == "symlink" else "")
     documents = {}
     for name in MERGED_DOCUMENTS:
+        if name not in extraction.files:  # kept under provenance/<lot>/ as the part holds it: a file, never a link
+            raise UsageError(f"{part.name}: {name} is not a file")
         try:
             documents[name] = read_json((root / name).read_bytes())
         except (OSError, ValueError) as exc:
@@ -262,31 +275,66 @@ def _extract(part: PartAudit, folder: Path, options: RunOptions, assembly: Assem
     return PartContent(part.name, documents, entries), root, extraction
 
 
-def _build(tree: Path, contents, merged, parts: list[PartAudit]) -> None:
-    """The package: every file from the part that holds it (moved), the merged documents, the provenance."""
+def _build(tree: Path, contents, merged, parts: list[PartAudit], key: bytes) -> None:
+    """The package: every file from the part that holds it (moved), the merged documents, the provenance (each
+    part's records, and what this assemble recorded of it with the reviewer's key: flows/assemble_record.py).
+
+    Every folder is opened through descriptors that never follow a link (archive/extract.py's tree), on the
+    part's side and on the package's, and nothing is ever replaced: whatever the parts' links, nothing is
+    written but beneath `tree` (the merge refused what one part would place beneath another's link)."""
     tree.mkdir()
-    roots = [root for _, root, _ in contents]
-    for rel, index in sorted(merged.sources.items()):
-        kind = contents[index][0].entries[rel][0]
-        destination = tree / rel
-        if kind == "directory":
-            destination.mkdir(parents=True, exist_ok=True)
-            continue
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(roots[index] / rel, destination)
-    for name in (MANIFEST, STOPS, RELOAD):
-        (tree / name).write_bytes(dumps(merged.documents[name]))
-    for part, (_, root, extraction) in zip(parts, contents):
-        kept = tree / PROVENANCE / str(part.lot)
-        kept.mkdir(parents=True)
-        for name in MERGED_DOCUMENTS:
-            os.rename(root / name, kept / name)
-        for member, name in SEAL_RECORDS.items():
-            if member in extraction.seal_files:
-                (kept / name).write_bytes(extraction.seal_files[member])
+    package = _Tree(str(tree))
+    held = [_Tree(str(root)) for _, root, _ in contents]
+    try:
+        for rel, index in sorted(merged.sources.items()):
+            kind, detail = contents[index][0].entries[rel]
+            names = rel.split("/")
+            if kind == "directory":
+                package.folder(names, create=True)
+            elif kind == "symlink":  # made again as the part holds it (its target resolved inside: merge)
+                os.symlink(detail, names[-1], dir_fd=package.folder(names[:-1], create=True))
+            else:
+                _move(held[index].folder(names[:-1], create=False), names[-1],
+                      package.folder(names[:-1], create=True))
+        for name in (MANIFEST, STOPS, RELOAD):
+            _write(package, [name], dumps(merged.documents[name]))
+        campaign_id = str(merged.documents[MANIFEST].get("campaign_id"))
+        for part, (_, _, extraction), source in zip(parts, contents, held):
+            kept, digests = [PROVENANCE, str(part.lot)], {}
+            for name in MERGED_DOCUMENTS:
+                _move(source.folder([], create=False), name, package.folder(kept, create=True))
+                digests[name] = extraction.files[name]
+            for member, name in SEAL_RECORDS.items():
+                if member in extraction.seal_files:
+                    _write(package, [*kept, name], extraction.seal_files[member])
+                    digests[name] = hashlib.sha256(extraction.seal_files[member]).hexdigest()
+            _write(package, [*kept, ASSEMBLED], assembled_record(key, campaign_id, str(part.lot), part.record(),
+                                                                 digests))
+    finally:
+        for opened in (package, *held):
+            opened.close()
     for folder, dirs, _ in os.walk(tree):
         for name in dirs:
             path = os.path.join(folder, name)
             if not os.path.islink(path):
                 os.chmod(path, stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
     os.chmod(tree, 0o755)
+
+
+def _move(source_folder: int, name: str, folder: int) -> None:
+    """Move `name` between two folder descriptors; never over an entry already there."""
+    try:
+        os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        os.rename(name, name, src_dir_fd=source_folder, dst_dir_fd=folder)
+        return
+    raise FileExistsError(errno.EEXIST, "already placed by another part", name)
+
+
+def _write(package: _Tree, names: list[str], data: bytes) -> None:
+    fd = package.create_file(names)  # O_EXCL | O_NOFOLLOW: a new file, never through a link
+    try:
+        with os.fdopen(fd, "wb", closefd=False) as handle:
+            handle.write(data)
+    finally:
+        os.close(fd)

@@ -3,6 +3,11 @@
 Each part holds the campaign's header (compared whole, its declaration times aside), one lot's runs, artifacts
 and timeline entries, its stop records and reload entries. The merge keeps every entry as the part holds it,
 the earliest of each declaration time, and refuses (rules/parts.py words) what cannot be one campaign.
+
+The files of the parts become one tree. A path two parts hold, listed or implied by a deeper path (a part need
+not list its folders), is the same file, link or folder in both, so nothing of one part lies beneath another's
+link (IV615). Then every link of the joined tree is resolved there, through every part's links: one that leaves
+the campaign folder, loops or chains past what a path resolves is refused (IV703, rules/archive.py words).
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from ..format.parts import HEADER_TIMES, LOT_TIMES, MERGED_DOCUMENTS, PER_LOT_KE
 from ..model import Finding
 from ..package.campaign import parse_time
 from ..rules import parts as words
+from ..rules.archive import assembled_link_refused as link_refused
 
 
 @dataclass
@@ -156,19 +162,92 @@ def _reload_entries(parts: list[PartContent]) -> list[Finding]:
     return findings
 
 
+def with_folders(entries: dict[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
+    """The entries and every folder their paths imply: a part need not list its folders (SHA256SUMS lists
+    files), yet each is a folder in the joined tree, and never another part's link."""
+    tree = {}
+    for rel in entries:
+        for depth in range(1, rel.count("/") + 1):
+            tree.setdefault(rel.rsplit("/", depth)[0], FOLDER)
+    for rel, entry in entries.items():
+        tree[rel] = FOLDER if entry[0] == "directory" else entry
+    return tree
+
+
+FOLDER = ("directory", "")
+
+
 def _files(parts: list[PartContent], sources: dict[str, int]) -> list[Finding]:
-    """A path two parts hold is the same file (or link) in both; each path comes from its first holder."""
+    """A path two parts hold, listed or implied, is the same file, link or folder in both (so nothing of one
+    part lies beneath a link of another); each listed path comes from its first holder."""
     findings, held = [], {}
     for index, part in enumerate(parts):
-        for rel, entry in sorted(part.entries.items()):
+        tree = with_folders(part.entries)
+        for rel, entry in sorted(tree.items()):
             if rel in MERGED_DOCUMENTS:
                 continue
             if rel in held and held[rel][1] != entry:
                 other = parts[held[rel][0]]
-                findings.append(words.file_differs(rel, other.lot or other.name, held[rel][1][1],
-                                                   part.lot or part.name, entry[1]))
+                findings.append(words.file_differs(rel, other.lot or other.name, held[rel][1],
+                                                   part.lot or part.name, entry))
             held.setdefault(rel, (index, entry))
-            sources.setdefault(rel, index)
+            if rel in part.entries:
+                sources.setdefault(rel, index)
+    if not findings:
+        findings += _links(parts, {rel: entry for rel, (_, entry) in held.items()},
+                           {rel: index for rel, (index, _) in held.items()})
+    return findings
+
+
+MAX_LINKS_FOLLOWED = 40  # what Linux follows in one path before ELOOP
+
+
+def _links(parts: list[PartContent], tree: dict[str, tuple[str, str]], owner: dict[str, int]) -> list[Finding]:
+    """Each link of the joined tree resolved in it, through the links of every part: one that leaves the
+    campaign folder, loops or runs too deep is refused (each part's own audit saw only its own links)."""
+    resolved: dict[str, list[str] | str] = {}  # link -> where it leads (components), or why it is refused
+    depth: dict[str, int] = {}  # link -> links followed to resolve it
+
+    def follow(rel: str, level: int) -> list[str] | str:
+        if rel in resolved:
+            if isinstance(resolved[rel], list) and level + depth[rel] >= MAX_LINKS_FOLLOWED:
+                return f"a chain of more than {MAX_LINKS_FOLLOWED} links"
+            return resolved[rel]
+        if level >= MAX_LINKS_FOLLOWED:  # `level` links followed before this one
+            return f"a chain of more than {MAX_LINKS_FOLLOWED} links"
+        resolved[rel] = "a loop of links"  # until resolved: met again on the way, it is a loop
+        target = tree[rel][1]
+        where: list[str] | str = rel.split("/")[:-1]
+        deepest = 0
+        if target.startswith("/"):
+            where = "an absolute path"
+        for name in target.split("/") if isinstance(where, list) else ():
+            if name in ("", "."):
+                continue
+            if name == "..":
+                if not where:
+                    where = "a place above the campaign folder"
+                    break
+                where.pop()
+                continue
+            where.append(name)
+            here = "/".join(where)
+            if tree.get(here, FOLDER)[0] == "symlink":
+                inner = follow(here, level + 1)
+                if isinstance(inner, str):
+                    where = inner
+                    break
+                where, deepest = list(inner), max(deepest, depth[here] + 1)
+        resolved[rel], depth[rel] = where, deepest
+        return where
+
+    findings = []
+    for rel, entry in sorted(tree.items()):
+        if entry[0] == "symlink":
+            why = follow(rel, 0)
+            if isinstance(why, str):
+                part = parts[owner[rel]]
+                findings.append(link_refused(rel, entry[1], part.lot or part.name, why))
     return findings
 
 

@@ -20,29 +20,31 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import stat
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 from ..version import __version__
 from ..archive.extract import Extraction, safe_extract
-from ..archive.zstdframes import declared_content_size
+from ..format.names import REPORT_PAGE
 from ..format.parts import is_part_archive
-from ..runtime.environment import Environment
+from ..format.push import CHECKSUM_FILE_MAX, CHECKSUM_SUFFIX
+from ..push.beside import NotSmallFile, read_beside
 from ..model import Severity, UsageError
 from ..package import RunContext, discover
 from ..package.jsonread import read_json
 from ..runtime.progress import NULL_PROGRESS, Progress
 from ..report import Report
+from ..report.html_allowlist import PAGE_MAX, check_page
 from ..options import RunOptions
 from ..rules import all_rules
 from ..rules.archive import RECORD, AuditFacts, audit_findings
 from ..rules.pickles import seal_findings as pickle_findings
+from ..rules.reload import MACHINE_CODES
 from ..seal import termination_unwinds
 from ..seal.plan import SEAL_LAYOUT
 from .config import settle
+from .scratch import extraction_folders, scratch_folder
 from .signatures import check_signatures, read_reviewer
 from ..rules.signatures import signature_findings
 from .verify import build_report, check_package, check_processes
@@ -90,24 +92,21 @@ def audit(archive: str | os.PathLike, options: RunOptions | None = None, *,
         limit = options.max_size or default_max_size(size)
         with termination_unwinds():
             folder = scratch_folder(path, fd, options.environment) if remote is None else None
-            workdir = tempfile.mkdtemp(prefix="itera-audit-", dir=folder)  # mode 0700: private
-            seal_side = tempfile.mkdtemp(prefix="itera-audit-seal-", dir=folder)  # SEAL/ extras, outside the tree
-            try:
+            with extraction_folders(folder) as (workdir, seal_side):  # SEAL/ files go aside, outside the tree
                 # Every member is written whole: IV512 compares tensor payloads without --reload too.
                 extraction = _extract(path, fd, workdir, limit, progress, seal_side, remote=remote)
                 # The pickle scan's work is bounded by what the archive may expand to.
                 report, unwalkable = _recheck(path, size, workdir, extraction, replace(options, scan_budget=limit),
                                               device=resolved_device, progress=progress)
-                detached = _detached_checksum(path, extraction, remote)
+                detached, unread = _detached_checksum(path, extraction, remote)
                 facts = AuditFacts(path.name, limit, extraction, seal_scans=_scan_seal_files(extraction),
-                                   detached=None if detached is NOT_COMPARED else detached, unwalkable=unwalkable)
+                                   detached=None if detached is NOT_COMPARED else detached, unwalkable=unwalkable,
+                                   missing_sidecars=remote.missing_sidecars() if remote is not None else (),
+                                   page=_check_report_page(extraction))
                 # The top folder is the manifest's campaign_id (the seal names it so): compared once re-checked.
                 facts.rechecked, facts.campaign_id = bool(report.audit.get("rechecked")), report.campaign_id
                 facts.collisions = extraction_collisions(path, extraction.top) if extracted_by_tar else ()
-            finally:
-                shutil.rmtree(workdir, ignore_errors=True)
-                shutil.rmtree(seal_side, ignore_errors=True)
-        signatures = check_signatures(path, fd, extraction, reviewer, remote=remote)
+        signatures = check_signatures(path, fd, extraction, reviewer, remote=remote, unread=unread)
         if extraction.error is not None or not extraction.archive_sha256:
             # The stream failed before its end, so the reader hashed part of it: the whole file's digest all the same.
             extraction.archive_sha256 = _file_sha256(path, fd) if remote is None else remote.sha256()
@@ -123,6 +122,8 @@ def audit(archive: str | os.PathLike, options: RunOptions | None = None, *,
     # SHA-256: a reviewer sees when nothing does, and must then compare it with what the sender published.
     if detached is not NOT_COMPARED:  # an archive that could not be read whole is reported on its own
         report.audit["sha256_named_by"] = {"by": detached[0], "equal": detached[1]} if detached is not None else None
+    if unread:  # a `.sha256` or `.sig` beside it that is not a small regular file: named, never read
+        report.audit["sidecars_unread"] = unread
     comparison = _compare_record(extraction, report)
     report.audit["comparison"] = comparison
     # A pass recorded for content the re-check fails is a contradiction unless the tool's own rule levels say a
@@ -138,6 +139,7 @@ def audit(archive: str | os.PathLike, options: RunOptions | None = None, *,
         report.audit["signature"] = signatures.to_json()
         archive_findings += signature_findings(signatures, extraction.top, path.name)
     report.findings[:0] = archive_findings
+    report.cap_findings()
     return report
 
 
@@ -169,10 +171,6 @@ def _earlier_extraction(entry: Path, top: str) -> bool:
     return isinstance(manifest, dict) and manifest.get("campaign_id") == top
 
 
-MEMORY_SCRATCH = Path("/dev/shm")
-SYSTEM_TEMP = ("/tmp", "/var/tmp", "/usr/tmp")
-
-
 def open_archive(path: Path) -> int:
     """The archive, opened once for the whole audit: a regular file, or UsageError (exit 2). O_NONBLOCK, so a
     fifo cannot block the open itself; the type is checked on the open descriptor (no swap in between)."""
@@ -196,43 +194,6 @@ def open_archive(path: Path) -> int:
 
 _FILE_TYPES = {stat.S_IFIFO: "a fifo", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
                stat.S_IFSOCK: "a socket"}
-
-
-def scratch_folder(archive: Path, fd: int | None, environment: Environment) -> str | None:
-    """Where the private extraction folder goes; None: the temporary folder the user or system chose.
-
-    Memory (/dev/shm) when nobody chose a temporary folder (no TMPDIR, TEMP or TMP; Python's default), every
-    zstd frame declares its content size, and twice their sum fits both the tmpfs and the available memory.
-    The extraction lives a minute and is deleted: on a disk, creating thousands of files and writing gigabytes
-    only to remove them costs more than the audit's own work (GNU tar -x of the 2 GiB benchmark archive takes
-    9.4 s on ext4 with discard; the whole audit reads and re-checks it in about 5 s in memory)."""
-    if environment.temp_folder_chosen or tempfile.gettempdir() not in SYSTEM_TEMP:
-        return None
-    if not MEMORY_SCRATCH.is_dir() or not os.access(MEMORY_SCRATCH, os.W_OK | os.X_OK):
-        return None
-    try:
-        if fd is None:
-            with open(archive, "rb", buffering=0) as source:
-                declared = declared_content_size(source.fileno())
-        else:
-            declared = declared_content_size(fd)
-        room = os.statvfs(MEMORY_SCRATCH)
-    except OSError:
-        return None
-    if declared is None or room.f_bavail * room.f_frsize < 2 * declared or _available_memory() < 2 * declared:
-        return None
-    return str(MEMORY_SCRATCH)
-
-
-def _available_memory() -> int:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
 
 
 def _file_sha256(path: Path, fd: int) -> str:
@@ -314,22 +275,59 @@ def _scan_seal_files(extraction: Extraction) -> dict:
 NOT_COMPARED = ("", False)  # _detached_checksum: the archive was not read whole, or `.sha256` not at all
 
 
-def _detached_checksum(path: Path, extraction: Extraction, remote=None) -> tuple[str, bool] | None:
+def _detached_checksum(path: Path, extraction: Extraction, remote=None) -> tuple[tuple[str, bool] | None, list[dict]]:
     """`<archive>.sha256` beside the archive, when there is one: whether it names this archive's bytes. From a
     bucket: the object's sha256 metadata, `.sha256` and receipt there (push/remote.py). None when nothing beside
-    names a SHA-256; NOT_COMPARED when the comparison could not be made (no finding comes of it)."""
+    names a SHA-256; NOT_COMPARED when the comparison could not be made (no finding comes of it). Besides, the
+    sidecars not read: a `.sha256` that is not a regular file of at most CHECKSUM_FILE_MAX bytes (a fifo would
+    block the audit, a sparse 40 GB file exhaust its memory) names nothing, and the report says why."""
     if extraction.error is not None:  # a failed stream is reported on its own
-        return NOT_COMPARED
+        return NOT_COMPARED, []
     if remote is not None:
-        return remote.detached(extraction.archive_sha256)
-    beside = path.with_name(path.name + ".sha256")
+        return remote.detached(extraction.archive_sha256), []
+    beside = path.with_name(path.name + CHECKSUM_SUFFIX)
     try:
-        recorded = beside.read_text(encoding="utf-8", errors="replace").split()[:1]
-    except FileNotFoundError:
-        return None
+        data = read_beside(beside, CHECKSUM_FILE_MAX)
+    except NotSmallFile as exc:
+        return None, [unread_sidecar(beside, exc, CHECKSUM_FILE_MAX)]
     except OSError:
-        return NOT_COMPARED
-    return beside.name, bool(recorded) and recorded[0].lower().lstrip("\\") == extraction.archive_sha256
+        return NOT_COMPARED, []
+    if data is None:
+        return None, []
+    recorded = data.decode("utf-8", errors="replace").split()[:1]
+    return (beside.name, bool(recorded) and recorded[0].lower().lstrip("\\") == extraction.archive_sha256), []
+
+
+def unread_sidecar(path: Path, exc: NotSmallFile, limit: int) -> dict:
+    return {"path": path.name, "why": f"{exc.strerror}: not read (a regular file of at most {limit} bytes is)"}
+
+
+def _check_report_page(extraction: Extraction) -> list[str]:
+    """SEAL/report.html held to what the tool's renderer writes (report/html_allowlist.py): what it holds that the
+    renderer never writes, and a verdict other than the record's. Read from where the extraction wrote it aside."""
+    side = extraction.seal_side.get(REPORT_PAGE)
+    if side is None:
+        return []
+    try:
+        with open(side, "rb") as page:
+            data = page.read(PAGE_MAX + 1)
+    except OSError as exc:
+        return [f"cannot be read ({exc.strerror or exc})"]
+    checked = check_page(data)
+    problems = list(checked.problems)
+    recorded = _recorded_verdict(extraction)
+    if not problems and recorded is not None and checked.verdict != recorded:
+        problems.append(f"its verdict is {checked.verdict}, SEAL/verification.json records {recorded}")
+    return problems
+
+
+def _recorded_verdict(extraction: Extraction) -> str | None:
+    try:
+        recorded = read_json(extraction.seal_files.get(RECORD) or b"")
+    except ValueError:
+        return None
+    return recorded.get("verdict") if isinstance(recorded, dict) and recorded.get("verdict") in ("pass", "fail") \
+        else None
 
 
 def _compare_record(extraction: Extraction, report: Report) -> dict:
@@ -390,8 +388,9 @@ def _configurations(recorded: dict, report: Report) -> dict:
     error (so it blocks now only because the reviewer raised it, or --strict), and the sender's record does not
     say it ran it at error level. The record alone never explains a failure: a sender whose record says
     "IV506: warning", or that it did not run IV506, is not believed (`not_believed`), because the record is the
-    sender's own writing. No code is counted as unknown to the sender's recorded version: the tool keeps no list
-    of which rules older versions had, and 0.1.0, the first, has them all."""
+    sender's own writing. A code this tool's registry says was introduced after the sender's recorded version
+    (`Rule.since`) is explained by the version (`explained_by_version`): the sender's tool could not run it, so
+    a pass recorded without it is no contradiction. It still fails the audit: the content is what it is."""
     rules = recorded.get("rules") if isinstance(recorded.get("rules"), dict) else {}
     sender = {code: (entry["severity"] if isinstance(entry, dict) and entry.get("severity") in LEVELS
                      else "unknown") for code, entry in rules.items() if _is_code(code)}
@@ -402,11 +401,27 @@ def _configurations(recorded: dict, report: Report) -> dict:
     blocking = sorted({f.code for f in report.blocking()})
     explained = [code for code in blocking if sender.get(code) != "error"
                  and code in registry and registry[code].severity != Severity.ERROR]
+    recorded_version = _version(_recorded_text(recorded.get("version")))
+    # What this machine could not do (a base not in the reviewer's hub cache) says nothing of the content.
+    machine = [code for code in blocking if code in MACHINE_CODES]
+    newer = [code for code in blocking if code not in explained and code not in machine and code in registry
+             and recorded_version is not None and _version(registry[code].since) > recorded_version]
+    unexplained = [code for code in blocking if code not in explained and code not in machine and code not in newer]
     return {"sender_rules": len(sender), "configuration_differences": differences,
-            "explained_by_configuration": explained,
-            "not_believed": [{"code": code, "sender": sender.get(code, "not run")} for code in blocking
-                             if code not in explained and sender.get(code) != "error"],
-            "unexplained_blocking": [code for code in blocking if code not in explained]}
+            "explained_by_configuration": explained, "explained_by_this_machine": machine,
+            "explained_by_version": newer,
+            "not_believed": [{"code": code, "sender": sender.get(code, "not run")} for code in unexplained
+                             if sender.get(code) != "error"],
+            "unexplained_blocking": unexplained}
+
+
+VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+
+
+def _version(text: str | None) -> tuple[int, int, int] | None:
+    """0.2.0 -> (0, 2, 0); None for anything else (a record's version is the sender's text)."""
+    match = VERSION.fullmatch(text or "")
+    return tuple(int(part) for part in match.groups()) if match else None
 
 
 __all__ = ["audit", "default_max_size"]

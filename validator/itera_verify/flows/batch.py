@@ -79,7 +79,10 @@ def audit_batch(target: str, options: RunOptions | None = None, *, progress: Pro
 
             _with_progress(progress, entries, lambda: run_local(entries, options, store, ended, progress))
     if store is not None:
-        batch.notes.append(f"--results {options.results}: {batch.reused} reused, {batch.audited} audited")
+        refused = sum(1 for row in batch.rows if row.not_reused)
+        batch.notes.append(f"--results {options.results}: {batch.reused} reused, {batch.audited} audited"
+                           + (f" ({refused} stored result{'s' if refused > 1 else ''} not reused: not authentic, or "
+                              "not of that archive)" if refused else ""))
         progress.log(batch.notes[-1])
     batch.elapsed_seconds = time.monotonic() - started
     return batch
@@ -115,7 +118,7 @@ def audit_entry(entry: Entry, options: RunOptions, store: ResultStore | None) ->
     try:
         if store is not None:
             row.sha256 = archive_sha256(entry, options)
-            stored = store.get(row.sha256)
+            stored, row.not_reused = store.get(row.sha256)
             if stored is not None:
                 row.report, row.reused, row.verdict = stored, True, stored.get("verdict", FAIL)
         if row.report is None:
@@ -155,7 +158,8 @@ def row_line(row: AuditRow, batch: BatchReport, slowest: tuple[str, float] | Non
     codes = sorted({f.get("code") for f in (row.report or {}).get("findings", []) if isinstance(f, dict)
                     and f.get("severity") == "error"})
     said = row.error or (", ".join(str(c) for c in codes[:5]) if codes else "")
-    reused = " (reused)" if row.reused else ""
+    reused = " (reused)" if row.reused else f" (stored result not reused: {row.not_reused})" if row.not_reused \
+        else ""
     line = f"[{len(batch.rows)}/{batch.selected}] {row.verdict.upper()} {row.key}{reused}" + (
         f": {said}" if said else "") + f", {row.seconds:.1f} s"
     if slowest is not None:

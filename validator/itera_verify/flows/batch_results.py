@@ -2,10 +2,12 @@
 
 A result is named after what decides a verdict: the archive's SHA-256 (of its bytes, hashed here, never what a
 sidecar or the store's metadata claims), the tool's version, and a digest of the options that change a verdict
-(`options_digest`). It is the reviewer's own earlier output, but it is read as input all the same: at most
-push/listing.RESULT_MAX bytes, parsed by the bounded JSON reader, its envelope naming the same SHA-256, version
-and options, its report valid against schemas/report.schema.json and naming that SHA-256 too. Anything else is
-not a result: the archive is audited again (and its result written anew).
+(`options_digest`). Whoever can write the store can write anything there, so a result is authenticated with the
+reviewer's key (runtime/reviewer_key.py): an HMAC-SHA256 over the envelope's canonical bytes, which no one
+without the key can make. It is read as input all the same: at most push/listing.RESULT_MAX bytes, parsed by the
+bounded JSON reader, its MAC checked first, then its envelope naming the same SHA-256, version and options, its
+report valid against schemas/report.schema.json and naming that SHA-256 too. Anything else is not a result: the
+archive is audited again (and its result written anew), and the row says why the stored one was not reused.
 """
 from __future__ import annotations
 
@@ -19,9 +21,11 @@ from ..model import UsageError
 from ..options import RunOptions
 from ..package.jsonread import read_json
 from ..push.listing import RESULT_MAX
+from ..runtime.reviewer_key import authentic_record, authenticated, reviewer_key
 from ..version import __version__
 
-RESULT_FORMAT = "itera-verify-result/1"
+RESULT_FORMAT = "itera-verify-result/2"  # /1 carried no MAC
+NOT_AUTHENTIC = "not authenticated by this reviewer's key (--results-key)"
 
 
 def options_digest(options: RunOptions) -> str:
@@ -57,6 +61,8 @@ class ResultStore:
     def __init__(self, location: str, options: RunOptions):
         self.location, self.endpoint_url = location, options.endpoint_url
         self.digest = options_digest(options)
+        # Read (or made) here, once: a Ray task gets the key with the store, whatever its machine holds.
+        self.key = reviewer_key(options.results_key, options.environment, create=True)
         self.remote = location.startswith("s3://")
         if not self.remote:
             folder = Path(location)
@@ -75,16 +81,21 @@ class ResultStore:
             return self.location + self.name(archive_sha256)
         return os.path.join(self.location, self.name(archive_sha256))
 
-    def get(self, archive_sha256: str) -> dict[str, Any] | None:
-        """The stored report of the archive whose bytes hash to `archive_sha256`, or None."""
+    def get(self, archive_sha256: str) -> tuple[dict[str, Any] | None, str | None]:
+        """(the stored report of the archive whose bytes hash to `archive_sha256`, None) when one is there and
+        authentic; (None, why it is not reused) when something else is there; (None, None) when nothing is."""
         data = self._read(self.where(archive_sha256))
         if data is None:
-            return None
+            return None, None
         try:
             envelope = read_json(data)
         except ValueError:
-            return None
-        return self.valid(envelope, archive_sha256)
+            return None, "not readable as a result"
+        envelope = authentic_record(self.key, RESULT_FORMAT, envelope)
+        if envelope is None:
+            return None, NOT_AUTHENTIC
+        report = self.valid(envelope, archive_sha256)
+        return (report, None) if report is not None else (None, "not a result of this archive and these options")
 
     def valid(self, envelope: Any, archive_sha256: str) -> dict[str, Any] | None:
         if not isinstance(envelope, dict) or envelope.get("format") != RESULT_FORMAT:
@@ -111,8 +122,8 @@ class ResultStore:
         if not isinstance(archive_sha256, str) or len(archive_sha256) != 64:
             return None
         envelope = {"format": RESULT_FORMAT, "archive_sha256": archive_sha256, "version": __version__,
-                    "options": self.digest, "report": report}
-        data = json.dumps(envelope, allow_nan=False, default=str).encode("utf-8")
+                    "options": self.digest, "report": json.loads(json.dumps(report, allow_nan=False, default=str))}
+        data = authenticated(self.key, RESULT_FORMAT, envelope)
         if len(data) > RESULT_MAX:
             return None  # read back it would not be one: the next run audits it again
         where = self.where(archive_sha256)

@@ -238,7 +238,8 @@ def settle(config: Config | None = None, *, reviewer: bool = False, **overrides:
     for name in ("tmp_patterns", "sign"):
         if name in fields:
             fields[name] = (fields[name],) if isinstance(fields[name], str) else tuple(fields[name])
-    for name in ("allowed_signers", "oms_public_key"):
+    fields.setdefault("results_key", environment.results_key)
+    for name in ("allowed_signers", "oms_public_key", "results_key"):
         if fields.get(name) is not None:
             fields[name] = Path(fields[name])
     _validate(fields)

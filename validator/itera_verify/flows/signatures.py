@@ -19,8 +19,9 @@ from ..archive.canonical import member_listing
 from ..archive.extract import Extraction
 from ..format import sshsig
 from ..format.names import ARCHIVE_SIG_SUFFIX, OMS_SIGNATURE, RECORD, STATEMENT, STATEMENT_SIG, SUMS
-from ..format.statement import SealedContent, SealSignatures, check_seal
+from ..format.statement import SealedContent, SealSignatures, SignatureCheck, check_seal
 from ..model import UsageError
+from ..push.beside import NotSmallFile, read_beside
 
 ALLOWED_SIGNERS_MAX = 16 << 20
 
@@ -70,21 +71,24 @@ def _read_allowed_signers(allowed_signers: str | os.PathLike | None, principal: 
     return Reviewer(entries, path.name, principal, tuple(problems))
 
 
-def _archive_signature(archive: Path) -> bytes | None:
+def _archive_signature(archive: Path) -> tuple[bytes | None, str | None]:
+    """`<archive>.sig`, read as every file beside an archive is (push/beside.py: no link followed, no fifo waited
+    on, at most its limit): (its bytes or None, why it was not read)."""
     beside = archive.with_name(archive.name + ARCHIVE_SIG_SUFFIX)
     try:
-        with open(beside, "rb") as fh:
-            return fh.read(sshsig.MAX_SIGNATURE_FILE + 1)
-    except FileNotFoundError:
-        return None
+        return read_beside(beside, sshsig.MAX_SIGNATURE_FILE), None
+    except NotSmallFile as exc:
+        return None, f"{exc.strerror}: not read (a regular file of at most {sshsig.MAX_SIGNATURE_FILE} bytes is)"
     except OSError as exc:
         raise UsageError(f"{beside}: cannot read ({exc.strerror or exc})") from None
 
 
 def check_signatures(archive: Path, fd: int | None, extraction: Extraction, reviewer: Reviewer,
-                     remote=None) -> SealSignatures | None:
+                     remote=None, unread: list[dict] | None = None) -> SealSignatures | None:
     """The seal's signatures checked against this archive; None when its stream could not be read whole.
-    `remote` (push/remote.RemoteArchive): the archive is an object in a bucket, `.sig` the object beside it."""
+    `remote` (push/remote.RemoteArchive): the archive is an object in a bucket, `.sig` the object beside it.
+    A `.sig` that is not a small regular file (a fifo, a huge file) is not read: `unread` gets a note, and when
+    the reviewer requires signers it is an archive signature that does not verify (IV802)."""
     if extraction.error is not None:
         return None
 
@@ -98,8 +102,8 @@ def check_signatures(archive: Path, fd: int | None, extraction: Extraction, revi
             return hashlib.file_digest(source, name).digest()
 
     seal = extraction.seal_files
-    signature = (_archive_signature(archive) if remote is None
-                 else remote.sidecar(ARCHIVE_SIG_SUFFIX, sshsig.MAX_SIGNATURE_FILE))
+    signature, not_read = (_archive_signature(archive) if remote is None
+                           else (remote.sidecar(ARCHIVE_SIG_SUFFIX, sshsig.MAX_SIGNATURE_FILE), None))
     model_signing = None
     if OMS_SIGNATURE in seal or reviewer.oms_public_key is not None:
         from ..seal.oms import check
@@ -109,6 +113,11 @@ def check_signatures(archive: Path, fd: int | None, extraction: Extraction, revi
                         archive_sig=signature, archive_digest=digest, content=sealed_content(extraction),
                         allowed=reviewer.allowed, principal=reviewer.principal, now=time.time(),
                         model_signature_verified=(model_signing or {}).get("state") == "valid")
+    if not_read is not None:
+        if unread is not None:
+            unread.append({"path": archive.name + ARCHIVE_SIG_SUFFIX, "why": not_read})
+        if result.required:
+            result.archive = SignatureCheck("invalid", problem=f"{archive.name}{ARCHIVE_SIG_SUFFIX} is {not_read}")
     result.allowed_signers = reviewer.name
     result.unreadable_lines = list(reviewer.unreadable_lines)
     result.model_signing = model_signing

@@ -86,6 +86,7 @@ def build_report(ctx: RunContext, findings: list[Finding], *, mode: str, device:
     report.curves = summary.metric_curves(ctx)
     report.named_metrics = summary.named_metrics(ctx)
     report.configuration = dict(ctx.options.configuration)
+    report.cap_findings()  # after the summaries, which count every finding
     return report
 
 

@@ -1,5 +1,5 @@
 """Checkpoint layouts as data: from the names in a checkpoint folder, which layout it is and which of its
-requirements the names do not meet (SPEC §1, multi-GPU training outputs; §6 resume readings).
+requirements the names do not meet (docs/format.md: multi-GPU training outputs, the resume readings).
 
 One reading for the two halves of IV507/IV508: the static checks (`--no-reload`, the CI gate) call
 `trainer_requirements` on the names discovery saw, the reload calls it on the names in the folder it is about to
@@ -230,3 +230,52 @@ def deepspeed_requirements(folder: str, files: Iterable[str], dirs: Iterable[str
                             f"ZeRO-3) in {folder}/{tag}: DeepSpeed's load_checkpoint finds no model states to resume "
                             "from (AssertionError)")]
     return []
+
+
+# ---- a diffusers pipeline's components (model_index.json) ------------------------------------------------
+PIPELINE_INDEX = "model_index.json"
+
+
+def pipeline_requirements(folder: str, index, dirs: Iterable[str]) -> list[Requirement]:
+    """The components `model_index.json` names (`"vae": ["diffusers", "AutoencoderKL"]`) whose folder is not in
+    `folder` (`dirs`: the folder names directly inside it). A component saved as `[null, null]` is left out on
+    purpose (no safety checker). The diffusers loader reports the same missing folder at its reload."""
+    if not isinstance(index, dict):
+        return []
+    dirs = set(dirs)
+    out = []
+    for name, value in index.items():
+        if name.startswith("_") or not isinstance(value, list) or len(value) != 2 or value == [None, None]:
+            continue  # configuration values (requires_safety_checker, ...), optional parts left out
+        if "/" in name or name in (".", "..") or name in dirs:
+            continue
+        out.append(Requirement(f"component:{name}", MISSING_CODE, name,
+                               f"component {name} ({value[1]}) named by {PIPELINE_INDEX} is missing: no folder "
+                               f"{folder}/{name}"))
+    return out
+
+
+# ---- EMA: a run that averaged its weights resumes the average too ------------------------------------------
+# The params a run records when it keeps an exponential moving average of its weights: diffusers' training scripts
+# (--use_ema), timm's train.py (--model-ema), a hand-written loop's own name for it.
+EMA_PARAMS = ("use_ema", "model_ema", "ema")
+# What holds the average in a checkpoint: diffusers' `unet_ema/` (EMAModel.save_pretrained beside the state),
+# timm's `state_dict_ema` key, a loop's `ema` / `model_ema` / `ema_state` key or file.
+EMA_NAME = re.compile(r"(?:^|[_./-])ema(?:[_./-]|$)|state_dict_ema", re.I)
+
+
+def ema_run(params) -> bool:
+    """The run's params say it trained with EMA."""
+    return isinstance(params, dict) and any(params.get(name) is True or isinstance(params.get(name), dict)
+                                            for name in EMA_PARAMS)
+
+
+def ema_requirement(where: str, names: Iterable[str]) -> Requirement | None:
+    """IV507 when nothing among `names` (a checkpoint folder's files and folders, or a resume file's top-level
+    keys) holds the EMA state."""
+    if any(EMA_NAME.search(name) for name in names):
+        return None
+    return Requirement("ema", MISSING_CODE, "",
+                       f"{where} holds no EMA state (unet_ema/, state_dict_ema, ema), but the run trained with EMA "
+                       "(params use_ema): a resume would restart the average from the current weights; save the "
+                       "EMA model with the checkpoint (EMAModel.save_pretrained, the `ema` key)")

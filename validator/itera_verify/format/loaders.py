@@ -12,6 +12,11 @@ from dataclasses import dataclass
 
 FOLDER, FILE, EITHER = "folder", "file", "either"
 
+# reload.json's `dtype` of an entry (besides "auto", the stored one): its names and the torch dtype each means.
+# schemas/reload.schema.json's dtype enum is these and "auto" (tests/test_docs_match_code.py holds them equal).
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "fp16": "float16"}
+
 # The artifact kinds of manifest.artifacts[].kind, in the order the docs list them.
 KINDS = ("safetensors", "transformers-model", "peft-adapter", "resume-checkpoint", "diffusers-pipeline",
          "diffusers-lora", "timm-model", "sentence-transformers-model", "gguf", "onnx")
@@ -47,7 +52,7 @@ TABLE = (
            what="an Accelerator.save_state folder"),
     Loader("lightning-checkpoint", "lightning", ("resume-checkpoint",), FILE, "one .ckpt file", ".ckpt",
            what="one .ckpt file"),
-    # SPEC §1 "Loaders beyond Hugging Face text models": each library is an optional extra of the tool.
+    # docs/format.md, loaders "Loaders beyond Hugging Face text models": each library is an optional extra of the tool.
     Loader("diffusers", "diffusers", ("diffusers-pipeline",), FOLDER, default_for=("diffusers-pipeline",),
            libraries=("diffusers",), extra="diffusers"),
     # peft, which load_lora_weights needs, is one of the tool's own dependencies.

@@ -1,4 +1,4 @@
-"""The campaign's money, as SPEC §6 reads it: exact decimals, rounded to the cent half up.
+"""The campaign's money, as docs/format.md reads it: exact decimals, rounded to the cent half up.
 
 The recorder writes `rental_total_usd` and `decision.cost_per_accepted_usd` with these functions and the budget
 rules (IV601, IV604) and the report's summary check them with the same ones: a package the recorder writes can

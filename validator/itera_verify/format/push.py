@@ -1,4 +1,5 @@
-"""What a push leaves beside the archive and in the store (SPEC §7 "Leaving the machine: push"): names and fields.
+"""What a push leaves beside the archive and in the store (docs/integration.md, leaving the machine): names and
+fields.
 
 The push writes the journal and the receipt with these names; the audit from a bucket reads the object's
 metadata and the sidecars by them. Pure facts, no I/O.
@@ -6,6 +7,8 @@ metadata and the sidecars by them. Pure facts, no I/O.
 from __future__ import annotations
 
 CHECKSUM_SUFFIX = ".sha256"  # `<hex>  <archive name>`, written by the seal (archive/publish.py)
+# What the push and the audit read of it: `<64 hex>  <name>\n`, a name of at most 255 bytes.
+CHECKSUM_FILE_MAX = 4096
 SIGNATURE_SUFFIX = ".sig"  # the archive's OpenSSH signature, when the seal signed it
 JOURNAL_SUFFIX = ".push.json"
 RECEIPT_SUFFIX = ".receipt.json"

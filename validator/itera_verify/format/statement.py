@@ -1,4 +1,5 @@
-"""The signed seal's statement (SPEC §7 "Signed seals"): what the seal signs, and how an audit checks it.
+"""The signed seal's statement (docs/format.md, signatures): what the seal signs, and how an audit checks
+it.
 
 `SEAL/statement.json` names the campaign and binds every other member of the archive: the SHA-256 of
 `SEAL/SHA256SUMS` (which lists every file's digest, the report's too) and of `SEAL/verification.json`, of

@@ -93,9 +93,9 @@ def numeric_logs(logs: dict) -> dict[str, float]:
 
 def save_final_model(run: Run, model, rel_path: str, hf_cache=None, processing_class=None) -> str:
     """Save `model` into the package at `rel_path` as safetensors and register it: a PeftModel as an adapter
-    pinned to its base's commit, any other transformers model as a model folder. `processing_class` (the
-    Trainer's tokenizer or processor) is saved beside it, as in every checkpoint: without it a reviewer cannot
-    turn the frozen eval inputs into ids (IV513)."""
+    pinned to its base's commit, any other model as what its saved files are (format/artifact_kinds.py).
+    `processing_class` (the Trainer's tokenizer or processor) is saved beside it, as in every checkpoint: without
+    it a reviewer cannot turn the frozen eval inputs into ids (IV513)."""
     target = prepare_target(run.root, rel_path, is_folder=True)
     if processing_class is not None and callable(getattr(processing_class, "save_pretrained", None)):
         processing_class.save_pretrained(target)
@@ -115,7 +115,7 @@ def save_final_model(run: Run, model, rel_path: str, hf_cache=None, processing_c
         return run.adapter(target, base=config.base_model_name_or_path, model=model,
                            revision=getattr(config, "revision", None), cache_dir=hf_cache)
     model.save_pretrained(target, safe_serialization=True)
-    return run.artifact(target, "transformers-model")
+    return run.artifact(target)  # what the folder is (a transformers, timm or sentence-transformers model)
 
 
 def pin_peft_revision(model, hf_cache=None) -> None:
@@ -126,7 +126,7 @@ def pin_peft_revision(model, hf_cache=None) -> None:
     loaded the base at when it is not the default branch."""
     for config in model.peft_config.values():
         revision = getattr(config, "revision", None)
-        if isinstance(revision, str) and COMMIT.match(revision):
+        if isinstance(revision, str) and COMMIT.fullmatch(revision):
             continue
         try:
             commit = loaded_commit(model) or resolve_commit(config.base_model_name_or_path, revision, hf_cache)

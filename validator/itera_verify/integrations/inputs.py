@@ -1,5 +1,5 @@
 """Counting what a Hugging Face tokenizer truncates, for `run.inputs(split, total, truncated)` and the
-`truncated_input` stop rule (SPEC §7): an indispensable input cut short changes what the model was judged on."""
+`truncated_input` stop rule (docs/record.md): an indispensable input cut short changes what the model was judged on."""
 from __future__ import annotations
 
 from collections.abc import Iterable

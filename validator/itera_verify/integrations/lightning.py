@@ -6,7 +6,7 @@ live (every rank takes the decision together), and at the end saves the module's
 safetensors and registers them. Only the global-zero process writes.
 
 With `register_checkpoints=True`, each `.ckpt` file the trainer's ModelCheckpoint callbacks save inside the
-package is registered as a resume artifact (loader `lightning-checkpoint`, SPEC's multi-GPU table) when it is
+package is registered as a resume artifact (loader `lightning-checkpoint`, docs/format.md's multi-GPU table) when it is
 saved, priced (write seconds from the checkpoint's dump to its file's last write, bytes) and, by `prove_resume`
 ("first", "every", False), its resume proven in the background as RecordCallback does; those kept at the end are
 registered again, those deleted forgotten. Off by default until every checker in use knows that loader."""
@@ -159,6 +159,9 @@ class LightningRecorder(pl.Callback):
 
     def on_train_end(self, trainer, pl_module):
         self._priced_saves(trainer)
+        # A proof that failed at the last step (no batch came after it): the run stops here, not at complete().
+        pending = self.run.pending_stop(trainer.global_step) if trainer.is_global_zero else None
+        self._decide(trainer, pending)
         if trainer.is_global_zero and self.register_checkpoints:
             self._register_checkpoints(trainer)
         if trainer.is_global_zero and self.save_weights_to and not self.stopped:

@@ -168,6 +168,9 @@ class RecordCallback(TrainerCallback):
         self._mark = time.monotonic()
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
+        # A proof that failed at the last step (no step came after it): the run stops here, not at complete().
+        violation = self.run.pending_stop(state.global_step) if state.is_world_process_zero else None
+        self._stop(args, control, _rank_zeros(args, violation))
         if state.is_world_process_zero:
             forget_missing(self.run, "resume-checkpoint")
             if self.save_model_to and model is not None and not self.stopped:

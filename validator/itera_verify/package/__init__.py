@@ -19,6 +19,7 @@ from ..format.names import MANIFEST, RELOAD, STOPS  # noqa: F401  (the rules rea
 from ..model import ReloadResult, UsageError
 from ..options import RunOptions
 from ..runtime.environment import Environment
+from ..archive.links import LinkResolver, real_path
 from .files import READ_FLAGS, open_binary, read_safetensors_header
 
 HASH_CHUNK = 1 << 20
@@ -46,6 +47,7 @@ class LinkEntry:
     resolved: str  # absolute, fully resolved
     inside: bool  # resolves inside the package
     broken: bool
+    looped: bool = False  # more than 40 links on its way, or a loop (archive/links.py): broken as well
 
 
 @dataclass
@@ -392,9 +394,10 @@ def discover(root: str | os.PathLike) -> Inventory:
             raise UsageError(f"{root}: no such folder")
         if not root.is_dir():
             raise UsageError(f"{root}: not a folder (give the campaign's output folder)")
-        real_root = os.path.realpath(root)
+        resolver = LinkResolver()  # every link resolved once, iteratively: a chain costs its length, never its square
+        real_root = resolver.resolve(root).path
         found = _Found({}, {}, set(), {})
-        _walk(found, root, "", real_root)
+        _walk(found, root, "", real_root, resolver)
     except OSError as exc:  # what _walk does not name itself: the root, or a path the system cannot name
         raise _unreadable(exc, exc.filename or root) from exc
     return Inventory(root, found.files, found.links, frozenset(found.dirs), found.specials)
@@ -413,7 +416,7 @@ class _Found:
 def inside_package(root: str | os.PathLike, path: str | os.PathLike) -> bool:
     """Whether writing `path` (existing or not) would write inside the package folder `root`: both resolved,
     links followed in the path itself and in any parent. The guard for every file the tool writes (-o, --report)."""
-    return _inside(os.path.realpath(path), os.path.realpath(root))
+    return _inside(real_path(path), real_path(root))
 
 
 def shortened(path: str | os.PathLike, limit: int = 120) -> str:
@@ -437,7 +440,7 @@ def _inside(resolved: str, real_root: str) -> bool:
     return resolved == real_root or resolved.startswith(real_root.rstrip(os.sep) + os.sep)
 
 
-def _walk(package: _Found, folder: Path, prefix: str, real_root: str) -> None:
+def _walk(package: _Found, folder: Path, prefix: str, real_root: str, resolver: LinkResolver) -> None:
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except PermissionError as exc:
@@ -452,15 +455,16 @@ def _walk(package: _Found, folder: Path, prefix: str, real_root: str) -> None:
             st = entry.stat(follow_symlinks=False)
             if stat.S_ISLNK(st.st_mode):
                 target = os.readlink(entry.path)
-                resolved = os.path.realpath(entry.path)
-                package.links[rel] = LinkEntry(rel, target, resolved, _inside(resolved, real_root),
-                                               not os.path.exists(entry.path))
+                resolved = resolver.resolve(entry.path)
+                package.links[rel] = LinkEntry(rel, target, resolved.path or entry.path,
+                                               resolved.looped or _inside(resolved.path, real_root),
+                                               resolved.looped or not os.path.exists(entry.path), resolved.looped)
                 continue
         except OSError as exc:
             raise _unreadable(exc, entry.path if exc.errno == errno.ENAMETOOLONG else rel) from exc
         if stat.S_ISDIR(st.st_mode):
             package.dirs.add(rel)
-            _walk(package, Path(entry.path), rel + "/", real_root)
+            _walk(package, Path(entry.path), rel + "/", real_root, resolver)
         elif stat.S_ISREG(st.st_mode):
             package.files[rel] = FileEntry(rel, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_ctime_ns)
         else:

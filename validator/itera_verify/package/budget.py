@@ -1,4 +1,4 @@
-"""The campaign's hours and the rental catalog, as SPEC §6 reads them: the lots' window, catalog prices,
+"""The campaign's hours and the rental catalog, as docs/format.md reads them: the lots' window, catalog prices,
 the configuration's tariffs. Shared by the budget rules (rules/budget.py) and the report's budget summary
 (report/summary.py); the money arithmetic itself is format/money.py, which the recorder writes with.
 """

@@ -181,14 +181,15 @@ def run_params(ctx, run_id: str | None) -> dict | None:
 
 
 def fp16_run(ctx, run_id: str | None) -> bool:
-    """Mixed precision per the run's params file: `"fp16": true` or `"mixed_precision": "fp16"` (SPEC §6); the
+    """Mixed precision per the run's params file: `"fp16": true` or `"mixed_precision": "fp16"` (docs/format.md); the
     static resume checks and the reload read it alike."""
     params = run_params(ctx, run_id)
     return bool(params) and (params.get("fp16") is True or params.get("mixed_precision") == "fp16")
 
 
 def recorded_world_size(ctx, run_id: str | None) -> int | None:
-    """The number of processes a run's params record (`world_size`), when they record one (SPEC, multi-GPU)."""
+    """The number of processes a run's params record (`world_size`), when they record one (multi-GPU:
+    docs/format.md)."""
     params = run_params(ctx, run_id)
     size = params.get("world_size") if params else None
     return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None

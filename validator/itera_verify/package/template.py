@@ -14,6 +14,7 @@ from typing import Any
 
 from ..format.names import ID
 from ..model import UsageError
+from ..version import FORMAT
 
 RUN_ID = ID
 PLACEHOLDER = re.compile(r"^\s*<[^<>]*>\s*$")
@@ -48,7 +49,7 @@ def _run(run_id: str, role: str, params_hint: str) -> dict:
 
 def template_manifest(campaign_id: str) -> dict:
     return {
-        "format": "itera-output/1",
+        "format": FORMAT,
         "campaign_id": campaign_id,
         "question": _fill("the question this campaign answers, with its success threshold, e.g. Does a LoRA "
                           "r=16 variant reach macro-F1 >= 0.80 against the full fine-tune control?"),
@@ -173,13 +174,18 @@ def document_bytes(value: Any) -> bytes:
     return (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def template_files(campaign_id: str) -> dict[str, bytes]:
-    """Every file init writes for this campaign id, with its exact bytes (IV107 compares packages with them)."""
+def template_files(campaign_id: str, found: list[dict] | None = None) -> dict[str, bytes]:
+    """Every file init writes for this campaign id, with its exact bytes (IV107 compares packages with them).
+    `found`: the artifacts already in the folder (found_artifacts), listed instead of the examples."""
     manifest = template_manifest(campaign_id)
+    reload_spec = template_reload()
+    if found:
+        manifest["artifacts"] = [{k: v for k, v in a.items() if k != "loader"} for a in found]
+        reload_spec = {"artifacts": {a["id"]: {"loader": a["loader"]} for a in found}}
     files = {
         "manifest.json": document_bytes(manifest),
         "stops.json": document_bytes({"stops": []}),
-        "reload.json": document_bytes(template_reload()),
+        "reload.json": document_bytes(reload_spec),
     }
     for run in manifest["runs"]:
         files[run["params"]] = document_bytes(template_params(run["id"]))
@@ -191,20 +197,52 @@ def template_run_ids() -> list[str]:
     return [run["id"] for run in template_manifest("campaign")["runs"]]
 
 
+# Folders a renter may have copied in before init: their artifacts are listed, each as what its files are.
+ARTIFACT_FOLDERS = ("artifacts", "checkpoints")
+BASE_KINDS = ("peft-adapter", "diffusers-lora")  # proven on a pinned base: the manifest names it
+
+
+def found_artifacts(outdir: Path) -> list[dict]:
+    """Each entry directly under OUTDIR/artifacts/ whose files say what it is (format/artifact_kinds.py, the
+    reading IV510 and the recorder make): its manifest entry (run and base left to fill in) and loader."""
+    from .artifact_identity import on_disk
+
+    folder = outdir / "artifacts"
+    found = []
+    for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
+        rel = f"artifacts/{entry.name}"
+        identity = on_disk(entry, rel)
+        if identity is None:
+            continue
+        path = identity.path or rel
+        artifact = {"id": _id_from_name(Path(path).stem if entry.is_file() else entry.name),
+                    "run": _fill("the run that produced it: control or variant-1"), "kind": identity.kind,
+                    "path": path, "loader": identity.loader}
+        if identity.kind in BASE_KINDS:
+            artifact["base"] = {"name": _fill("hub id of the base, e.g. org/base-model"),
+                                "revision": _fill("40-hex commit of the base, never a branch such as main")}
+        found.append(artifact)
+    return found
+
+
 def write_template(outdir, campaign_id: str | None = None) -> list[Path]:
-    """Write the template into OUTDIR (created; refused when it exists and is not empty). Returns the files."""
+    """Write the template into OUTDIR (created; refused when it holds anything but the artifact folders a renter
+    copies in first: artifacts/ and checkpoints/, whose artifacts the template lists). Returns the files."""
     outdir = Path(outdir)
-    if outdir.exists() and (not outdir.is_dir() or any(outdir.iterdir())):
-        raise UsageError(f"{outdir}: exists and is not empty; init writes into a new or empty folder only")
+    if outdir.exists() and (not outdir.is_dir() or any(
+            not (p.is_dir() and not p.is_symlink() and p.name in ARTIFACT_FOLDERS) for p in outdir.iterdir())):
+        raise UsageError(f"{outdir}: exists and is not empty; init writes into a new or empty folder only (or one "
+                         f"holding only {' and '.join(f + '/' for f in ARTIFACT_FOLDERS)})")
     campaign_id = campaign_id if campaign_id is not None else _id_from_name(outdir.resolve().name)
     if not RUN_ID.fullmatch(campaign_id):
         raise UsageError(f"campaign id {campaign_id!r}: use letters, digits, '.', '_' and '-' (it names the archive)")
     try:
+        found = found_artifacts(outdir)
         outdir.mkdir(parents=True, exist_ok=True)
         for folder in FOLDERS:
             (outdir / folder).mkdir(exist_ok=True)
         written = []
-        for rel, data in template_files(campaign_id).items():
+        for rel, data in template_files(campaign_id, found).items():
             path = outdir / rel
             path.write_bytes(data)
             written.append(path)

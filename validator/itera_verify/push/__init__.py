@@ -1,4 +1,4 @@
-"""Leaving the machine (SPEC §7): push a sealed archive to S3 or a folder, verified, with a receipt.
+"""Leaving the machine (docs/integration.md): push a sealed archive to S3 or a folder, verified, with a receipt.
 
 The archive goes first (multipart.py: resumable, parallel parts, checked by the store), is proven equal to the
 local bytes (the store's CRC64NVME of the whole object, or the object read back and hashed when the store keeps
@@ -21,14 +21,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..format.push import (CHECKSUM_LOCAL, CHECKSUM_SUFFIX, DEFAULT_PART_SIZE, METADATA_SHA256, PROBE_TAG,
-                           RECEIPT_FORMAT, SIGNATURE_SUFFIX, VERIFIED_BY_READ_BACK, VERIFIED_BY_STORE_CRC,
+from ..format.push import (CHECKSUM_FILE_MAX, CHECKSUM_LOCAL, CHECKSUM_SUFFIX, DEFAULT_PART_SIZE, METADATA_SHA256,
+                           PROBE_TAG, RECEIPT_FORMAT, SIGNATURE_SUFFIX, VERIFIED_BY_READ_BACK, VERIFIED_BY_STORE_CRC,
                            receipt_name)
 from ..format.sshsig import MAX_SIGNATURE_FILE
 from ..runtime.progress import NULL_PROGRESS, Progress
 from .store import PushError, PushUnverified, S3Location, is_s3
-
-CHECKSUM_FILE_MAX = 4096  # `<64 hex>  <name>\n`, a name of at most 255 bytes
 
 __all__ = ["PushError", "PushResult", "PushUnverified", "check_destination", "is_s3", "push", "seal_follower"]
 
@@ -55,10 +53,11 @@ class PushResult:
 
 def push(archive, dest, *, endpoint_url: str | None = None, read_back: bool = False, jobs: int = 4,
          part_size: int = DEFAULT_PART_SIZE, progress: Progress = NULL_PROGRESS, deadline: float | None = None,
-         warn=None) -> PushResult:
+         warn=None, overwrite: bool = False) -> PushResult:
     """Send `archive` (with its sidecars, the receipt last) to `dest`: `s3://bucket/prefix/` or a folder.
     `deadline` (seconds since the epoch, the rental's end): the first parts' throughput predicts the end of the
-    upload, and `warn` (default: progress.log) hears at once when it falls after the deadline."""
+    upload, and `warn` (default: progress.log) hears at once when it falls after the deadline. Another archive
+    already under the same name is never replaced unless `overwrite` (occupied.py: exit 1 otherwise)."""
     from .deadline import DeadlineWatch
 
     started, uploaded_at = time.monotonic(), _now()
@@ -69,11 +68,11 @@ def push(archive, dest, *, endpoint_url: str | None = None, read_back: bool = Fa
         watch = DeadlineWatch(deadline, warn or progress.log)
         result = _push_s3(archive, str(dest), sha256, sidecars, endpoint_url=endpoint_url, read_back=read_back,
                           jobs=jobs, part_size=part_size, progress=progress, started=started,
-                          uploaded_at=uploaded_at, watch=watch)
+                          uploaded_at=uploaded_at, watch=watch, overwrite=overwrite)
         result.deadline = watch.facts()
         return result
     return _push_folder(archive, dest, sha256, sidecars, progress=progress, started=started,
-                        uploaded_at=uploaded_at)
+                        uploaded_at=uploaded_at, overwrite=overwrite)
 
 
 def seal_follower(dest, **options):
@@ -182,12 +181,12 @@ def _write_receipt_here(archive: Path, receipt: dict) -> tuple[Path, bytes]:
 
 # ---- a folder ------------------------------------------------------------------------------------------
 def _push_folder(archive: Path, dest, sha256: str, sidecars: list, *, progress: Progress, started: float,
-                 uploaded_at: str) -> PushResult:
+                 uploaded_at: str, overwrite: bool = False) -> PushResult:
     from .local import copy_verified
     from .store import folder_destination
 
     folder = folder_destination(dest)
-    _, size, crc = copy_verified(archive, folder, expected_sha256=sha256, progress=progress)
+    _, size, crc = copy_verified(archive, folder, expected_sha256=sha256, progress=progress, overwrite=overwrite)
     return finish_folder(archive, folder, sha256, sidecars, size=size, crc=crc, started=started,
                          uploaded_at=uploaded_at)
 
@@ -209,7 +208,8 @@ def finish_folder(archive: Path, folder: Path, sha256: str, sidecars: list, *, s
 
 # ---- S3 ------------------------------------------------------------------------------------------------
 def _push_s3(archive: Path, dest: str, sha256: str, sidecars: list, *, endpoint_url, read_back: bool, jobs: int,
-             part_size: int, progress: Progress, started: float, uploaded_at: str, watch) -> PushResult:
+             part_size: int, progress: Progress, started: float, uploaded_at: str, watch,
+             overwrite: bool = False) -> PushResult:
     from . import multipart
     from .store import client, s3_destination
 
@@ -217,7 +217,7 @@ def _push_s3(archive: Path, dest: str, sha256: str, sidecars: list, *, endpoint_
     s3 = client(endpoint_url, jobs)
     endpoint = s3.meta.endpoint_url
     uploaded = multipart.upload(s3, archive, location, sha256=sha256, endpoint=endpoint, jobs=jobs,
-                                part_size=part_size, progress=progress, watch=watch)
+                                part_size=part_size, progress=progress, watch=watch, overwrite=overwrite)
     return finish_s3(s3, archive, location, uploaded, sha256, sidecars, read_back=read_back, jobs=jobs,
                      started=started, uploaded_at=uploaded_at, endpoint=endpoint)
 

@@ -6,6 +6,7 @@ it), is synced, then renamed over the final name (a link there is replaced, neve
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -26,7 +27,7 @@ def read_beside(path: Path, limit: int) -> bytes | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        if exc.errno in (getattr(os, "ELOOP", -1), getattr(os, "EMLINK", -1)):  # O_NOFOLLOW met a link
+        if exc.errno in (errno.ELOOP, errno.EMLINK):  # O_NOFOLLOW met a link (EMLINK on FreeBSD)
             raise NotSmallFile(exc.errno, "a link, not a file", str(path)) from None
         raise
     try:

@@ -1,4 +1,5 @@
-"""The end of the rental (SPEC §7): will the upload finish before it? The first parts answer.
+"""The end of the rental (docs/integration.md, leaving the machine): will the upload finish before it? The first
+parts answer.
 
 The throughput the store gave the first PROBE_PARTS parts (bytes acknowledged over the seconds since the first
 was sent, parallel parts included) predicts when the rest will be through. When that is after the deadline the

@@ -65,7 +65,8 @@ class Follower:
         threads start (flows/verify.py); begin() calls it too. Idempotent."""
 
     def set_deadline(self, end) -> None:
-        """The rental's end (a datetime with its zone, or None), once the workflow knows it (SPEC §7)."""
+        """The rental's end (a datetime with its zone, or None), once the workflow knows it (docs/integration.md,
+        leaving the machine)."""
         self.watch.deadline = end.timestamp() if end is not None else None
 
     def abandon(self) -> None:
@@ -121,9 +122,10 @@ class SealFollower(Follower):
 
     def __init__(self, dest: str, *, endpoint_url: str | None = None, read_back: bool = False, jobs: int = 4,
                  part_size: int | None = None, progress: Progress = NULL_PROGRESS,
-                 deadline: float | None = None, warn=None):
+                 deadline: float | None = None, warn=None, overwrite: bool = False):
         super().__init__(progress, deadline, warn)
         self.dest, self.endpoint_url, self.read_back, self.jobs = dest, endpoint_url, read_back, jobs
+        self.overwrite = overwrite  # replace another archive under this name (occupied.py)
         self.wanted_part_size = part_size or FOLLOW_PART_SIZE
         self._lock = threading.RLock()  # sealed() also runs under it when an upload starts again
         self._fd: int | None = None
@@ -189,7 +191,7 @@ class SealFollower(Follower):
                                  "aborted")
         _, sidecars = archive_sidecars(archive)
         uploaded = _complete(self.s3, self.location, self.journal, journals.journal_path(archive), self._done,
-                             sent_crc, 0)
+                             sent_crc, 0, overwrite=self.overwrite)
         result = finish_s3(self.s3, archive, self.location, uploaded, sha256, sidecars, read_back=self.read_back,
                            jobs=self.jobs, started=self.started, uploaded_at=self.uploaded_at,
                            endpoint=self.s3.meta.endpoint_url, overlapped=True)

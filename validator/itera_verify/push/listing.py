@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .answers import printable
+from .ranged import read_start
 from .store import PushError, client, error_code, explain, parse_s3
 
 MAX_PAGES = 10_000  # pages of up to 1,000 keys
@@ -83,24 +84,12 @@ def read_object(url: str, endpoint_url: str | None = None, limit: int = RESULT_M
     location = parse_s3(url)
     s3 = client(endpoint_url, 1)
     try:
-        data = _read_whole(s3, location.bucket, location.key, limit)
+        data = read_start(s3, location.bucket, location.key, limit)
     except Exception as exc:  # noqa: BLE001 - a missing result is no error; the rest is one line
         if error_code(exc) in ("NoSuchKey", "404", "InvalidRange"):
             return None
         raise explain(exc, "reading a stored result", url, resume=False) from None
     return data if data is not None and len(data) <= limit else None
-
-
-def _read_whole(s3, bucket: str, key: str, limit: int) -> bytes:
-    """At most `limit` + 1 bytes of the object: a bounded body yields one socket read at a time, so read on."""
-    body = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{limit}")["Body"]
-    data = bytearray()
-    try:
-        while len(data) <= limit and (piece := body.read(min(1 << 20, limit + 1 - len(data)))):
-            data += piece
-    finally:
-        body.close()
-    return bytes(data)
 
 
 def write_object(url: str, data: bytes, endpoint_url: str | None = None) -> None:

@@ -24,14 +24,16 @@ from ..archive.writeback import start_writeback
 from ..runtime.progress import NULL_PROGRESS, Progress
 from .follow import WAIT_SECONDS, Follower, _Abandoned, _now
 from .multipart import PartBuffers
+from .occupied import refuse_folder_if_occupied, take_name
 from .store import DestinationRefused, PushError, PushUnverified
 
 CHUNK = 8 << 20
 
 
 def copy_verified(source: Path, folder: Path, expected_sha256: str | None = None,
-                  progress: Progress = NULL_PROGRESS) -> tuple[str, int, int | None]:
-    """Copy `source` into `folder` under its name, verified. Returns (sha256, bytes, crc64nvme)."""
+                  progress: Progress = NULL_PROGRESS, overwrite: bool = False) -> tuple[str, int, int | None]:
+    """Copy `source` into `folder` under its name, verified; another archive there under that name is refused
+    unless `overwrite` (occupied.py). Returns (sha256, bytes, crc64nvme)."""
     try:  # the receipt's CRC64NVME, when awscrt is installed (a folder destination needs nothing else)
         from awscrt.checksums import crc64nvme
     except ImportError:
@@ -40,6 +42,8 @@ def copy_verified(source: Path, folder: Path, expected_sha256: str | None = None
     destination = folder / source.name
     if destination.resolve() == source.resolve():
         raise DestinationRefused(f"{folder}: is the archive's own folder (give another destination)")
+    if expected_sha256 is not None:  # before the copy: a name taken by other bytes is refused at once
+        refuse_folder_if_occupied(destination, expected_sha256, overwrite)
     remove_stale_partials(destination)
     partial = partial_path(destination)
     written, crc, total = hashlib.sha256(), 0, 0
@@ -66,7 +70,7 @@ def copy_verified(source: Path, folder: Path, expected_sha256: str | None = None
         if back != written.hexdigest():
             raise PushUnverified(f"{destination}: the copy reads back as sha256 {back}, written as "
                                  f"{written.hexdigest()}")
-        os.replace(partial, destination)
+        take_name(partial, destination, written.hexdigest(), overwrite)
         fsync_folder(folder)
     finally:
         partial.unlink(missing_ok=True)
@@ -113,10 +117,11 @@ class FolderFollower(Follower):
     ABANDONED = "the partial copy is removed"
 
     def __init__(self, dest, *, progress: Progress = NULL_PROGRESS, deadline: float | None = None, warn=None,
-                 **_s3_options):
+                 overwrite: bool = False, **_s3_options):
         from .store import folder_destination
 
         super().__init__(progress, deadline, warn)
+        self.overwrite = overwrite
         self.folder = folder_destination(dest)
         self._source = self._target = None  # file descriptors: the partial archive, the partial copy
         self._copied = 0
@@ -170,7 +175,7 @@ class FolderFollower(Follower):
             if back != sha256:
                 raise PushUnverified(f"{self.destination}: the copy reads back as sha256 {back}, the archive is "
                                      f"{sha256}")
-            os.replace(self.partial, self.destination)
+            take_name(self.partial, self.destination, sha256, self.overwrite)
             fsync_folder(self.folder)
         except OSError as exc:
             raise PushError(f"{self.folder}: cannot write the copy ({exc.strerror or exc})") from None

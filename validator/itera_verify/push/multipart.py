@@ -76,8 +76,11 @@ RESTARTS = 2
 
 
 def upload(s3, archive: Path, location: S3Location, *, sha256: str, endpoint: str | None, jobs: int,
-           part_size: int, progress: Progress = NULL_PROGRESS, watch=None) -> Uploaded:
-    """Upload (or resume uploading) `archive` to `location`. Raises PushError (exit 2) or PushUnverified (1)."""
+           part_size: int, progress: Progress = NULL_PROGRESS, watch=None, overwrite: bool = False) -> Uploaded:
+    """Upload (or resume uploading) `archive` to `location`. Raises PushError (exit 2) or PushUnverified (1),
+    occupied.Occupied (1) where the key holds another archive and `overwrite` is off."""
+    from .occupied import refuse_if_occupied
+
     where = location.url
     stat = archive.stat()
     size = stat.st_size
@@ -93,6 +96,7 @@ def upload(s3, archive: Path, location: S3Location, *, sha256: str, endpoint: st
         delivered = _delivered(s3, archive, location, size=size, sha256=sha256, progress=progress)
         if delivered is not None:
             return delivered
+    refuse_if_occupied(s3, location, sha256, overwrite)  # before a part is sent; again at the completion
     modes, restarts = [CHECKSUM_CRC64NVME, CHECKSUM_MD5], 0
     while True:
         if journal is None:
@@ -101,7 +105,7 @@ def upload(s3, archive: Path, location: S3Location, *, sha256: str, endpoint: st
             listed = {}
         try:
             return _send(s3, archive, location, journal, journal_file, listed, jobs=jobs, progress=progress,
-                         watch=watch)
+                         watch=watch, overwrite=overwrite)
         except _ChecksumRefused:
             _abort(s3, location, journal.upload_id)
             journals.remove(journal_file)
@@ -356,7 +360,7 @@ class _PartBody(io.RawIOBase):
 
 
 def _send(s3, archive: Path, location: S3Location, journal: journals.Journal, journal_file: Path,
-          listed: dict, *, jobs: int, progress: Progress, watch=None) -> Uploaded:
+          listed: dict, *, jobs: int, progress: Progress, watch=None, overwrite: bool = False) -> Uploaded:
     size, part_size = journal.bytes, journal.part_size
     count = max(1, -(-size // part_size))
     digest, full_crc, reused = hashlib.sha256(), 0, 0
@@ -408,7 +412,7 @@ def _send(s3, archive: Path, location: S3Location, journal: journals.Journal, jo
         journals.remove(journal_file)
         raise PushUnverified(f"{archive.name}: its bytes (sha256 {digest.hexdigest()}) are not those its "
                              f".sha256 names ({journal.sha256}); nothing was completed in the store")
-    return _complete(s3, location, journal, journal_file, done, full_crc, reused)
+    return _complete(s3, location, journal, journal_file, done, full_crc, reused, overwrite=overwrite)
 
 
 def part_md5(journal: journals.Journal, data) -> str | None:
@@ -478,14 +482,23 @@ def _put_part(s3, location: S3Location, journal: journals.Journal, number: int, 
 
 
 def _complete(s3, location: S3Location, journal: journals.Journal, journal_file: Path, done: dict, full_crc: int,
-              reused: int) -> Uploaded:
+              reused: int, *, overwrite: bool = False) -> Uploaded:
+    """Complete the upload, never over another archive (occupied.py) unless `overwrite`."""
+    from .occupied import Occupied, complete
+
+    def drop() -> None:
+        _abort(s3, location, journal.upload_id)
+        journals.remove(journal_file)
+
     parts = [{"PartNumber": number, "ETag": f'"{done[number]}"'} for number in sorted(done)]
     arguments = {"Bucket": location.bucket, "Key": location.key, "UploadId": journal.upload_id,
                  "MultipartUpload": {"Parts": parts}}
     if journal.checksum == CHECKSUM_CRC64NVME:
         arguments.update(ChecksumCRC64NVME=crc_base64(full_crc), ChecksumType="FULL_OBJECT")
     try:
-        response = s3.complete_multipart_upload(**arguments)
+        response = complete(s3, arguments, location, journal.sha256, overwrite, drop)
+    except Occupied:
+        raise
     except Exception as exc:  # noqa: BLE001 - classified below
         if error_code(exc) in DIGEST_MISMATCH:
             _abort(s3, location, journal.upload_id)

@@ -185,7 +185,10 @@ def read_start(s3, bucket: str, key: str, limit: int) -> bytes:
     """The first `limit` + 1 bytes of a small object at most (a sidecar: its `.sha256`, `.sig`, receipt), so a
     caller sees one that is too large. Store errors are the caller's to explain."""
     body = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{limit}")["Body"]
-    try:
-        return body.read(limit + 1)
+    data = bytearray()
+    try:  # a bounded body (answers.py) hands out one socket read at a time: read on to the end or the limit
+        while len(data) <= limit and (piece := body.read(min(1 << 20, limit + 1 - len(data)))):
+            data += piece
     finally:
         body.close()
+    return bytes(data)

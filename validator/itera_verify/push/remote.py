@@ -11,12 +11,14 @@ import json
 import re
 from dataclasses import dataclass
 
-from ..format.push import CHECKSUM_SUFFIX, MAX_PART_SIZE, MAX_PARTS, METADATA_SHA256, RECEIPT_SUFFIX
+from ..format.push import (CHECKSUM_SUFFIX, MAX_PART_SIZE, MAX_PARTS, METADATA_SHA256, RECEIPT_SUFFIX,
+                           SIGNATURE_SUFFIX)
 from .answers import LIMITS, StoreLimits, printable
 from .ranged import RangedReader, read_back_sha256, read_start
 from .store import PushError, S3Location, client, error_code, explain, parse_s3
 
 SIDECAR_MAX = 1 << 20  # a checksum file or a receipt; anything larger is not one
+SIDECAR_SUFFIXES = (CHECKSUM_SUFFIX, SIGNATURE_SUFFIX)  # what a push writes beside the archive, receipt aside
 MAX_OBJECT_SIZE = MAX_PART_SIZE * MAX_PARTS  # the largest object a multipart upload can make (about 54 TB)
 READING = "reading the archive"  # what an audit from a bucket is doing when the store fails it
 
@@ -72,17 +74,36 @@ class RemoteArchive:
         if checksum is not None:
             match = re.match(rb"\\?([0-9a-fA-F]{64})", checksum)
             recorded.append((self.name + CHECKSUM_SUFFIX, match.group(1).decode().lower() if match else ""))
-        receipt = self.sidecar(RECEIPT_SUFFIX)
+        receipt = self.receipt()
         if receipt is not None:
-            try:
-                value = json.loads(receipt).get("sha256")
-            except (ValueError, AttributeError, RecursionError):  # RecursionError: `[[[[...` a megabyte deep
-                value = None
+            value = receipt.get("sha256")
             recorded.append((self.name + RECEIPT_SUFFIX, value.lower() if isinstance(value, str) else ""))
         if not recorded:
             return None
         differing = [what for what, value in recorded if value != streamed_sha256]
         return (", ".join(differing or [what for what, _ in recorded]), not differing)
+
+
+    def receipt(self) -> dict | None:
+        """The push's receipt beside the object, parsed (None when absent or not a JSON object); read once."""
+        if not hasattr(self, "_receipt"):
+            raw = self.sidecar(RECEIPT_SUFFIX)
+            try:
+                value = json.loads(raw) if raw is not None else None
+            except (ValueError, RecursionError):  # RecursionError: `[[[[...` a megabyte deep
+                value = None
+            self._receipt = value if isinstance(value, dict) else None
+        return self._receipt
+
+    def missing_sidecars(self) -> tuple[str, ...]:
+        """What the receipt lists beside the archive (its `.sha256`, its `.sig`) that the bucket does not hold: a
+        signature deleted after the push reads as an unsigned delivery otherwise. Only the sidecar names a push
+        writes are looked at, whatever else a receipt lists."""
+        listed = (self.receipt() or {}).get("sidecars")
+        known = {self.name + suffix: suffix for suffix in SIDECAR_SUFFIXES}
+        names = [n for n in listed if isinstance(n, str) and n in known][:len(known)] \
+            if isinstance(listed, list) else []
+        return tuple(name for name in dict.fromkeys(names) if self.sidecar(known[name], 64) is None)
 
 
 def open_remote(url: str, endpoint_url: str | None = None, jobs: int = 4,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..format import money as money_rules
 from ..format.money import money
+from ..version import FORMAT
 from .errors import RecordError
 from .files import read_bytes, remove_stale_temps, write_atomic
 from .ids import check_id
@@ -21,7 +22,6 @@ from .run import Run
 from .stoprules import validate_rules
 from .store import EVAL_IDS, MANIFEST, RELOAD, STOPS, now, parse_time, read, transaction
 
-FORMAT = "itera-output/1"
 TRAIN_IDS = "corpus/train_ids.txt"
 
 
@@ -163,7 +163,7 @@ class Campaign:
         (default: the longest lot), other expenses ({label, usd, included}). `started_at` (RFC 3339, or an aware
         datetime): when the rental began, given to every lot that does not say (to this machine's lot only, when
         it was opened with `lot=`); the rental ends at started_at +
-        days (SPEC §7), which the recorder prints at each save. Declaring the same plan again is a no-op."""
+        days (docs/record.md), which the recorder prints at each save. Declaring the same plan again is a no-op."""
         if not self.writer:
             return
         if not lots or not all(isinstance(lot, dict) and {"gpu", "days", "price_usd"} <= lot.keys() for lot in lots):
@@ -180,7 +180,7 @@ class Campaign:
             raise RecordError(f"plan lots: every price_usd is an amount between 0 and {money_rules.MAX_USD:,} USD")
         if not all(isinstance(e, dict) and {"label", "usd", "included"} <= e.keys() for e in other_expenses):
             raise RecordError("other expenses: a list of {label, usd, included}")
-        # Lots bought together run side by side: the window is the longest lot (SPEC §6).
+        # Lots bought together run side by side: the window is the longest lot (docs/format.md).
         longest = max(lot["days"] for lot in lots) * 24
         window_hours = longest if window_hours is None else window_hours
         if window_hours > longest:
@@ -317,7 +317,7 @@ def _unexplained_hours(manifest: dict, observed_hours: float) -> float:
 
 
 def cost_per_accepted(plan: dict, accepted: list[str]) -> float | None:
-    """(rental + included other expenses) / distinct accepted runs, to the cent; None at zero (SPEC §6). The
+    """(rental + included other expenses) / distinct accepted runs, to the cent; None at zero (docs/format.md). The
     arithmetic is format/money.py's, the one the budget rules check with."""
     return money(money_rules.cost_per_accepted(money_rules.total_usd(plan), len(set(accepted))))
 

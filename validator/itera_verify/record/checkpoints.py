@@ -1,4 +1,4 @@
-"""What each save cost (SPEC §7, manifest `runs[].checkpoints`): its artifact, step, time, write seconds measured
+"""What each save cost (docs/record.md, manifest `runs[].checkpoints`): its artifact, step, time, write seconds measured
 around the save and bytes on disk; the proof of its resume once it ends; and the time the rental has left.
 
 The guide asks the user to choose the checkpoint interval by weighing the work a crash loses against the cost of
@@ -38,7 +38,7 @@ def bytes_on_disk(path: Path) -> int:
 
 
 def rental_end(plan: dict | None) -> datetime | None:
-    """When the rental ends: the earliest `started_at + days` of the lots that record their start (SPEC §7)."""
+    """When the rental ends: the earliest `started_at + days` of the lots that record their start (docs/record.md)."""
     ends = []
     for lot in (plan or {}).get("lots") or []:
         if not isinstance(lot, dict) or not isinstance(lot.get("started_at"), str):

@@ -42,7 +42,7 @@ def dumps(value: Any) -> bytes:
 
 
 def json_line(record: dict) -> bytes:
-    # json.dumps writes a non-finite float as the bare token NaN / Infinity: legal in metrics (SPEC §1).
+    # json.dumps writes a non-finite float as the bare token NaN / Infinity: legal in metrics (docs/format.md, loaders).
     return (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
 
 

@@ -23,7 +23,8 @@ class CampaignClock(Protocol):
 
 class RunRecord(Protocol):
     """What a helper needs of a run: its id, its package, whether this process writes it, the campaign's clock,
-    and the stop rules declared for it (record/run.py's Run is one)."""
+    and the stop rules declared for it, and how it stops for a failed resume proof (record/run.py's Run is
+    one)."""
 
     id: str
 
@@ -36,3 +37,5 @@ class RunRecord(Protocol):
     def now(self) -> str: ...
 
     def rules(self) -> list[dict]: ...
+
+    def stop_pending(self) -> bool: ...

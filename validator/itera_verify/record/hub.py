@@ -9,15 +9,21 @@ import re
 from pathlib import Path
 
 from ..runtime.environment import Environment
+from ..format.names import PINNED_REVISION
+from ..runtime import hfcache
 from ..runtime.hfcache import resolve_hf_cache
 from ..model import UsageError
+from ..package.artifact_identity import on_disk
 from .errors import RecordError
 
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# What a base can be: the folders a library loads whole from a hub id (an adapter or a LoRA is never a base).
+BASE_KINDS = ("transformers-model", "diffusers-pipeline", "timm-model", "sentence-transformers-model")
+
+COMMIT = PINNED_REVISION
 
 
 def hub_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The hub cache, found as the checker finds it (SPEC §6 --hf-cache): `cache_dir` (a hub cache or an
+    """The hub cache, found as the checker finds it (docs/format.md --hf-cache): `cache_dir` (a hub cache or an
     HF_HOME), else HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub."""
     try:
         # The recorder is an entry point of its own: the environment is read here, once per call.
@@ -27,7 +33,7 @@ def hub_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 def repo_folder(repo_id: str, cache_dir: str | os.PathLike | None = None) -> Path:
-    return hub_cache_dir(cache_dir) / ("models--" + repo_id.replace("/", "--"))
+    return hfcache.repo_folder(hub_cache_dir(cache_dir), repo_id)
 
 
 def resolve_commit(repo_id: str, revision: str | None = None,
@@ -40,7 +46,7 @@ def resolve_commit(repo_id: str, revision: str | None = None,
                           "hub id at a pinned revision, never a local path (IV502)")
     repo = repo_folder(repo_id, cache_dir)
     revision = revision or "main"
-    if COMMIT.match(revision):
+    if COMMIT.fullmatch(revision):
         commit = revision
     else:
         ref = repo / "refs" / revision
@@ -50,7 +56,7 @@ def resolve_commit(repo_id: str, revision: str | None = None,
             raise RecordError(f"{repo_id}: the hub cache {hub_cache_dir(cache_dir)} has no ref {revision!r}; "
                               "load the base with cache_dir= pointing at the cache it came from, or pass its "
                               "40-hex commit") from None
-        if not COMMIT.match(commit):
+        if not COMMIT.fullmatch(commit):
             raise RecordError(f"{ref} does not hold a 40-hex commit")
     if not (repo / "snapshots" / commit).is_dir():
         raise RecordError(f"{repo_id}@{commit}: no such snapshot in the hub cache {hub_cache_dir(cache_dir)}")
@@ -61,11 +67,12 @@ def loaded_commit(model) -> str | None:
     """The commit transformers recorded when it loaded `model` (a PeftModel's base included), if any."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     commit = getattr(getattr(base, "config", None), "_commit_hash", None)
-    return commit if isinstance(commit, str) and COMMIT.match(commit) else None
+    return commit if isinstance(commit, str) and COMMIT.fullmatch(commit) else None
 
 
 def add_to_hub_cache(folder: str | os.PathLike, repo_id: str, cache_dir: str | os.PathLike | None = None) -> str:
-    """Lay out a model folder you built yourself (save_pretrained of a base you pre-trained) in the hub cache as
+    """Lay out a model folder you built yourself (save_pretrained of a base you pre-trained, a diffusers pipeline,
+    a timm or sentence-transformers folder) in the hub cache as
     huggingface_hub lays out a download: `blobs/<sha256>`, `snapshots/<commit>/<file>` linking to them, and
     `refs/main`. An adapter trained on `from_pretrained(repo_id, cache_dir=...)` then pins `repo_id` at that commit
     (IV501/IV502), and a reviewer's reload finds it offline. The commit is derived from the files (sha1 of their
@@ -78,8 +85,12 @@ def add_to_hub_cache(folder: str | os.PathLike, repo_id: str, cache_dir: str | o
         raise RecordError(f"{repo_id!r} is not a hub id (org/name): name the base as the adapter will pin it")
     source = Path(folder)
     files = sorted(p for p in source.rglob("*") if p.is_file() and not p.is_symlink())
-    if not (source / "config.json").is_file():
-        raise RecordError(f"{source}: no config.json (save the model with save_pretrained first)")
+    identity = on_disk(source)
+    if identity is None or identity.kind not in BASE_KINDS:
+        found = f" ({identity.what})" if identity is not None else ""
+        raise RecordError(f"{source}: not a model or pipeline folder{found}: no config.json with weights, "
+                          "model_index.json or modules.json; save it with save_pretrained (a transformers model, a "
+                          "diffusers pipeline, a timm model) or SentenceTransformer.save first")
     if cache_dir is not None:
         Path(cache_dir).mkdir(parents=True, exist_ok=True)  # a new cache for the campaign is fine
     digests = {p.relative_to(source).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}

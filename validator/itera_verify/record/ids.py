@@ -1,4 +1,4 @@
-"""Run ids, artifact ids and the campaign id name files and archive members (SPEC §6)."""
+"""Run ids, artifact ids and the campaign id name files and archive members (docs/format.md)."""
 from __future__ import annotations
 
 from ..format.names import ID

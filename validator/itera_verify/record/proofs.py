@@ -1,4 +1,4 @@
-"""The early resume proof (SPEC §7): a checkpoint reloaded, while the training goes on, by the very reload
+"""The early resume proof (docs/record.md): a checkpoint reloaded, while the training goes on, by the very reload
 `itera-verify` runs at the end (static scan, weights_only, every component), in a background process at the
 lowest CPU and I/O priority, on the CPU unless told otherwise.
 
@@ -24,6 +24,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..runtime.environment import Environment
 from ..runtime.launcher import kill_tree
 from .checkpoints import set_proof
 from .errors import RecordError
@@ -72,6 +73,16 @@ class Proof:
         return self.process.pid
 
 
+def proof_env(device: str, environment: Environment) -> dict[str, str]:
+    """The proof process's variables: the tool's settings and what its libraries need, never the training's
+    secrets (runtime/environment.py `for_tool`)."""
+    env = environment.for_tool()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (VALIDATOR_DIR, env.get("PYTHONPATH", "")) if p)
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the GPU is training: the proof never touches it
+    return env
+
+
 def conclusive_failure(proof: dict | None) -> bool:
     """A proof that judged the checkpoint and found it unusable (a finding with its code); a proof that could
     not run (killed, no result) judged nothing."""
@@ -96,13 +107,9 @@ class Proofs:
                 str(work / "result.json"), "--device", device, "--timeout", str(timeout)]
         if hf_cache is not None:
             argv += ["--hf-cache", str(Path(hf_cache).absolute())]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (VALIDATOR_DIR, env.get("PYTHONPATH", "")) if p)
-        if device == "cpu":
-            env["CUDA_VISIBLE_DEVICES"] = ""  # the GPU is training: the proof never touches it
         with open(work / "proof.log", "wb") as log:
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                       env=env, cwd=work)
+                                       env=proof_env(device, Environment.read()), cwd=work)
         proof = Proof(artifact_id, step, process, work, view, timeout=timeout)
         with self._lock:
             self.started[artifact_id] = proof
@@ -149,6 +156,7 @@ class Proofs:
             with self._lock:
                 if self.pending is None:
                     self.pending = Violation(rule, proof.step or 0, "resume_proof", math.nan, reason)
+            _UNSETTLED.add(self)
             return
         what = ("failed" if conclusive_failure(result) else "did not conclude")
         message = (f"the resume proof of {self.run.id}'s checkpoint {proof.artifact} {what}: {finding}"
@@ -168,6 +176,7 @@ class Proofs:
     def take_pending(self) -> Violation | None:
         with self._lock:
             pending, self.pending = self.pending, None
+        _UNSETTLED.discard(self)
         return pending
 
     def running(self) -> list[Proof]:
@@ -276,11 +285,17 @@ def _tail(log: Path) -> str:
 # Proofs still running when the script ends are waited for, so their result is recorded (each proof is bounded
 # by its timeout).
 _LIVE: set[Proofs] = set()
+_UNSETTLED: set[Proofs] = set()  # a failed proof under the rule waits here until its run stops for it
 
 
 @atexit.register
 def _wait_at_exit() -> None:
-    for proofs in list(_LIVE):
+    for proofs in list(_LIVE | _UNSETTLED):
         if proofs.running():
             print(f"itera-verify: waiting for the resume proof of {proofs.run.id}", file=sys.stderr, flush=True)
         proofs.wait()
+        try:
+            proofs.run.stop_pending()  # a failed proof nobody took: the run's stop record, not a lost finding
+        except Exception as exc:  # noqa: BLE001 - at exit, one line where the user looks
+            print(f"itera-verify: the stop of {proofs.run.id} for its failed resume proof could not be recorded: "
+                  f"{exc}", file=sys.stderr, flush=True)

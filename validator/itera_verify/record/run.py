@@ -20,7 +20,7 @@ from .files import append_lines, cut_partial_line, dumps, json_line, read_bytes,
 from .ids import check_id
 from .lock import package_lock
 from .lots import check_continued, lot_of_new_run
-from .proofs import DEFAULT_TIMEOUT, Proof, Proofs, check_mode
+from .proofs import DEFAULT_TIMEOUT, Proof, Proofs, check_mode, warn
 from .stoprules import Violation, check, check_inputs, inputs_metrics
 from .store import EVAL_IDS, MANIFEST, STOPS, read, run_entry, transaction
 
@@ -168,7 +168,7 @@ class Run:
         return pending
 
     def inputs(self, split: str, total: int, truncated: int, step: int | None = None) -> Violation | None:
-        """How many `split` inputs the run fed and how many of them the tokenizer truncated (SPEC §7): the metric
+        """How many `split` inputs the run fed and how many of them the tokenizer truncated (docs/record.md): the metric
         lines `inputs_total/<split>` and `inputs_truncated/<split>` at `step` (default: the last logged step),
         and the declared `truncated_input` rule they break, if any. Every rank may call it; only rank 0 writes.
         Before the run starts, the counts wait for its start (the callbacks start it at train begin and stop it
@@ -239,18 +239,17 @@ class Run:
             run.update(status="stopped", ended_at=record["at"], predictions=None)
         self._stopped = True
 
-    def complete(self) -> None:
+    def complete(self) -> bool:
         """The run finished: its predictions must cover every frozen eval id exactly once (IV303). A resume proof
-        still running is waited for; one that failed under a declared `no_usable_resume` rule refuses the
-        completion (stop the run: `run.stop_for(run.pending_stop())`)."""
+        still running is waited for. One that failed under a declared `no_usable_resume` rule becomes the run's
+        stop record (the checkpoint and the finding, status `stopped`), said on a framed warning: the run is not
+        completed, and the campaign goes on to its next run. Returns whether the run completed."""
         self._require_started()
         if not self.writer:
-            return
+            return not self.stopped
         self.proofs.wait()
-        pending = self.proofs.pending
-        if pending is not None:
-            raise RecordError(f"run {self.id!r} cannot complete: {pending.reason}, which the declared rule "
-                              f"{pending.rule!r} stops; stop it with run.stop_for(run.pending_stop())")
+        if self.stop_pending():
+            return False
         missing = artifacts.missing_predictions(self.root, self.predictions_path)
         if missing:
             raise RecordError(f"run {self.id!r} cannot complete: {missing}")
@@ -259,23 +258,46 @@ class Run:
             if run["status"] != "running":
                 raise RecordError(f"run {self.id!r} is already {run['status']}")
             run.update(status="completed", ended_at=self.campaign.now())
+        return True
+
+    def stop_pending(self) -> bool:
+        """A failed resume proof the run has not stopped for yet (its result came after the last step: a short
+        run, the first save at the end, a slow disk) stops it now, at its last logged step; said on a framed
+        warning. False when there was none, or the run ended already."""
+        pending = self.proofs.take_pending()
+        if pending is None or not self.writer:
+            return False
+        entry = self.entry()
+        if not isinstance(entry, dict) or entry.get("status") != "running":
+            return False
+        step = self.step or pending.step
+        self.stop(pending.rule, step, pending.reason)
+        warn(f"run {self.id!r} did not complete: {pending.reason}. It is recorded as stopped by the declared "
+             f"rule {pending.rule!r} (stops.json); the campaign goes on", stacklevel=3)
+        return True
 
     def now(self) -> str:
         """The campaign's clock (RFC 3339 UTC to the second)."""
         return self.campaign.now()
 
     # ---- artifacts ----------------------------------------------------------------------------------
-    def artifact(self, path, kind: str, id: str | None = None, loader: str | None = None, **reload_fields) -> str:
+    def artifact(self, path, kind: str | None = None, id: str | None = None, loader: str | None = None, *,
+                 base=None, revision: str | None = None, cache_dir=None, **reload_fields) -> str:
         """Register a file or folder inside the package (`path`: absolute, or relative to the package root)
-        with its kind and reload.json entry; returns its artifact id."""
+        and its reload.json entry; returns its artifact id. Without `kind`, its files say what it is (a
+        diffusers pipeline, a timm or sentence-transformers folder, a LoRA, a .gguf or .onnx file, ...); a
+        kind or loader that cannot prove them is refused. `base` (a hub id, or {"name", "revision"}) for a
+        diffusers LoRA: pinned to the commit of the local hub cache, in the manifest."""
         self._require_started()
-        return artifacts.register(self, path, kind, id, loader, reload_fields)
+        pinned = artifacts.pinned_base(base, revision, cache_dir) if base is not None else None
+        return artifacts.register(self, path, kind, id, loader, reload_fields, base=pinned)
 
     def adapter(self, path, base: str, model=None, revision: str | None = None, cache_dir=None,
                 id: str | None = None, **reload_fields) -> str:
         """Register a PEFT adapter on the hub model `base`, pinned to the 40-hex commit it was loaded from
         (`model`'s own record of it, else `revision` resolved in the local hub cache), and write that pin into
-        adapter_config.json (PEFT leaves `revision: null` unless told)."""
+        adapter_config.json (PEFT leaves `revision: null` unless told). A diffusers LoRA file (or its folder) is
+        registered as a `diffusers-lora` on the base pipeline `base`, pinned likewise in the manifest."""
         self._require_started()
         return artifacts.register_adapter(self, path, base, model, revision, cache_dir, id, reload_fields)
 

@@ -2,8 +2,9 @@
 the zygote forked (zygote.py: the libraries already imported, the same job and result files).
 
 One fresh process per artifact, so a crash, a leak or a hang costs one artifact and nothing else. It reads the
-job, sets its host memory limit on itself (limits.py), confines itself with Landlock (confine.py: read-only the
-package, the hub cache and the libraries, read-write its scratch folder, no TCP), cuts itself off the network,
+job, sets its host memory limit on itself (limits.py), confines itself with Landlock and seccomp (confine.py:
+read-only the package, the hub cache and the libraries, read-write its scratch folder, no TCP, no new socket), cuts
+itself off the network,
 runs one loader and writes what it proved as JSON; an allocation its limit refused is reported as that limit. It
 never prints findings. A gated child (spawned GPU reloads, one at a time) imports its libraries, then waits for
 one byte on its standard input before it touches the device: the parent starts the next child while the current
@@ -11,6 +12,7 @@ one loads, so library start-up overlaps the previous reload instead of adding to
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import resource
@@ -23,23 +25,29 @@ STARTED, STARTED_AT = time.monotonic(), time.time()
 
 
 def cut_network() -> None:
-    """HF_HUB_OFFLINE already keeps the libraries quiet; this makes any other attempt fail loudly instead."""
+    """HF_HUB_OFFLINE already keeps the libraries quiet; this makes any other attempt fail loudly instead. Python's
+    layer over the kernel's (confine.py: Landlock refuses TCP, seccomp every new socket): no internet connection,
+    no datagram sent, no unix socket reached by its path, no name looked up. A connected pair of unix sockets
+    (socketpair: asyncio's and multiprocessing's wake-ups) reaches nothing and stays usable."""
     def refuse(*_args, **_kwargs):
-        raise OSError("network access is disabled while reloading (itera-verify)")
+        raise OSError(errno.EACCES, "network access is disabled while reloading (itera-verify)")
 
-    original_connect, original_connect_ex = socket.socket.connect, socket.socket.connect_ex
+    internet, unix = (socket.AF_INET, socket.AF_INET6), getattr(socket, "AF_UNIX", None)
+    original = {name: getattr(socket.socket, name) for name in ("connect", "connect_ex", "sendto", "sendmsg")}
 
-    def connect(self, address):
-        if self.family in (socket.AF_INET, socket.AF_INET6):
-            refuse()
-        return original_connect(self, address)
+    def guarded(name: str, refused):
+        def method(self, *args, **kwargs):
+            if self.family in internet or refused(self, args, kwargs):
+                refuse()
+            return original[name](self, *args, **kwargs)
+        method.__name__ = name
+        return method
 
-    def connect_ex(self, address):
-        if self.family in (socket.AF_INET, socket.AF_INET6):
-            refuse()
-        return original_connect_ex(self, address)
-
-    socket.socket.connect, socket.socket.connect_ex = connect, connect_ex
+    socket.socket.connect = guarded("connect", lambda sock, _args, _kw: sock.family == unix)
+    socket.socket.connect_ex = guarded("connect_ex", lambda sock, _args, _kw: sock.family == unix)
+    socket.socket.sendto = guarded("sendto", lambda _sock, _args, _kw: True)  # always to an address
+    # sendmsg(buffers, ancdata, flags, address): on a connected pair no address is given.
+    socket.socket.sendmsg = guarded("sendmsg", lambda _sock, args, kw: len(args) > 3 or "address" in kw)
     socket.getaddrinfo = refuse
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         os.environ[name] = "1"

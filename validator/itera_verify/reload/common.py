@@ -8,6 +8,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
+from ..format import loaders as loader_table
 from ..package.jsonread import read_json_file
 from ..package.pickles import has_pickle_extension, scan_file, sniff
 
@@ -15,8 +16,7 @@ from ..package.pickles import has_pickle_extension, scan_file, sniff
 LOAD, BASE_UNAVAILABLE, MISSING, INCONSISTENT = "load", "base-unavailable", "missing-component", "inconsistent"
 MISSING_LIBRARY = "missing-library"  # the loader's library is not installed here: nothing about the artifact
 
-DTYPES = {"float32": "float32", "fp32": "float32", "float": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-          "float16": "float16", "fp16": "float16", "half": "float16", "float64": "float64"}
+DTYPES = loader_table.DTYPES  # reload.json's dtype names (format/loaders.py)
 
 
 class Stop(Exception):

@@ -1,26 +1,31 @@
-"""What a reload child may touch once it has confined itself (runtime/landlock.py), before it opens an artifact.
+"""What a reload child may touch once it has confined itself (runtime/landlock.py, runtime/seccomp.py), before it
+opens an artifact.
 
 Read-only: the package (or the audit's extracted copy, or the resume proof's snapshot), the Hugging Face cache the
 run was given, the Python installation (its prefixes, every folder on sys.path, the folders of the libraries
 already mapped, LD_LIBRARY_PATH) and what the C libraries read on their own: the system's library and program
 folders, a few files of /etc (the loader's cache, certificates, time zone, users), this process's /proc entry,
-/proc's machine facts and /sys. On a GPU also the NVIDIA devices, /proc/driver/nvidia and /dev/shm (read-write:
-CUDA's and NCCL's shared memory). Read-write: the child's private scratch folder alone (its job, log and result
-live there), where the libraries' caches are pointed (SCRATCH_CACHES). Measured with strace over the example
-package's reloads and tests/test_loaders_{files,image_audio,pipelines,timm,quantized}.py, the refusals a clean
-reload meets: tqdm's POSIX semaphore in /dev/shm (it falls back to a thread lock),
-urllib3's IPv6 probe binding ::1 (it then assumes no IPv6), a look at /proc/1/cgroup and /.dockerenv.
+/proc's machine facts and /sys. On a GPU also the NVIDIA devices (read-write, with ioctl) and /proc/driver/nvidia.
+Read-write: the child's private scratch folder alone (its job, log and result live there), where the libraries'
+caches are pointed (SCRATCH_CACHES). Measured with strace over the example package's reloads and
+tests/test_loaders_{files,image_audio,pipelines,timm,quantized}.py, the refusals a clean reload meets: tqdm's
+POSIX semaphore in /dev/shm (it falls back to a thread lock), urllib3's IPv6 probe binding ::1 (it then assumes
+no IPv6), a look at /proc/1/cgroup and /.dockerenv.
 No TCP bind or connect (Landlock ABI 4+), no signal to a process outside and no abstract unix socket outside
-(ABI 6+).
+(ABI 6+), no socket at all (seccomp: a unix socket with a path, UDP, netlink).
+
+/dev/shm is not granted, not even on a GPU: a single-process reload shares no memory with another process (CUDA
+writes there only as a client of an MPS server, NCCL only between ranks), and the audit may extract a package
+there (flows/audit.py): a GPU child that could write it could rewrite another audit's files.
 
 So a file of the package that makes a library write (an `offload_folder`), read (`~/.ssh`) or connect somewhere
-meets the kernel's refusal (EACCES), whatever the loader let through. Not covered by Landlock up to ABI 7: UDP and
-unix sockets with a path; there HF_HUB_OFFLINE and the child's cut_network (reload/child.py: Python's internet
-connections and name lookups refused) remain the only layers.
+meets the kernel's refusal (EACCES), whatever the loader let through. The child's cut_network (reload/child.py:
+Python's connections, datagrams and name lookups refused) and HF_HUB_OFFLINE are the layers above.
 
 Modes (`--confine`): "auto" confines as far as the kernel can and records what held (`none` where it has no
-Landlock); "required" makes a machine without Landlock's filesystem and network rules a usage error (exit 2,
-before any work), and a child that could not confine itself fails its reload instead of loading.
+Landlock, `seccomp: none (why)` where no filter could be installed); "required" makes a machine without Landlock's
+filesystem and network rules, or without seccomp filters, a usage error (exit 2, before any work), and a child that
+could not confine itself fails its reload instead of loading.
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ from pathlib import Path
 
 from ..model import UsageError
 from ..options import CONFINEMENTS
-from ..runtime import landlock
+from ..runtime import landlock, seccomp
 from ..runtime.landlock import DEVICE, READ, READ_EXECUTE, WRITE_FILE, Confinement
 
 MODES = CONFINEMENTS  # the run's option (options.py)
@@ -57,12 +62,11 @@ SYSTEM = (
 )
 GPU = (("/proc/driver/nvidia", READ), ("/dev/nvidia-caps", READ | DEVICE))
 GPU_DEVICES = "/dev/nvidia*"
-GPU_SHARED = "/dev/shm"
 
 
 def check_mode(mode: str) -> None:
     """Before any work: a mode we do not know, or "required" on a machine that cannot confine a reload (no
-    Landlock, or one without its network rules), is a usage error (exit 2)."""
+    Landlock, one without its network rules, or no seccomp filter), is a usage error (exit 2)."""
     if mode not in MODES:
         raise UsageError(f"--confine {mode!r}: one of {', '.join(MODES)}")
     if mode != "required":
@@ -71,6 +75,9 @@ def check_mode(mode: str) -> None:
     if abi < landlock.NET_ABI:
         held = why or f"Landlock ABI {abi} confines files but not TCP (ABI {landlock.NET_ABI} or later needed)"
         raise UsageError(f"--confine required: the reloads cannot be confined on this machine: {held}")
+    filters, why = seccomp.available()
+    if not filters:
+        raise UsageError(f"--confine required: the reloads cannot be confined on this machine: {why}")
 
 
 def scratch_variables(scratch: str | os.PathLike, hf_cache: str | None = None) -> dict[str, str]:
@@ -109,24 +116,29 @@ def allowed(job: dict, scratch: str) -> tuple[list[tuple[str, int]], list[str]]:
     """(read-only paths with their rights, read-write folders) for `job`'s child."""
     read_only = list(SYSTEM) + [(folder, READ_EXECUTE) for folder in python_folders()]
     read_only += [(job[key], READ) for key in ("package_root", "hf_cache") if job.get(key)]
-    read_write = [scratch]
     if not str(job.get("device", "cpu")).startswith("cpu"):
         read_only += list(GPU) + [(device, DEVICE) for device in sorted(glob.glob(GPU_DEVICES))]
-        read_write.append(GPU_SHARED)
-    return read_only, read_write
+    return read_only, [scratch]
 
 
-def confine_child(job: dict, scratch: str) -> Confinement:
+def describe(held: Confinement, sockets: seccomp.Sockets) -> str:
+    """The report's words: `landlock ABI 7: fs, net; seccomp: no sockets`, `none (why); seccomp: no sockets`."""
+    return held.describe() + (f" ({held.why_not})" if held.why_not else "") + "; " + sockets.describe()
+
+
+def confine_child(job: dict, scratch: str) -> str:
     """Confine this process (the reload child, still single-threaded, nothing of the artifact opened) as `job`
     allows, and leave what held in the scratch folder (RECORD) for the runner, even if the reload then crashes.
-    Under "required", anything short of a complete confinement stops the child (SystemExit) before it loads."""
+    Under "required", anything short of a complete confinement stops the child (SystemExit) before it loads.
+    Returns the words recorded."""
     read_only, read_write = allowed(job, scratch)
     held = landlock.confine(read_only, read_write)
-    words = held.describe() + (f" ({held.why_not})" if held.why_not else "")
+    sockets = seccomp.refuse_sockets()
+    words = describe(held, sockets)
     Path(scratch, RECORD).write_text(words, encoding="utf-8")
-    if job.get("confine") == "required" and not held.complete:
+    if job.get("confine") == "required" and not (held.complete and sockets.refused):
         raise SystemExit(f"itera-verify: --confine required: this reload could not be confined: {words}")
-    return held
+    return words
 
 
 def recorded(scratch: str | os.PathLike) -> str | None:

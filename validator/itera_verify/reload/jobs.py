@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..model import ReloadResult
 from ..package import RunContext
+from ..package.artifact_identity import in_package
 from ..package.campaign import fp16_run, recorded_world_size
 from ..package.pickles import scan_package
 from ..format import loaders as loader_table
@@ -73,6 +74,13 @@ def plan(ctx: RunContext, artifact: dict, device: str, threads: int,
         return result
     if not os.path.exists(real):
         result.failure, result.error = "load", f"{rel} does not exist"
+        return result
+    identity = in_package(ctx, rel)
+    if identity is not None and not identity.proven_by(loader):
+        # IV510 names what the files are and the loader that proves them: a reload by this one would blame the
+        # artifact for the declaration (IV504), or pass on a weaker check.
+        result.failure = "no-loader"
+        result.error = f"loader {loader!r} cannot prove {identity.what}: use {identity.loader!r} (IV510)"
         return result
     refusal = _refused_by_scan(ctx, rel) or _leaving_link(ctx, rel)
     if refusal:

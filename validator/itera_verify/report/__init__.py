@@ -2,11 +2,22 @@
 from __future__ import annotations
 
 import importlib
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..version import __version__
 from ..model import Finding, ReloadResult, Severity
+
+
+FINDINGS_PER_CODE = 1000  # a report keeps the first 1,000 findings of each code: no input can make it huge
+_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.ERROR: 2, None: 2}  # None: an error (Finding.to_json)
+
+
+@dataclass
+class OmittedFindings(Finding):
+    """Stands for the findings of one code past FINDINGS_PER_CODE, said once; at the highest level among them, so
+    leaving them out never changes the verdict."""
 
 
 @dataclass
@@ -32,6 +43,7 @@ class Report:
     elapsed_seconds: float | None = None
     rules: dict[str, dict[str, str]] = field(default_factory=dict)  # code -> {severity, title} of rules that ran
     configuration: dict[str, Any] | None = None  # {"applied": the file or None, "not_applied": [{path, why}]}
+    findings_omitted: dict[str, int] = field(default_factory=dict)  # code -> findings past FINDINGS_PER_CODE
     tool: str = "itera-verify"
     version: str = __version__
 
@@ -43,11 +55,33 @@ class Report:
     def verdict(self) -> str:
         return "fail" if self.blocking() or self.seal_refused else "pass"
 
+    def cap_findings(self, per_code: int = FINDINGS_PER_CODE) -> None:
+        """Keep the first `per_code` findings of each code; the rest are counted in `findings_omitted` and said by
+        one OmittedFindings of that code. Call it again after adding findings: what it left out stays counted."""
+        notes = {f.code: f for f in self.findings if isinstance(f, OmittedFindings)}
+        kept: list[Finding] = []
+        seen: Counter[str] = Counter()
+        for finding in self.findings:
+            if isinstance(finding, OmittedFindings):
+                continue
+            seen[finding.code] += 1
+            if seen[finding.code] <= per_code:
+                kept.append(finding)
+                continue
+            self.findings_omitted[finding.code] = self.findings_omitted.get(finding.code, 0) + 1
+            note = notes.setdefault(finding.code, OmittedFindings(finding.code, severity=finding.severity))
+            if _RANK[finding.severity] > _RANK[note.severity]:
+                note.severity = finding.severity
+        for code, note in notes.items():
+            note.message = (f"and {self.findings_omitted[code]:,} more {code} findings, not listed (a report keeps "
+                            f"the first {per_code:,} of each code)")
+        self.findings = kept + list(notes.values())
+
     def count(self, severity: Severity) -> int:
         return sum(1 for f in self.findings if f.severity == severity)
 
     def to_json(self) -> dict[str, Any]:
-        """The stable JSON shape of SPEC §4 (schemas/report.schema.json)."""
+        """The stable JSON shape of docs/integration.md (schemas/report.schema.json)."""
         return {
             "tool": self.tool, "version": self.version, "mode": self.mode, "package": self.package,
             "campaign_id": self.campaign_id, "verdict": self.verdict, "strict": self.strict,
@@ -59,6 +93,7 @@ class Report:
             "archive": self.archive, "sealed": self.sealed, "seal_skipped": self.seal_skipped,
             "audit": self.audit, "rules": self.rules, "configuration": self.configuration,
             "elapsed_seconds": None if self.elapsed_seconds is None else round(self.elapsed_seconds, 3),
+            **({"findings_omitted": dict(self.findings_omitted)} if self.findings_omitted else {}),
         }
 
 

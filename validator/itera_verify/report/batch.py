@@ -27,21 +27,22 @@ class AuditRow:
     reused: bool = False  # read back from --results, not audited again
     error: str | None = None
     report: dict[str, Any] | None = None
+    not_reused: str | None = None  # why a result found in --results was not reused (forged, of another archive)
 
     def to_json(self) -> dict[str, Any]:
         return {"archive": self.archive, "key": self.key, "verdict": self.verdict, "sha256": self.sha256,
                 "seconds": round(self.seconds, 3), "reused": self.reused, "error": self.error,
-                "report": self.report}
+                "report": self.report, **({"not_reused": self.not_reused} if self.not_reused else {})}
 
     @classmethod
     def from_json(cls, data: Any) -> "AuditRow":
         """A row as a child process wrote it; ValueError when it is not one."""
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
-        texts = {name: data.get(name) for name in ("archive", "key", "sha256", "error")}
+        texts = {name: data.get(name) for name in ("archive", "key", "sha256", "error", "not_reused")}
         if not isinstance(texts["archive"], str) or not isinstance(texts["key"], str) or any(
                 value is not None and not isinstance(value, str) for value in texts.values()):
-            raise ValueError("archive, key, sha256 and error are strings")
+            raise ValueError("archive, key, sha256, error and not_reused are strings")
         if data.get("verdict") not in (PASS, FAIL):
             raise ValueError("verdict is pass or fail")
         seconds, report = data.get("seconds"), data.get("report")
@@ -50,7 +51,7 @@ class AuditRow:
         if report is not None and not isinstance(report, dict):
             raise ValueError("report is an object")
         return cls(texts["archive"], texts["key"], data["verdict"], float(seconds), texts["sha256"],
-                   data.get("reused") is True, texts["error"], report)
+                   data.get("reused") is True, texts["error"], report, texts["not_reused"])
 
 
 @dataclass

@@ -54,7 +54,7 @@ def annotation(report: Report, finding: Finding, workspace: str | None = None) -
 
 def render(report: Report, options: dict) -> str:
     lines = [annotation(report, finding, options.get("workspace")) for finding in report.findings]
-    for run in report.runs or []:  # each run's saves (SPEC §7): a notice the workflow's summary lists
+    for run in report.runs or []:  # each run's saves (docs/record.md): a notice the workflow's summary lists
         line = saves_line(run) if isinstance(run, dict) else None
         if line:
             title = escape_property(f"itera-verify saves of {clean(run.get('id'))}")

@@ -98,7 +98,9 @@ def _summary(report: Report) -> str:
         reloads, reload_kind = "NOT reloaded", "warn"
     else:
         ok = sum(1 for r in report.reloads if r.ok)
-        reloads, reload_kind = f"{ok} / {len(report.reloads)}", "ok" if ok == len(report.reloads) else "bad"
+        on_lots = sum(1 for r in report.reloads if r.lot_proof is not None)  # standing on their lot's proof
+        reloads = f"{ok} / {len(report.reloads)}" + (f" (+{on_lots} on their lot)" if on_lots else "")
+        reload_kind = "ok" if ok == len(report.reloads) else "warn" if ok + on_lots == len(report.reloads) else "bad"
     archive = "sealed" if report.sealed else ("audited" if report.mode == "audit" else "not sealed")
     cards = [
         _card("Errors", str(errors), "bad" if errors else "ok"),
@@ -301,9 +303,11 @@ def _reloads(report: Report) -> str:
         return '<p class="muted">No artifact to reload.</p>'
     rows = []
     for r in report.reloads:
-        detail = r.error if not r.ok else (where_words(r) or r.forward)
+        on_lot = where_words(r)  # not reloaded here: a lot's signed proof stands for it (report/lots.py)
+        detail = on_lot or (r.error if not r.ok else r.forward)
         rows.append((f"<b>{esc(r.artifact)}</b><div class='small muted'>{esc(r.kind)} {esc(r.path)}</div>",
-                     esc(", ".join(r.devices) or r.device), badge("ok") if r.ok else badge("failed"),
+                     f"<code>{esc(r.loader)}</code>", esc(", ".join(r.devices) or r.device),
+                     badge("ok") if r.ok else badge("on its lot", "warning") if on_lot else badge("failed"),
                      f"{r.seconds:.1f} s", esc(memory_cell(r)), esc(detail or "")))
     table = _table(("Artifact", "Loader", "Devices", "Result", "Time", "Peak memory (host / GPU)", "Detail"), rows,
                    numeric=(4, 5))

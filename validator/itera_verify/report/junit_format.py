@@ -12,6 +12,7 @@ from typing import Iterable
 from ..model import Finding
 from ..rules import all_rules
 from . import Report
+from .lots import where_words
 from .words import saves_line, signer_line
 from .text_format import clean, human_bytes, location, severity_of, verdict_line
 
@@ -88,7 +89,9 @@ def _reload_cases(report: Report) -> list[ET.Element]:
         facts = [f"device {clean(reload.device)}", f"peak memory {human_bytes(reload.peak_memory_bytes)}"]
         if reload.forward:
             facts.append(f"forward: {clean(reload.forward)}")
-        if not reload.ok:
+        if reload.lot_proof is not None:  # not reloaded here, and no failure: what stands for it is said
+            ET.SubElement(case, "skipped", message=clean(where_words(reload)))
+        elif not reload.ok:
             related = [f for f in report.findings if f.artifact == reload.artifact]
             code = related[0].code if related else "IV504"
             # A base model missing offline means the artifact could not be tested at all: an error, not a failure.
@@ -106,7 +109,7 @@ def _properties(suite: ET.Element, report: Report) -> None:
         ("package", report.package), ("campaign_id", report.campaign_id), ("verdict", report.verdict),
         ("summary", verdict_line(report)), ("archive", archive.get("path")), ("archive_sha256", archive.get("sha256")),
         ("signature", signer_line(report)))
-    # Each run's saves (SPEC §7), one property per run: the viewers that show a suite's properties show these.
+    # Each run's saves (docs/record.md), one property per run: the viewers that show a suite's properties show these.
     values = [*values, *((f"saves.{clean(run.get('id'))}", saves_line(run)) for run in report.runs or []
                          if isinstance(run, dict))]
     properties = ET.Element("properties")

@@ -57,20 +57,20 @@ def part_summary(ctx) -> dict[str, Any] | None:
 
 
 def reloaded_on(reload: ReloadResult) -> dict | None:
-    """The lot's signed proof an artifact stands on (flows/partproofs.py), None when it was reloaded here."""
-    facts_ = reload.facts if isinstance(reload.facts, dict) else {}
-    where = facts_.get("reloaded_on")
-    return where if isinstance(where, dict) else None
+    """The lot's signed proof an artifact stands on (flows/partproofs.py), None when it was not needed."""
+    return reload.lot_proof
 
 
 def where_words(reload: ReloadResult) -> str:
-    """`reloaded on lot-b (cuda:0), its signed part's record (signer); here: <why not>`, or ""."""
+    """`not reloaded here (cpu: <why>); stands on lot-b's signed proof: reloaded there on cuda:0, signed by …`,
+    or ""."""
     where = reloaded_on(reload)
     if where is None:
         return ""
     here = where.get("here") if isinstance(where.get("here"), dict) else {}
-    return (f"reloaded on {clean(where.get('lot'))} ({clean(where.get('device'))}), by its part's record signed by "
-            f"{clean(where.get('signer'))}; not here ({clean(here.get('device'))}): {clean(here.get('error'))}")
+    return (f"not reloaded here ({clean(here.get('device'))}: {clean(here.get('error'))}); stands on "
+            f"{clean(where.get('lot'))}'s signed proof: reloaded there on {clean(where.get('device'))}, its part "
+            f"signed by {clean(where.get('signer'))}")
 
 
 def part_words(part: dict) -> str:

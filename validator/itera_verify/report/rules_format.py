@@ -25,11 +25,3 @@ def explain_rule(rule: Rule) -> str:
     if rule.good:
         parts += ["", "Passes:", textwrap.indent(rule.good, "    ")]
     return "\n".join(parts) + "\n"
-
-
-def markdown_table(rules: dict[str, Rule]) -> str:
-    """The README's rule table, generated from the registry so the two never drift."""
-    lines = ["| code | severity | finding |", "|---|---|---|"]
-    for code, rule in rules.items():
-        lines.append(f"| {code} | {rule.severity.value} | {rule.title} |")
-    return "\n".join(lines) + "\n"

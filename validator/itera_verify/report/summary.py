@@ -24,7 +24,7 @@ from .lots import lots_summary, part_summary
 # ---------------------------------------------------------------------------------------------- budget
 
 def budget_summary(ctx, blocking_findings: list[Finding]) -> dict[str, Any]:
-    """SPEC §4 `budget`: the committed plan, the included expenses apart from the rental, and the cost per
+    """docs/integration.md `budget`: the committed plan, the included expenses apart from the rental, and the cost per
     accepted run that passed every check — undefined (never zero) when none did."""
     plan = section(ctx.documents.manifest, "plan")
     spent, runs = facts.budget(ctx), runs_by_id(ctx)
@@ -178,7 +178,7 @@ def _step(value: Any) -> int | None:
 
 
 def saves_summary(ctx, run: dict) -> dict[str, Any] | None:
-    """What the guide asks the user to weigh (SPEC §7): the run's saves (`runs[].checkpoints`), the interval
+    """What the guide asks the user to weigh (docs/record.md): the run's saves (`runs[].checkpoints`), the interval
     between two in steps and minutes, write and restore seconds (the early proof's and the final reload's), the
     work at risk (the longest stretch a crash would lose: from the start to the first save, or between two) and
     the share of the run's time spent saving. None for a run that recorded no save."""

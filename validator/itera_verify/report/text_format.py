@@ -49,12 +49,13 @@ def _reload_clause(report: Report) -> str:
     total = len(report.reloads)
     ok = sum(1 for r in report.reloads if r.ok)
     devices = report.device or ", ".join(sorted({clean(r.device) for r in report.reloads})) or "?"
-    on_lots = sum(1 for r in report.reloads if r.ok and reloaded_on(r))
-    if on_lots:  # an assembled campaign: a lot's signed record stands for what this machine could not reload
-        devices += f" ({on_lots} of them by their lot's signed record)"
+    # An assembled campaign: a lot's signed proof stands for what this machine could not reload; not a reload.
+    on_lots = sum(1 for r in report.reloads if reloaded_on(r))
+    lots = f", {on_lots} not reloaded here (each stands on its lot's signed proof)" if on_lots else ""
+    failed = total - ok - on_lots
     if total == ok:
         return f"{plural(total, 'artifact')} reloaded on {devices}"
-    return f"{ok} of {plural(total, 'artifact')} reloaded on {devices}, {total - ok} failed"
+    return f"{ok} of {plural(total, 'artifact')} reloaded on {devices}{lots}" + (f", {failed} failed" if failed else "")
 
 
 def _seal_clause(report: Report) -> str:
@@ -82,7 +83,7 @@ def verdict_line(report: Report) -> str:
 
 
 def cost_per_accepted(budget: dict) -> str:
-    """The ratio, or why it is undefined: never a cost of zero (SPEC §2 budget summary)."""
+    """The ratio, or why it is undefined: never a cost of zero (docs/format.md budget summary)."""
     ratio = budget.get("cost_per_accepted_usd")
     if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and ratio > 0:
         return usd(ratio)
@@ -233,6 +234,9 @@ def _archive(console: Console, report: Report) -> None:
         console.print(Text("Archive", style="bold"))
         console.print(f"  {clean(archive.get('path'))} ({human_bytes(archive.get('bytes'))})", soft_wrap=True)
         console.print(f"  sha256 {clean(archive.get('sha256'))}{_named_by(report)}", soft_wrap=True)
+        for unread in (report.audit or {}).get("sidecars_unread") or () if isinstance(report.audit, dict) else ():
+            if isinstance(unread, dict):
+                console.print(f"  {clean(unread.get('path'))}: {clean(unread.get('why'))}", soft_wrap=True)
         if signer_line(report):
             console.print(f"  {signer_line(report)}", soft_wrap=True)
     elif report.seal_skipped:
@@ -259,6 +263,15 @@ def _record(console: Console, report: Report) -> None:
         console.print(f"  {', '.join(clean(c) for c in explained)}: failing now at the reviewer's level, below "
                       "error by the tool's default and in the sender's record (a configuration difference, not a "
                       "change of content)", soft_wrap=True)
+    newer = comparison.get("explained_by_version") or []
+    if newer:
+        console.print(f"  {', '.join(clean(c) for c in newer)}: failing now; rules added after the sender's "
+                      f"itera-verify {clean(comparison.get('recorded_version'))} (a newer tool checks more, not a "
+                      "change of content)", soft_wrap=True)
+    machine = comparison.get("explained_by_this_machine") or []
+    if machine:
+        console.print(f"  {', '.join(clean(c) for c in machine)}: what this machine could not verify (a base not in "
+                      "its hub cache, a library not installed), not a change of content", soft_wrap=True)
     for claim in comparison.get("not_believed") or []:
         if isinstance(claim, dict):
             console.print(f"  {clean(claim.get('code'))}: failing now; the sender's record says "

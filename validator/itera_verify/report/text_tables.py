@@ -2,7 +2,8 @@
 
 A reviewer reads them in a terminal or a CI log of 120 columns: the runs table shows first the metrics that the
 question and the stop rules name, and what does not fit a cell (a long stop reason, a reload's error) is printed
-whole below its table.
+whole below its table. Written to a file or a pipe (no terminal), a table is never cut: where its columns do
+not fit the report's width (long run or artifact ids), it takes the width they need.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Iterable
 
 from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -27,6 +29,21 @@ def _table(title: str) -> Table:
 MAX_METRIC_COLUMNS = 6
 COLUMN_GAP = 3  # what _table's box puts between two columns: padding, divider, padding
 MIN_STOP_WIDTH = 16
+UNCUT = 100_000  # where no terminal bounds a table, it is measured at this width: its own
+
+
+def _print(console: Console, table: Table) -> None:
+    """A table at its full width where no terminal bounds it (rich would shrink its columns to `…`)."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    needed = Measurement.get(console, console.options.update(width=UNCUT), table).maximum
+    width = console.width
+    console.width = max(width, needed)
+    try:
+        console.print(table)
+    finally:
+        console.width = width
 
 
 def _row_width(widths: Iterable[int]) -> int:
@@ -71,7 +88,7 @@ def runs_table(console: Console, report: Report) -> None:
     stop_natural = max(len(stop_header), *(len(s) for s in stops))
     columns = _metric_columns(runs, list(report.named_metrics or []), fixed, stop_natural, console.width)
     stop_width = max(min(stop_natural, console.width - _row_width([fixed, *(w for _, w in columns)]) - COLUMN_GAP),
-                     min(stop_natural, MIN_STOP_WIDTH))
+                     min(stop_natural, max(MIN_STOP_WIDTH, len(stop_header))))  # its header is never cut
     table = _table("Runs")
     for header in headers:
         table.add_column(header, no_wrap=True)
@@ -82,7 +99,7 @@ def runs_table(console: Console, report: Report) -> None:
         metrics = run_metrics(run)
         accepted = Text("yes", style="green") if run.get("accepted") else Text("no")
         table.add_row(*row[:4], accepted, stop, *(metric_value(metrics.get(name)) for name, _ in columns))
-    console.print(table)
+    _print(console, table)
     for row, stop in zip(rows, stops):
         if len(stop) > stop_width:
             console.print(Text(f"  {row[0]} stopped by {stop}"), soft_wrap=True)
@@ -110,13 +127,16 @@ def reloads_table(console: Console, report: Report, verbose: bool) -> None:
         table.add_column(column, no_wrap=True, overflow="ellipsis")
     details = []
     for reload in report.reloads:
-        ok = Text("ok", style="green") if reload.ok else Text("FAILED", style="bold red")
-        detail = clean(reload.error if not reload.ok else (where_words(reload) or (reload.forward if verbose else "")))
+        on_lot = where_words(reload)  # not reloaded here: a lot's signed proof stands for it (report/lots.py)
+        ok = Text("ok", style="green") if reload.ok else Text("on its lot", style="yellow") if on_lot else \
+            Text("FAILED", style="bold red")
+        detail = clean(on_lot or (reload.error if not reload.ok else (reload.forward if verbose else "")))
         if detail:
-            details.append(Text(f"  {clean(reload.artifact)}: {detail}", style="" if reload.ok else "red"))
+            details.append(Text(f"  {clean(reload.artifact)}: {detail}",
+                                style="" if reload.ok else "yellow" if on_lot else "red"))
         table.add_row(clean(reload.artifact), clean(reload.loader), clean(", ".join(reload.devices) or reload.device),
                       ok, f"{reload.seconds:.1f}", memory_cell(reload))
-    console.print(table)
+    _print(console, table)
     confined = confinement_line(report.reloads)
     if confined:
         unconfined = any((r.confinement or "").startswith("none") for r in report.reloads)
@@ -132,7 +152,7 @@ def _cell(value, unit: str = "", digits: int = 1) -> str:
 
 
 def saves_table(console: Console, report: Report) -> None:
-    """What each run's saves cost (SPEC §7), what the guide asks to weigh: how often, how long each write, how
+    """What each run's saves cost (docs/record.md), what the guide asks to weigh: how often, how long each write, how
     long a restore, how much work a crash loses, the share of the run spent saving."""
     runs = [r for r in (report.runs or []) if isinstance(r, dict) and isinstance(r.get("saves"), dict)]
     if not runs:
@@ -152,5 +172,5 @@ def saves_table(console: Console, report: Report) -> None:
                       f"{_cell(saves.get('at_risk_steps'), digits=0)} / {_cell(saves.get('at_risk_minutes'))}",
                       "-" if share is None else f"{100 * share:.1f} %",
                       Text(proof, style="green" if proof == "passed" else "bold red" if proof == "FAILED" else ""))
-    console.print(table)
+    _print(console, table)
     console.print()

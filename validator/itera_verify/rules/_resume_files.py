@@ -15,7 +15,7 @@ from typing import Iterator
 from ..package import RunContext
 from ..format import layouts
 from ..format.layouts import GLOBAL_STEP
-from ..package.campaign import fp16_run, recorded_world_size
+from ..package.campaign import fp16_run, recorded_world_size, run_params
 from ._pickle_keys import top_level_keys
 
 TRAINER_LOADER = "hf-trainer-checkpoint"
@@ -32,11 +32,16 @@ class ResumeFact:
     run: str | None
     # The requirement's id (format/layouts.py) when the reload reports the same fact under it: the dedupe key.
     requirement: str | None = None
+    # A reload that names no requirement id reports the same fact at this file (a pipeline's missing component).
+    reported_at: str | None = None
 
     def same_as(self, artifact: str, problem: dict) -> bool:
         """The reload's `problem` of `artifact` is this fact again."""
-        return self.requirement is not None and (artifact, problem.get("requirement")) == (
-            self.artifact, self.requirement)
+        if artifact != self.artifact:
+            return False
+        if self.reported_at is not None and problem.get("file") == self.reported_at:
+            return problem.get("failure") == "missing-component"
+        return self.requirement is not None and problem.get("requirement") == self.requirement
 
 
 def _text(value) -> str | None:
@@ -133,19 +138,52 @@ def torch_resume_facts(ctx: RunContext, rel: str, artifact: str, run: str | None
         yield ResumeFact(need.code, rel, need.message, artifact=artifact, run=run, requirement=need.id)
 
 
+def pipeline_facts(ctx: RunContext, folder: str, artifact: str, run: str | None) -> Iterator[ResumeFact]:
+    """The components a diffusers pipeline's model_index.json names and the folder lacks (format/layouts.py)."""
+    files, dirs = _children(ctx, folder)
+    if layouts.PIPELINE_INDEX not in files:
+        return  # the loader says it is no pipeline
+    index = ctx.documents.json_value(f"{folder}/{layouts.PIPELINE_INDEX}")
+    for need in layouts.pipeline_requirements(folder, index, dirs):
+        yield ResumeFact(need.code, f"{folder}/{layouts.PIPELINE_INDEX}", need.message, artifact=artifact, run=run,
+                         requirement=need.id, reported_at=f"{folder}/{need.file}")
+
+
+def ema_facts(ctx: RunContext, rel: str, artifact: str, run: str | None) -> Iterator[ResumeFact]:
+    """A run trained with EMA (its params) whose resume checkpoint holds no EMA state."""
+    if not layouts.ema_run(run_params(ctx, run)):
+        return
+    if rel in ctx.inventory.dirs:
+        names = [path[len(rel) + 1:] for path in ctx.inventory.files_under(rel) if path.startswith(rel + "/")]
+    else:
+        try:
+            with ctx.documents.open(rel) as stream:
+                names = top_level_keys(stream)
+        except OSError:
+            names = None
+        if names is None:
+            return  # not a dict the opcodes show: nothing to tell from here
+    need = layouts.ema_requirement(rel, names)
+    if need is not None:
+        yield ResumeFact(need.code, rel, need.message, artifact=artifact, run=run, requirement=need.id)
+
+
 def resume_facts(ctx: RunContext) -> list[ResumeFact]:
-    """Every static resume fact of the package, in manifest order."""
+    """Every static resume fact of the package, in manifest order (and a diffusers pipeline's missing
+    components, which the names show as they show a checkpoint's)."""
     entries = ctx.documents.reload_spec.get("artifacts")
     facts: list[ResumeFact] = []
     for artifact in ctx.documents.artifacts():
         artifact_id, path = _text(artifact.get("id")), _text(artifact.get("path"))
         entry = entries.get(artifact_id) if isinstance(entries, dict) and artifact_id else None
-        if not isinstance(entry, dict) or artifact.get("kind") != "resume-checkpoint" or path is None:
-            continue
-        rel = ctx.inventory.normalise_ref(path)
-        if rel is None:
-            continue  # IV205
+        rel = ctx.inventory.normalise_ref(path) if path is not None else None
         run = _text(artifact.get("run"))
+        if isinstance(entry, dict) and entry.get("loader") == "diffusers" and rel in ctx.inventory.dirs:
+            facts.extend(pipeline_facts(ctx, rel, artifact_id, run))
+        if not isinstance(entry, dict) or artifact.get("kind") != "resume-checkpoint" or rel is None:
+            continue  # (a path leaving the package is IV205)
+        if ctx.inventory.exists(rel):
+            facts.extend(ema_facts(ctx, rel, artifact_id, run))
         if entry.get("loader") == TRAINER_LOADER and rel in ctx.inventory.dirs:
             facts.extend(trainer_checkpoint_facts(ctx, rel, artifact_id, run))
         elif entry.get("loader") == TORCH_RESUME_LOADER and ctx.inventory.is_file(rel):

@@ -10,9 +10,9 @@ values converted as torch converts them (round to nearest even), a chunk at a ti
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass, field
 
+from ..archive.links import real_path
 from ..package.files import open_binary, read_safetensors_header
 
 READ_CHUNK = 1 << 20
@@ -100,7 +100,7 @@ def read_header(path: str) -> dict[str, Tensor] | None:
     header = read_safetensors_header(path)
     if header is None:
         return None
-    resolved = os.path.realpath(path)
+    resolved = real_path(path)
     return {name: Tensor(resolved, e.dtype, e.shape, e.begin, e.end) for name, e in header.entries.items()}
 
 

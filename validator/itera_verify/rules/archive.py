@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
-from ..format.names import RECORD, SEAL_DIR, SIGNATURE_MEMBERS, SUMS
+from ..format.names import RECORD, REPORT_PAGE, SEAL_DIR, SIGNATURE_MEMBERS, SUMS
 from ..model import Finding, Rule, Severity
 from ..package import RunContext
 
@@ -32,7 +32,13 @@ RULES = [
                  ".sig and model.sig when signed) and nothing else: any other "
                  "member there is refused even when SHA256SUMS lists it; every file there, the seal's own "
                  "included, is scanned, and a pickle there is named (IV506 besides, when it names a global "
-                 "outside the allowlist).",
+                 "outside the allowlist). Audited from a bucket, what the push receipt lists beside the archive "
+                 "(its .sha256, its .sig) must be there too: a signature deleted after the push would otherwise "
+                 "read as an unsigned delivery. "
+                 "SEAL/report.html must be a page the tool's renderer writes: only its "
+                 "elements and attributes, no script, event handler, comment or external link, its "
+                 "Content-Security-Policy, and the verdict verification.json records; anything else is named "
+                 "here, since a reviewer opens that page in a browser.",
          bad="predictions/extra.jsonl in the archive, not in SEAL/SHA256SUMS",
          good="the same set of file names on both sides"),
     Rule("IV703", Severity.ERROR, "audit: an unsafe member",
@@ -62,8 +68,10 @@ RULES = [
     Rule("IV705", Severity.ERROR, "audit: the archive expands beyond the size limit",
          explain="The audit stops reading once the expanded size passes --max-size (default: 20 times the "
                  "archive's size, at least 1 GiB), so a decompression bomb costs a bounded amount of time and "
-                 "disk. A real package expands about 1.3× (weights) to 10× (text). If the archive is genuine, "
-                 "raise --max-size.",
+                 "disk. A real package expands about 1.3× (weights) to 10× (text). It stops as well past one "
+                 "member per 32 KiB of --max-size (32,768 at 1 GiB, at least 4,096): each member costs an "
+                 "inode and its facts in memory, so an archive of empty files is a bomb too. If the archive is "
+                 "genuine, raise --max-size.",
          bad="a 40 KiB archive that expands to 50 GiB of zeros",
          good="itera-verify audit big.tar.zst --max-size 200000000000"),
     Rule("IV706", Severity.ERROR, "seal: the package already holds SEAL/",
@@ -108,9 +116,30 @@ def seal_findings(problems: list[tuple[str, str, str]]) -> list[Finding]:
     return findings
 
 
+def assembled_link_refused(rel: str, target: str, lot: str, why: str) -> Finding:
+    """assemble (flows/assemble_merge.py): a part's link that, joined with the other parts' links, leads nowhere
+    safe; each part's audit resolved only its own."""
+    shown = target if len(target) <= 120 else target[:117] + "..."
+    return Finding("IV703", rel, message=f"the link {rel} -> {shown} of {lot}, joined with the other parts' links, "
+                                         f"resolves to {why}: nothing is assembled")
+
+
+def assembled_unplaceable(rel: str, why: str) -> Finding:
+    """assemble: the last line of defence, an entry the merge let through that the O_NOFOLLOW build refuses."""
+    return Finding("IV703", rel, message=f"cannot be placed safely ({why}: a link or another part's entry in its "
+                                         "way); nothing is assembled")
+
+
+def assembled_part_changed(part: str, now: str, audited: str) -> Finding:
+    """assemble: the part archive read again is not the one its audit passed (replaced between the two reads)."""
+    return Finding("IV701", part, message=(
+        f"{part} is not the archive its audit passed (sha256 now {now[:12] or '?'}…, audited {audited[:12] or '?'}…): "
+        "it changed while assembling; assemble again"))
+
+
 # ---- the audit ---------------------------------------------------------------------------------------------
-STREAM_CODES = {"truncated": "IV702", "too-large": "IV705", "not-zstd": "IV701", "corrupt": "IV701",
-                "profile": "IV703", "canonical": "IV703"}
+STREAM_CODES = {"truncated": "IV702", "too-large": "IV705", "too-many": "IV705", "not-zstd": "IV701",
+                "corrupt": "IV701", "profile": "IV703", "canonical": "IV703"}
 
 
 @dataclass
@@ -120,6 +149,7 @@ class AuditFacts:
     extraction: "Extraction"
     seal_scans: dict[str, "ScanResult"] = field(default_factory=dict)  # every SEAL/ file, written aside, scanned
     detached: tuple[str, bool] | None = None  # (<archive>.sha256, whether it names this archive's bytes)
+    missing_sidecars: tuple[str, ...] = ()  # from a bucket: what the push receipt lists beside it, not there
     unwalkable: str | None = None  # why the extracted package could not be walked
     record_contradicted: bool = False  # the recorded verdict is pass, the re-check fails
     contradicting_codes: tuple[str, ...] = ()  # the blocking codes that no configuration difference explains
@@ -129,6 +159,9 @@ class AuditFacts:
     # (folder, what is there): places a reviewer extracts in (the current folder, HOME, the archive's folder)
     # that already hold an entry named as the top folder, which is not an earlier extraction of this campaign.
     collisions: tuple[tuple[str, str], ...] = ()
+    # What SEAL/report.html holds that the tool's HTML renderer never writes (report/html_allowlist.py), and a
+    # verdict other than the record's: the README sends reviewers to that page.
+    page: list[str] = field(default_factory=list)
 
 
 def audit_findings(facts: AuditFacts) -> list[Finding]:
@@ -139,6 +172,8 @@ def audit_findings(facts: AuditFacts) -> list[Finding]:
     error = extraction.error
     if error is not None:
         what = {"too-large": f"the archive expands beyond {facts.limit} bytes (--max-size); stopped there",
+                "too-many": f"the archive holds {error}; stopped there, nothing re-checked (raise --max-size if "
+                            "it is genuine)",
                 "truncated": f"the archive is truncated: {error}; the members after that point are missing",
                 "not-zstd": f"not a sealed archive: {error}",
                 "profile": f"outside the tar profile the seal writes: {error}; GNU tar may extract other "
@@ -165,6 +200,11 @@ def audit_findings(facts: AuditFacts) -> list[Finding]:
     if facts.detached is not None and not facts.detached[1]:
         findings.append(Finding("IV701", facts.archive_name,
                                 message=f"the archive's SHA-256 does not match {facts.detached[0]}"))
+    for name in facts.missing_sidecars:
+        findings.append(Finding("IV702", name, message=f"the push receipt beside the archive lists {name}, and the "
+                                                       "bucket does not hold it: what was delivered beside the "
+                                                       "archive is incomplete"
+                                + (" (its signature was removed)" if name.endswith(".sig") else "")))
     findings += _sums_findings(extraction)
     skipped = extraction.skippable
     if skipped.frames:
@@ -172,6 +212,10 @@ def audit_findings(facts: AuditFacts) -> list[Finding]:
             f"{skipped.frames} skippable zstd frame(s) holding {skipped.bytes} bytes, the first at offset "
             f"{skipped.first}: the seal writes none; zstd and tar pass over them unread, so whatever they carry (a "
             "second file format, a payload) travels with the archive unchecked")))
+    for problem in facts.page:
+        findings.append(Finding("IV702", f"{extraction.top}/{REPORT_PAGE}", message=(
+            f"SEAL/report.html is not the page the tool writes: {problem}; do not open it, read the report of "
+            "this audit instead")))
     if facts.record_unreadable:
         findings.append(Finding("IV702", f"{extraction.top}/{RECORD}",
                                 message=f"SEAL/verification.json is {facts.record_unreadable}: no record of what "

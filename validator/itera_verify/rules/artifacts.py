@@ -6,9 +6,12 @@ from typing import Iterator
 
 from ..format import loaders as loader_table
 from ..format.names import HUB_ID, PICKLE_SUFFIXES
+from ..format.artifact_kinds import Identity
 from ..model import Finding, Rule, Severity
 from ..package import MANIFEST, RELOAD, RunContext, pointer_of
+from ..package.artifact_identity import in_package
 from ..package.template import is_placeholder
+from ..format.names import PINNED_REVISION
 
 RULES = [
     Rule("IV501", Severity.ERROR, "adapter base revision not pinned",
@@ -39,9 +42,15 @@ RULES = [
     Rule("IV510", Severity.ERROR, "artifact has no fitting reload entry",
          explain=(
              "reload.json tells the reviewer (and this tool) how to reload each artifact. Every artifact of the "
-             f"manifest needs an entry whose loader fits its kind: {loader_table.fitting_in_words()}."),
-         bad='{"artifacts": {"control-model": {"loader": "peft"}}}   # a transformers-model',
-         good='{"artifacts": {"control-model": {"loader": "transformers", "class": "AutoModelForCausalLM"}}}'),
+             f"manifest needs an entry whose loader fits its kind: {loader_table.fitting_in_words()}. The loader "
+             "must also prove what the files are: a folder with model_index.json is a diffusers pipeline, one "
+             "with modules.json a sentence-transformers model, a config.json with `architecture` a timm model, "
+             "LoRA tensors in the diffusers or kohya layout a diffusers-lora, a .gguf or .onnx file its own "
+             "artifact. A loader that cannot prove them would fail on the folder's layout, or pass on a weaker "
+             "check (bare tensors, one module of several): nothing is reloaded, and the message names the kind, "
+             "the loader and the reload.json entry to write."),
+         bad='{"artifacts": {"sd-pipeline": {"loader": "safetensors"}}}   # a folder with model_index.json',
+         good='{"artifacts": {"sd-pipeline": {"loader": "diffusers"}}}   # manifest kind "diffusers-pipeline"'),
     Rule("IV511", Severity.WARNING, "model weights stored as a pickle",
          explain=(
              "Pickled weights (`pytorch_model.bin`, `adapter_model.bin`, a .pt state dict) can carry code and "
@@ -52,7 +61,7 @@ RULES = [
          good="artifacts/control-model/model.safetensors"),
 ]
 
-PINNED = re.compile(r"[0-9a-f]{40}")
+PINNED = PINNED_REVISION
 PICKLE_WEIGHTS = re.compile(r"(pytorch_model.*|adapter_model)\.bin")
 # accelerate's save_fsdp_model writes these for a resume whatever the user asks (no safetensors option), beside
 # the model.safetensors the Trainer saves: resume files, not the delivered weights.
@@ -144,15 +153,62 @@ def _reload_findings(ctx: RunContext, artifact: dict, entries: dict) -> Iterator
         return
     loader = _text(entry.get("loader"))
     fitting = loader_table.fitting(kind or "")
+    path = _artifact_path(ctx, artifact)
+    identity = in_package(ctx, path) if loader and path and ctx.inventory.exists(path) else None
     if loader is None:
         yield Finding("IV510", RELOAD, pointer=pointer, message=f"entry for {artifact_id!r} names no loader",
                       **where)
-    elif fitting is not None and loader not in fitting:
+    elif identity is not None and not identity.proven_by(loader):
         yield Finding("IV510", RELOAD, pointer=pointer + "/loader",
-                      message=f"loader {loader!r} does not fit a {kind} artifact (use {' or '.join(sorted(fitting))})",
-                      **where)
+                      message=declared_wrong(path, artifact, loader, identity), **where)
+    elif fitting is not None and loader not in fitting:
+        if identity is not None and identity.kind != kind and loader in (loader_table.fitting(identity.kind) or ()):
+            message = (f"{path} is {identity.what}, which loader {loader!r} reloads, but the manifest's kind is "
+                       f"{kind!r}: declare kind {identity.kind!r}")
+        else:
+            message = f"loader {loader!r} does not fit a {kind} artifact (use {' or '.join(sorted(fitting))})"
+        yield Finding("IV510", RELOAD, pointer=pointer + "/loader", message=message, **where)
     elif fitting is not None:
         yield from _shape_finding(ctx, artifact, loader, pointer, where)
+    if identity is not None and identity.proven_by(loader or ""):
+        yield from _unread_findings(ctx, path, loader, identity, pointer, where)
+
+
+# What a declared loader does with files it cannot prove, in IV510's words.
+WEAKER = {"safetensors": "it would check bare tensors and run no forward pass",
+          "transformers": "from_pretrained would load one part of it, or fail on a layout it does not know",
+          "peft": "it needs adapter_config.json and a PEFT base"}
+
+
+def declared_wrong(path: str, artifact: dict, loader: str, identity: Identity) -> str:
+    """IV510's message for a declaration that cannot prove what the files are: what they are, the kind and the
+    reload.json entry to write (and, for a LoRA, the manifest's base it needs)."""
+    artifact_id = artifact.get("id")
+    why = WEAKER.get(loader, "it cannot load these files")
+    fixes = [f'kind "{identity.kind}"' if artifact.get("kind") != identity.kind else "",
+             f'path "{identity.path}"' if identity.path else "",
+             'base {"name": ORG/PIPELINE, "revision": 40-hex commit}' if identity.kind == "diffusers-lora"
+             and not isinstance(artifact.get("base"), dict) else ""]
+    manifest = ", ".join(f for f in fixes if f)
+    return (f"{path} is {identity.what}: loader {loader!r} cannot prove it ({why}); write reload.json "
+            f'"{artifact_id}": {{"loader": "{identity.loader}"}}' + (f" and in the manifest {manifest}" if manifest
+                                                                     else "") + "; nothing was reloaded")
+
+
+def _unread_findings(ctx: RunContext, path: str, loader: str, identity: Identity, pointer: str,
+                     where: dict) -> Iterator[Finding]:
+    """Files inside the artifact its loader never reads (a .gguf beside a model's weights), unless another
+    artifact of the manifest declares them."""
+    declared = {_artifact_path(ctx, a) for a in ctx.documents.artifacts()}
+    for name in identity.unread:
+        rel = f"{path}/{name}"
+        if rel in declared:
+            continue
+        kind = "gguf" if name.lower().endswith(".gguf") else "onnx"
+        yield Finding("IV510", rel,
+                      message=f"{path} holds {name}, which loader {loader!r} does not read: nothing proves it; "
+                              f'declare it as its own artifact (kind "{kind}", path "{rel}", reload.json '
+                              f'{{"loader": "{kind}"}})', **where)
 
 
 def _shape_finding(ctx: RunContext, artifact: dict, loader: str, pointer: str, where: dict) -> Iterator[Finding]:
@@ -170,7 +226,7 @@ def _shape_finding(ctx: RunContext, artifact: dict, loader: str, pointer: str, w
 
 
 def _pickled_weights(ctx: RunContext, artifact: dict) -> list[str]:
-    """Model-weight files stored as pickles inside one artifact (SPEC §6: never optimizer/RNG/resume files)."""
+    """Model-weight files stored as pickles inside one artifact (docs/format.md: never optimizer/RNG/resume files)."""
     path = _artifact_path(ctx, artifact)
     if not path or artifact.get("kind") not in ("safetensors", "transformers-model", "peft-adapter",
                                                  "resume-checkpoint", "diffusers-pipeline", "diffusers-lora",

@@ -44,7 +44,8 @@ RULES = [
     Rule("IV605", Severity.WARNING, "hours differ without an explained deviation",
          explain="When observed and reserved hours differ, `timeline.deviations` explains the difference: the "
                  "signed hours of explained deviations add up to observed - reserved (within 0.1 h). That is "
-                 "what the next campaign's plan learns from.",
+                 "what the next campaign's plan learns from. The recorder writes one with "
+                 "`campaign.deviation(hours, explanation)`.",
          bad='"reserved_hours": 48, "observed_hours": 52.5, "deviations": []',
          good='"reserved_hours": 48, "observed_hours": 52.5, "deviations": [{"hours": 4.5, "explanation": '
               '"eval on long inputs took longer than the pilot suggested"}]'),
@@ -241,8 +242,9 @@ def _deviations_explained(hours: facts.Hours, listed_deviations: bool) -> Iterat
     yield Finding("IV605", MANIFEST, pointer="/timeline/deviations" if listed_deviations else "/timeline",
                   message=f"observed {fmt_hours(observed)} vs reserved {fmt_hours(reserved)}: "
                           f"{round(gap, 2):+g} h to explain, explained deviations add up to {round(explained, 2):+g} h"
-                          f"{extra}: add {{\"hours\": {round(gap - explained, 2):g}, \"explanation\": \"...\"}} to "
-                          f"timeline.deviations")
+                          f"{extra}: record it with campaign.deviation({round(gap - explained, 2):g}, \"why\") "
+                          f"(or add {{\"hours\": {round(gap - explained, 2):g}, \"explanation\": \"why\"}} to "
+                          f"timeline.deviations)")
 
 
 def _reserved_within_window(hours: facts.Hours) -> Iterator[Finding]:

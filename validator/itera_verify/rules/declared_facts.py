@@ -30,7 +30,7 @@ RULES = [
                  "other values than planned, record it as a new run.",
          bad='params/lora-r16.json: {"lora_r": 16, "learning_rate": 0.001}   '
              'artifacts/lora-r16/adapter_config.json: {"r": 8}',
-         good='params/lora-r16.json: {"lora_r": 8, ...}   adapter_config.json: {"r": 8, ...}'),
+         good='params/lora-r16.json: {"lora_r": 8, ...}   adapter_config.json: {"r": 8, ...}', since="0.2.0"),
     Rule("IV515", Severity.ERROR, "config.json declares another dtype than its weights are stored in",
          explain="config.json's `dtype` (`torch_dtype` before transformers 5) says which float format the "
                  "weights are in; loaders that trust it (vLLM, sglang, `dtype=\"auto\"`) allocate and cast "
@@ -40,7 +40,7 @@ RULES = [
                  "read from the safetensors headers alone. Save the model and its config together "
                  "(`model.to(dtype).save_pretrained(path)` writes both).",
          bad='config.json: {"dtype": "bfloat16"}   model.safetensors: every float tensor F32',
-         good='config.json: {"dtype": "float32"}   model.safetensors: every float tensor F32'),
+         good='config.json: {"dtype": "float32"}   model.safetensors: every float tensor F32', since="0.2.0"),
 ]
 
 CHECKPOINT = "resume-checkpoint"

@@ -187,7 +187,7 @@ def is_grad_norm(name: str) -> bool:
 
 
 def fp16_amp(ctx: RunContext, run: dict) -> bool:
-    """The run's params say fp16 mixed precision (SPEC §6: `"fp16": true` or `"mixed_precision": "fp16"`)."""
+    """The run's params say fp16 mixed precision (docs/format.md: `"fp16": true` or `"mixed_precision": "fp16"`)."""
     ref = run.get("params")
     rel = ctx.inventory.normalise_ref(ref) if isinstance(ref, str) else None
     params = ctx.documents.json_value(rel) if rel and ctx.inventory.is_file(rel) else None

@@ -26,21 +26,21 @@ RULES = [
                  "carried in a part. Otherwise the runs of the two lots were not run on one campaign, and "
                  "comparing them proves nothing. The finding names the field and both values.",
          bad='lot-a: "revision": "v3"   lot-b: "revision": "v4"',
-         good='lot-a: "revision": "v3"   lot-b: "revision": "v3"'),
+         good='lot-a: "revision": "v3"   lot-b: "revision": "v3"', since="0.2.0"),
     Rule("IV616", Severity.ERROR, "a run on two lots, or on a lot the plan does not name",
          explain="A run ran on one machine: `runs[].lot` names one of the plan's lots (`plan.lots[].id`). A run "
                  "id found in two parts, a run on a lot the plan does not buy, or a part holding the runs of two "
                  "lots cannot be costed or timed against its machine. With two lots or more, every run says "
                  "where it ran (`open_campaign(..., lot=\"lot-b\")` records it).",
          bad='"lots": [{"id": "lot-a", ...}, {"id": "lot-b", ...}]   run "lora-r64": {"lot": "lot-c"}',
-         good='"lots": [{"id": "lot-a", ...}, {"id": "lot-b", ...}]   run "lora-r64": {"lot": "lot-b"}'),
+         good='"lots": [{"id": "lot-a", ...}, {"id": "lot-b", ...}]   run "lora-r64": {"lot": "lot-b"}', since="0.2.0"),
     Rule("IV617", Severity.ERROR, "two parts sealed for one lot",
          explain="One lot is one machine: it seals one part, `<campaign_id>.<lot>.part.tar.zst`. Two parts of "
                  "one lot are a part sealed twice (an older seal left in the bucket) or another machine's part "
                  "under this lot's name: assemble cannot tell which runs are the lot's. Keep the last seal of "
                  "each lot.",
          bad="reviews.lot-b.part.tar.zst and reviews-old.lot-b.part.tar.zst, both for lot-b",
-         good="reviews.lot-a.part.tar.zst and reviews.lot-b.part.tar.zst"),
+         good="reviews.lot-a.part.tar.zst and reviews.lot-b.part.tar.zst", since="0.2.0"),
 ]
 
 
@@ -125,10 +125,22 @@ def header_differs(field: str, lot_a: str, value_a, lot_b: str, value_b, path: s
                            f"are its own)")
 
 
-def file_differs(rel: str, lot_a: str, digest_a: str, lot_b: str, digest_b: str) -> Finding:
-    return Finding("IV615", rel, message=f"both parts hold {rel} and it differs (sha256 {digest_a[:12]}… on {lot_a}, "
-                                         f"{digest_b[:12]}… on {lot_b}): a file both lots hold must be byte for "
-                                         f"byte the same")
+def file_differs(rel: str, lot_a: str, entry_a: tuple[str, str], lot_b: str, entry_b: tuple[str, str]) -> Finding:
+    """`entry`: (file, its sha256), (symlink, its target) or (directory, ""), listed or implied by a path."""
+    if entry_a[0] == entry_b[0] == "file":
+        return Finding("IV615", rel, message=f"both parts hold {rel} and it differs (sha256 {entry_a[1][:12]}… on "
+                                             f"{lot_a}, {entry_b[1][:12]}… on {lot_b}): a file both lots hold must "
+                                             f"be byte for byte the same")
+    return Finding("IV615", rel, message=f"both parts hold {rel} and it differs ({_entry(entry_a)} on {lot_a}, "
+                                         f"{_entry(entry_b)} on {lot_b}): joined, one part's files would lie "
+                                         f"beneath, or in place of, the other's")
+
+
+def _entry(entry: tuple[str, str]) -> str:
+    kind, detail = entry
+    if kind == "symlink":
+        return f"a link to {_value(detail)}"
+    return "a folder" if kind == "directory" else f"a file (sha256 {detail[:12]}…)"
 
 
 def part_holds(lot: str | None, what: str, path: str, pointer: str | None) -> Finding:

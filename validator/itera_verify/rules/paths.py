@@ -1,15 +1,18 @@
-"""IV201–IV205: paths that only worked on the rented machine, links that leave the package, escaping references."""
+"""IV201–IV206: paths that only worked on the rented machine, links that leave the package, escaping references,
+names that one disk keeps apart and another merges."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from typing import Any, Iterator
 
+from ..archive.links import MAX_HOPS, TOO_MANY, real_path
 from ..package.jsonpos import line_of, pointer_lines
 from ..package.layout import references
 from ..format import names
+from ..format.names import folded
 from ..format.parts import PROVENANCE
+from ..format.names import NAME_OR_PATH, snapshot_repo
 from ..model import Finding, Rule, Severity, UsageError
 from ..package import MANIFEST, RELOAD, RunContext, pointer_of
 from ..package.pickles.strings import pickled_strings
@@ -37,12 +40,21 @@ RULES = [
                  "package is fine wherever the package itself lives. Copy the target in instead.",
          bad="artifacts/base -> /home/alice/.cache/huggingface/hub/...", good="artifacts/latest -> checkpoint-400"),
     Rule("IV204", Severity.ERROR, "broken symbolic link",
-         explain="A link whose target does not exist: the file it stood for was moved or never written.",
+         explain="A link whose target does not exist: the file it stood for was moved or never written. A link "
+                 f"that needs more than {MAX_HOPS} links on its way (a long chain, or a loop) is broken too: the "
+                 f"kernel refuses to follow it ({TOO_MANY}, ELOOP).",
          bad="checkpoints/best -> checkpoint-900  (missing)", good="checkpoints/best -> checkpoint-400"),
     Rule("IV205", Severity.ERROR, "referenced path escapes the package",
          explain="Every path in manifest.json and reload.json is relative to the package root and stays inside "
                  "it: no absolute path, no `..` that climbs out.",
          bad='{"params": "../params/control.json"}', good='{"params": "params/control.json"}'),
+    Rule("IV206", Severity.ERROR, "two files whose names differ only in case or Unicode normalisation",
+         explain="Linux keeps `Model.safetensors` and `model.safetensors` apart, and `é` written as one character "
+                 "or as `e` plus an accent. A reviewer's disk on macOS or Windows does not: extracting the "
+                 "archive writes the second over the first, so the reviewer sees other content than was checked. "
+                 "Folders count too. Rename one of the two.",
+         bad="artifacts/control.safetensors and artifacts/Control.safetensors",
+         good="artifacts/control.safetensors and artifacts/control-ema.safetensors", since="0.2.0"),
 ]
 
 TEXT_SUFFIXES = {"jsonl", "csv", "tsv", "txt", "md", "rst", "log", "py", "sh", "cfg", "ini", "toml", "ipynb", ""}
@@ -57,7 +69,7 @@ _ABSOLUTE_WINDOWS = re.compile(r"^[A-Za-z]:[\\/]")
 def check(ctx: RunContext) -> Iterator[Finding]:
     matcher = TmpMatcher(ctx)
     text_pattern = matcher.text
-    root = os.path.realpath(ctx.inventory.root)
+    root = real_path(ctx.inventory.root)
     for rel in sorted(ctx.inventory.files):
         entry = ctx.inventory.files[rel]
         if entry.size == 0 or rel.startswith(PROVENANCE + "/"):
@@ -74,6 +86,7 @@ def check(ctx: RunContext) -> Iterator[Finding]:
             yield from _text_lines(ctx, rel, matcher)
     yield from _links(ctx, text_pattern)
     yield from _escaping_references(ctx)
+    yield from _case_twins(ctx)
 
 
 def _limited(findings: Iterator[Finding], rel: str, what: str) -> Iterator[Finding]:
@@ -137,7 +150,8 @@ def _document_values(ctx: RunContext, rel: str, suffix: str, matcher: TmpMatcher
 
     for path, string in tmp_hits[:PER_FILE]:
         pointer, line = located(path)
-        yield Finding("IV201", rel, pointer=pointer, line=line, message=f"temporary-directory path {_short(string)}")
+        yield Finding("IV201", rel, pointer=pointer, line=line,
+                      message=f"temporary-directory path {_short(string)}{_tmp_fix(path, string)}")
     if len(tmp_hits) > PER_FILE:
         yield Finding("IV201", rel, message=f"{len(tmp_hits) - PER_FILE} more temporary-directory paths in this file")
     for path, string in outside_hits[:PER_FILE]:
@@ -147,17 +161,13 @@ def _document_values(ctx: RunContext, rel: str, suffix: str, matcher: TmpMatcher
                       or f"absolute path outside the package: {_short(string)}")
 
 
-# A hub-cache snapshot folder: <cache>/models--ORG--NAME/snapshots/<commit>[/subfolder].
-_HUB_SNAPSHOT = re.compile(r".*/models--(?P<repo>[^/]+)/snapshots/(?P<revision>[^/]+)(?:/(?P<sub>[^/].*?))?/?")
-
-
 def _hub_snapshot_words(ctx: RunContext, path: list, value: str) -> str | None:
     """IV202's message for the hub-cache snapshot a library loaded the base from (diffusers records it as each
     component's `_name_or_path`): what it is, and whether the manifest pins that base; None for another path."""
-    match = _HUB_SNAPSHOT.fullmatch(value)
-    if not match:
+    snapshot = snapshot_repo(value)
+    if snapshot is None:
         return None
-    repo, revision, sub = match.group("repo").replace("--", "/", 1), match.group("revision"), match.group("sub")
+    repo, revision, sub = snapshot
     key = path[-1] if path else None
     recorded = " recorded by diffusers/transformers as `_name_or_path`" if key == "_name_or_path" else ""
     pinned = {(b.get("name"), b.get("revision")) for a in ctx.documents.artifacts()
@@ -171,6 +181,20 @@ def _hub_snapshot_words(ctx: RunContext, path: list, value: str) -> str | None:
         tail = f"name the base in the manifest (artifact `base`: {repo!r} and its revision) so a reviewer can load it"
     return (f"the base's hub-cache snapshot on the training machine, {repo} at {revision}"
             + (f" ({sub})" if sub else "") + f",{recorded}: {tail} ({_short(value)})")
+
+def _tmp_fix(path: list, value: str) -> str:
+    """What wrote a temporary path IV201 found, and how to fix it, where the key says it: `_name_or_path` is
+    where save_pretrained (diffusers, transformers) records the folder the model was loaded from."""
+    if not path or path[-1] != NAME_OR_PATH:
+        return ""
+    snapshot = snapshot_repo(value)
+    if snapshot is not None:
+        return (f": save_pretrained recorded the hub-cache snapshot the base was loaded from ({snapshot[0]} at "
+                f"{snapshot[1]}) as `{NAME_OR_PATH}`; write \"{snapshot[0]}\" there (the recorder's run.artifact "
+                "and callbacks do), or keep the hub cache outside the temporary folder")
+    return (f": save_pretrained recorded the folder the model was loaded from as `{NAME_OR_PATH}`; write the "
+            "model's hub id there instead")
+
 
 _VALUE_MAY_BE_ABSOLUTE = re.compile(r'"(?:/|\\/|[A-Za-z]:(?:\\\\|/|\\/))')
 
@@ -253,7 +277,10 @@ def _safetensors_metadata(ctx: RunContext, rel: str, pattern: re.Pattern[str]) -
 
 def _links(ctx: RunContext, pattern: re.Pattern[str]) -> Iterator[Finding]:
     for rel, link in sorted(ctx.inventory.links.items()):
-        if link.broken:
+        if link.looped:
+            yield Finding("IV204", rel, message=f"{TOO_MANY}: more than {MAX_HOPS} links on its way, or a loop "
+                                                f"(the kernel refuses it, ELOOP) -> {link.target}")
+        elif link.broken:
             yield Finding("IV204", rel, message=f"broken symbolic link -> {link.target}")
         if not link.inside:
             into_tmp = bool(pattern.search(link.resolved) or pattern.search(link.target))
@@ -272,3 +299,16 @@ def _escaping_references(ctx: RunContext) -> Iterator[Finding]:
         if isinstance(path, str) and ctx.inventory.normalise_ref(path) is None:
             yield Finding("IV205", RELOAD, pointer=pointer_of(["artifacts", artifact_id, "path"]), artifact=artifact_id,
                           message=f"path {entry['path']!r} is absolute or climbs out of the package")
+
+
+def _case_twins(ctx: RunContext) -> Iterator[Finding]:
+    """Entries whose names a case-insensitive, normalisation-insensitive disk takes for one (the folders' entries are
+    listed too, so `Data/x` and `data/y` are two folders `data` there)."""
+    inventory = ctx.inventory
+    first: dict[str, str] = {folded(names.SEAL_DIR): names.SEAL_DIR}  # the folder the sealed archive adds
+    for rel in sorted((*inventory.dirs, *inventory.files, *inventory.links, *inventory.specials)):
+        earlier = first.setdefault(folded(rel), rel)
+        if earlier != rel:
+            whose = " (the folder the sealed archive adds)" if earlier == names.SEAL_DIR else ""
+            yield Finding("IV206", rel, message=f"differs from {earlier}{whose} only in case or Unicode "
+                                                "normalisation: on macOS or Windows one is written over the other")

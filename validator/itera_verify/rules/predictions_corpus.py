@@ -27,7 +27,7 @@ RULES = [
                  "from the frozen corpus, the same for every run.",
          bad='predictions/control.jsonl: {"id": "ex-7", "prediction": "pos", "label": "pos"}   '
              'predictions/lora.jsonl: {"id": "ex-7", "prediction": "neg", "label": "neg"}',
-         good='predictions/lora.jsonl: {"id": "ex-7", "prediction": "neg", "label": "pos"}'),
+         good='predictions/lora.jsonl: {"id": "ex-7", "prediction": "neg", "label": "pos"}', since="0.2.0"),
     Rule("IV314", Severity.ERROR, "a stopped run delivers predictions",
          explain="A stopped run ended before its final model existed: it produced no predictions on the frozen "
                  "corpus, and the format gives it `\"predictions\": null`. A predictions file for it (named by the "
@@ -35,7 +35,7 @@ RULES = [
                  "was not stopped: a reviewer cannot tell which, and a copied file looks like a result. Remove "
                  "it; if the run did complete, correct its status and its stop record.",
          bad='{"id": "lora-r64", "status": "stopped", "predictions": "predictions/lora-r64.jsonl"}',
-         good='{"id": "lora-r64", "status": "stopped", "predictions": null}'),
+         good='{"id": "lora-r64", "status": "stopped", "predictions": null}', since="0.2.0"),
 ]
 
 GOLD = table.fact("gold label")

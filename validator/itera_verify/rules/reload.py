@@ -30,8 +30,10 @@ RULES = [
              "An adapter can only be verified on its base. The reload looks for the base named in "
              "adapter_config.json, at its pinned revision, in the local Hugging Face cache (--hf-cache, never the "
              "network). When it is not there the adapter is unverified, and unverified is not verified. Download "
-             "the base at that revision into the cache (huggingface-cli download ORG/NAME --revision SHA) and "
-             "run again. Likewise when the library an artifact's loader needs (diffusers, timm, "
+             "the base at that revision into a cache (huggingface-cli download ORG/NAME --revision SHA) and "
+             "run again with --hf-cache DIR naming it. A reviewer's audit --reload says the same: the archive is "
+             "not at fault, and its record is not contradicted by what this machine could not do. Likewise "
+             "when the library an artifact's loader needs (diffusers, timm, "
              "sentence-transformers, gguf, onnx) is not installed on the verifying machine: nothing is said "
              "about the artifact, it is not verified; one finding per library names the extra to install "
              "(pip install 'itera-verify[diffusers]') and the artifacts waiting for it."),
@@ -77,6 +79,10 @@ RULES = [
 
 CODE_FOR_FAILURE = {"base-unavailable": "IV505", "missing-library": "IV505", "missing-component": "IV507",
                     "inconsistent": "IV508"}
+# What the verifying machine could not do (a base not in its hub cache, a library not installed): said as such,
+# never as a defect of the content (the audit's record comparison leaves these codes out, flows/audit.py).
+UNVERIFIED_HERE = {"base-unavailable", "missing-library"}
+MACHINE_CODES = ("IV505",)
 NOT_REPORTED_HERE = {"no-loader", "skipped"}  # IV510 / IV205 already say why nothing ran
 
 
@@ -94,6 +100,12 @@ def _message(result: ReloadResult, problem: dict) -> str:
         return f"{result.artifact} ({result.loader}) timed out on {result.device}: {text}"
     if failure == "crash":
         return f"{result.artifact} ({result.loader}) crashed on {result.device}: {text}"
+    base = result.facts.get("base") if isinstance(result.facts, dict) else None
+    if failure == "base-unavailable" and "hub cache" in text and isinstance(base, str) and "@" in base:
+        name, _, revision = base.partition("@")
+        pinned = f" --revision {revision}" if revision != "default branch" else ""
+        text += (f"; fetch {base} into a hub cache (huggingface-cli download {name}{pinned} --cache-dir DIR) and "
+                 "give it with --hf-cache DIR")
     return f"{result.artifact} ({result.loader}): {text}"
 
 
@@ -102,7 +114,7 @@ def missing_library_findings(ctx: RunContext, runs_by_artifact: dict[str, str | 
     artifacts waiting for it: the fix is one install, not one per artifact."""
     waiting: dict[str, list[str]] = {}
     for result in ctx.reloads or []:
-        for problem in ([] if result.ok else _problems(result)):
+        for problem in ([] if result.ok or result.lot_proof is not None else _problems(result)):
             if problem.get("failure") == "missing-library":
                 waiting.setdefault(problem.get("message") or "a library is missing", []).append(result.artifact)
     for message, artifacts in waiting.items():
@@ -117,8 +129,8 @@ def failure_findings(ctx: RunContext, runs_by_artifact: dict[str, str | None]) -
     seen_statically = resume_facts(ctx)
     yield from missing_library_findings(ctx, runs_by_artifact)
     for result in ctx.reloads or []:
-        if result.ok or result.failure in NOT_REPORTED_HERE:
-            continue
+        if result.ok or result.failure in NOT_REPORTED_HERE or result.lot_proof is not None:
+            continue  # a lot's signed proof stands for it (flows/partproofs.py): the report says so, not a finding
         for problem in _problems(result):
             if problem.get("failure") == "missing-library":
                 continue  # said once for every artifact that needs it, above
@@ -135,7 +147,11 @@ def accepted_findings(ctx: RunContext, runs_by_artifact: dict[str, str | None]) 
     if not isinstance(accepted, list):
         return
     known_runs = {r.get("id") for r in ctx.documents.runs()}
-    reloaded = {runs_by_artifact.get(r.artifact) for r in ctx.reloads or [] if r.ok}
+    reloaded = {runs_by_artifact.get(r.artifact) for r in ctx.reloads or [] if r.ok or r.lot_proof is not None}
+    # A run whose artifacts this machine could not verify (IV505 says so) is unverified here, not empty-handed.
+    unverified = {runs_by_artifact.get(r.artifact) for r in ctx.reloads or []
+                  if not r.ok and {p.get("failure") for p in _problems(r)} <= UNVERIFIED_HERE}
+    reloaded |= unverified
     for index, run in enumerate(accepted):
         if not isinstance(run, str) or run not in known_runs or run in reloaded:
             continue  # an unknown run id is IV305

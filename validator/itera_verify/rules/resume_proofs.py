@@ -1,4 +1,4 @@
-"""IV413, IV414: the resume proven during the campaign (SPEC §7, `runs[].checkpoints[].proof`).
+"""IV413, IV414: the resume proven during the campaign (docs/record.md, `runs[].checkpoints[].proof`).
 
 The guide: test an early backup, then its reload in a new process, before the rental's hours are spent on runs
 whose checkpoints cannot resume. The final reload proves every kept checkpoint, but only when the campaign is

@@ -32,7 +32,8 @@ RULES = [
                  "(`trainer.train(resume_from_checkpoint=...)`).",
          bad='metrics/control.jsonl: {"step": 1, "name": "loss", ...} ... {"step": 40, ...} {"step": 1, "name": '
              '"loss", ...}',
-         good='metrics/control.jsonl: ... {"step": 40, ...} {"step": 31, ...} (resumed from checkpoint-30)'),
+         good='metrics/control.jsonl: ... {"step": 40, ...} {"step": 31, ...} (resumed from checkpoint-30)',
+         since="0.2.0"),
     Rule("IV312", Severity.ERROR, "a checkpoint or metrics that belong to another run",
          explain="The Trainer keeps its own log in every checkpoint (trainer_state.json log_history: loss, "
                  "grad_norm, learning rate at each logged step); a resumed run's checkpoint continues the log of "
@@ -46,7 +47,7 @@ RULES = [
                  "records.",
          bad='checkpoints/lora/checkpoint-8/trainer_state.json: log_history steps 1-4 equal control\'s, the run '
              'logs from step 5 on',
-         good='each run\'s checkpoints log what its own metrics log, from its own first step'),
+         good='each run\'s checkpoints log what its own metrics log, from its own first step', since="0.2.0"),
 ]
 
 ROW = table.fact("logged values")

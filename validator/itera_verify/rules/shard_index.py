@@ -27,7 +27,7 @@ RULES = [
                  "into an empty folder, and never edit an index by hand.",
          bad='weight_map: {"lm_head.weight": "model-00001-of-00002.safetensors"}   (it is in the second shard)',
          good='weight_map: {"lm_head.weight": "model-00002-of-00002.safetensors"}   total_size = the tensors\' '
-              'bytes'),
+              'bytes', since="0.2.0"),
 ]
 
 SHOWN = 3

@@ -10,7 +10,8 @@ from typing import Iterator
 
 from ..model import Finding, Rule, Severity
 from ..package import RunContext
-from .untrained import _snapshot, _text
+from ..runtime.hfcache import snapshot_folder
+from .untrained import _text
 
 RULES = [
     Rule("IV513", Severity.WARNING, "delivered model without its tokenizer or processor",
@@ -58,7 +59,7 @@ def _base_has_tokenizer(ctx: RunContext, rel: str) -> bool:
         if ctx.inventory.is_file(f"{rel}/adapter_config.json") else None
     name = _text(config.get("base_model_name_or_path")) if isinstance(config, dict) else None
     revision = _text(config.get("revision")) if isinstance(config, dict) else None
-    snapshot = _snapshot(ctx.options.hf_cache, name, revision or "main") if name else None
+    snapshot = snapshot_folder(ctx.options.hf_cache, name, revision or "main") if name else None
     return snapshot is None or any((snapshot / file).is_file() for file in TOKENIZER_FILES)
 
 

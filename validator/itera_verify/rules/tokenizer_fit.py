@@ -12,7 +12,9 @@ from typing import Any, Iterator
 from ..format import facts as table
 from ..model import Finding, Rule, Severity
 from ..package import RunContext, pointer_of
+from ..package.jsonread import read_json_file
 from ..package.records import Tokenizer, Weights, chat_template, read_tokenizer, read_weights
+from ..runtime.hfcache import snapshot_folder
 from ._records import ArtifactFolder, PackageFolder, artifact_folders, run_params
 
 RULES = [
@@ -31,7 +33,8 @@ RULES = [
                  "Resize, train and save the embeddings with the tokenizer that goes with them.",
          bad="tokenizer.json: 130 ids (added <|im_start|>, <|im_end|>)   model.safetensors: transformer.wte.weight "
              "[128, 32]",
-         good="model.resize_token_embeddings(len(tokenizer)); trainer.save_model(path)   ->   wte.weight [130, 32]"),
+         good="model.resize_token_embeddings(len(tokenizer)); trainer.save_model(path)   ->   wte.weight [130, 32]",
+         since="0.2.0"),
     Rule("IV517", Severity.ERROR, "a run declares a chat format but its model carries no chat template",
          explain="A run whose params declare a chat format (`chat_template`, `chat_format`) was trained on "
                  "conversations rendered by that template; a delivered model or adapter whose tokenizer carries "
@@ -40,7 +43,8 @@ RULES = [
                  "renders other prompts. Save the tokenizer with the template the run used "
                  "(`tokenizer.chat_template = ...; tokenizer.save_pretrained(path)`).",
          bad='params: {"chat_format": "chatml"}   artifacts/chat-model/tokenizer_config.json: no chat_template',
-         good='artifacts/chat-model/chat_template.jinja: "{% for message in messages %}<|im_start|>..."'),
+         good='artifacts/chat-model/chat_template.jinja: "{% for message in messages %}<|im_start|>..."',
+         since="0.2.0"),
     Rule("IV518", Severity.ERROR, "a generation config names token ids the model does not have",
          explain="generation_config.json (and config.json) name the ids generation starts with, stops at and "
                  "pads with (`bos_token_id`, `eos_token_id`, `pad_token_id`, `decoder_start_token_id`). An id at "
@@ -49,7 +53,7 @@ RULES = [
                  "copied from the base (GPT-2's 50256) onto a model with another vocabulary looks like. Set the "
                  "ids from the tokenizer the model is delivered with.",
          bad='generation_config.json: {"eos_token_id": 50256}   the model: 128 token ids',
-         good='generation_config.json: {"eos_token_id": 0}   tokenizer: eos_token "<eos>" = id 0'),
+         good='generation_config.json: {"eos_token_id": 0}   tokenizer: eos_token "<eos>" = id 0', since="0.2.0"),
 ]
 
 DELIVERED = ("transformers-model", "peft-adapter")
@@ -77,7 +81,8 @@ def check(ctx: RunContext) -> Iterator[Finding]:
         rows = _rows(weights, config)
         yield from _config_vocab(folder, config, weights)
         if view.is_file(table.ADAPTER_CONFIG):
-            yield from _adapter(folder, weights, tokenizer, params.get(folder.run) or {})
+            yield from _adapter(folder, weights, tokenizer, params.get(folder.run) or {},
+                                _cached_base_rows(ctx, view.json(table.ADAPTER_CONFIG)))
         elif tokenizer is not None and rows is not None and not table.agree(VOCABULARY, tokenizer.size, rows[0]):
             yield _too_small(folder, tokenizer, rows)
         if tokenizer is not None:
@@ -122,22 +127,44 @@ def _too_small(folder: ArtifactFolder, tokenizer: Tokenizer, rows: tuple[int, st
                            "train, and save them with it")
 
 
+def _cached_base_rows(ctx: RunContext, adapter_config: Any) -> int | None:
+    """The vocabulary of the base an adapter names, from its config.json in the run's hub cache (the reviewer's
+    own, --hf-cache): what base + adapter has when the adapter saves no embeddings."""
+    if not isinstance(adapter_config, dict):
+        return None
+    name, revision = adapter_config.get("base_model_name_or_path"), adapter_config.get("revision")
+    if not isinstance(name, str) or not (revision is None or isinstance(revision, str)):
+        return None
+    snapshot = snapshot_folder(ctx.options.hf_cache, name, revision or "main")
+    try:
+        config = read_json_file(snapshot / table.CONFIG) if snapshot is not None else None
+    except (OSError, ValueError):
+        return None
+    vocab = next((value for _, value in table.declared_values(config, table.fact("vocabulary size"))), None) \
+        if isinstance(config, dict) else None
+    return vocab if _count(vocab) and vocab > 0 else None
+
+
 def _adapter(folder: ArtifactFolder, weights: Weights | None, tokenizer: Tokenizer | None,
-             params: dict) -> Iterator[Finding]:
-    """An adapter's model has the rows its saved embeddings have, else its base's (params base_vocab_size)."""
+             params: dict, cached_base: int | None = None) -> Iterator[Finding]:
+    """An adapter's model has the rows its saved embeddings have, else its base's: params base_vocab_size, or
+    the base's config.json in the hub cache."""
     saved = weights.embedding_rows() if weights is not None else None
     base, trained = params.get(BASE_VOCAB), params.get(RUN_VOCAB)
+    base_source = f"params {BASE_VOCAB}"
+    if not (_count(base) and base > 0) and cached_base is not None:
+        base, base_source = cached_base, f"its base's {table.CONFIG} in the hub cache"
     rows = saved or (base if _count(base) and base > 0 else None)
     if saved is None and _count(base) and _count(trained) and not table.agree(TRAINED, trained, base):
         yield Finding("IV516", f"{folder.rel}/{table.ADAPTER_CONFIG}", run=folder.run, artifact=folder.id,
                       message=f"run {folder.run} trained with {trained} token ids (params {RUN_VOCAB}) on a base "
-                              f"of {base} (params {BASE_VOCAB}), but {folder.label} saves no embeddings: the "
+                              f"of {base} ({base_source}), but {folder.label} saves no embeddings: the "
                               "resized rows were never saved, and base + adapter has the base's vocabulary; save "
                               "them (modules_to_save with the embeddings, or save_pretrained(..., "
                               "save_embedding_layers=True))")
         return
     if tokenizer is not None and rows is not None and not table.agree(VOCABULARY, tokenizer.size, rows):
-        source = "the rows of the embeddings it saves" if saved else f"its base's rows, params {BASE_VOCAB}"
+        source = "the rows of the embeddings it saves" if saved else f"its base's rows, {base_source}"
         yield _too_small(folder, tokenizer, (rows, source))
 
 

@@ -5,13 +5,13 @@ those are compared, tensor by tensor, on digests of their payload bytes (rules/_
 """
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Iterator
 
+from ..archive.links import real_path
 from ..package.jsonread import read_json_file
-from ..format.names import HUB_ID
+from ..runtime.hfcache import snapshot_folder
 from ..model import Finding, Rule, Severity
 from ..format.layouts import CHECKPOINT_FOLDER, TRAINER_STATE
 from ..package import RunContext
@@ -56,7 +56,6 @@ LORA_B = re.compile(r".*\.lora_(?:B|embedding_B)(?:\.[^.]+)?\.weight|.*\.lora_em
 LORA_TENSOR = re.compile(r".*\.(?:lora_(?:A|B|embedding_A|embedding_B)|lora_magnitude_vector)(?:\.[^.]+)*")
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
-PINNED = re.compile(r"[0-9a-f]{40}")
 
 
 def _text(value) -> str | None:
@@ -66,7 +65,7 @@ def _text(value) -> str | None:
 def _package_weights(ctx: RunContext, rel: str) -> tuple[str, list[str]] | None:
     """(the file a finding names, the shards' OS paths) of a safetensors file or of a model folder's weights."""
     if rel.endswith(".safetensors") and ctx.inventory.is_file(rel):
-        return rel, [os.path.realpath(ctx.documents.path(rel))]
+        return rel, [real_path(ctx.documents.path(rel))]
     index = f"{rel}/{WEIGHTS_INDEX}"
     if ctx.inventory.is_file(index):
         value = ctx.documents.json_value(index)
@@ -75,10 +74,10 @@ def _package_weights(ctx: RunContext, rel: str) -> tuple[str, list[str]] | None:
             if isinstance(weight_map, dict) else []
         if not shards or not all(ctx.inventory.is_file(shard) for shard in shards):
             return None  # a shard missing is the reload's IV504
-        return index, [os.path.realpath(ctx.documents.path(shard)) for shard in shards]
+        return index, [real_path(ctx.documents.path(shard)) for shard in shards]
     single = f"{rel}/{WEIGHTS}"
     if ctx.inventory.is_file(single):
-        return single, [os.path.realpath(ctx.documents.path(single))]
+        return single, [real_path(ctx.documents.path(single))]
     return None
 
 
@@ -91,9 +90,9 @@ def _snapshot_weights(snapshot: Path, weights: str = WEIGHTS) -> list[str] | Non
             names = sorted({n for n in weight_map.values() if isinstance(n, str)})
         except (OSError, ValueError, AttributeError):
             return None
-        return [os.path.realpath(snapshot / name) for name in names] if names else None
+        return [real_path(snapshot / name) for name in names] if names else None
     single = snapshot / weights
-    return [os.path.realpath(single)] if single.is_file() else None
+    return [real_path(single)] if single.is_file() else None
 
 
 def _component_weights(ctx: RunContext, folder: str, weights: str) -> list[str] | None:
@@ -105,24 +104,13 @@ def _component_weights(ctx: RunContext, folder: str, weights: str) -> list[str] 
         weight_map = value.get("weight_map") if isinstance(value, dict) else None
         names = sorted({n for n in weight_map.values() if isinstance(n, str)}) if isinstance(weight_map, dict) \
             else []
-        return [os.path.realpath(ctx.documents.path(f"{folder}/{name}")) for name in names] if names else None
+        return [real_path(ctx.documents.path(f"{folder}/{name}")) for name in names] if names else None
     single = f"{folder}/{weights}"
-    return [os.path.realpath(ctx.documents.path(single))] if ctx.inventory.is_file(single) else None
+    return [real_path(ctx.documents.path(single))] if ctx.inventory.is_file(single) else None
 
 
 def _snapshot(cache: Path, name: str, revision: str) -> Path | None:
-    """The cached snapshot of ORG/NAME at a commit (or at the commit a cached ref names)."""
-    if not HUB_ID.fullmatch(name) or "/" in revision or revision in ("", ".", ".."):
-        return None
-    repo = cache / f"models--{name.replace('/', '--')}"
-    commit = revision
-    if not PINNED.fullmatch(revision):
-        try:
-            commit = (repo / "refs" / revision).read_text(encoding="utf-8").strip()
-        except OSError:
-            return None
-    folder = repo / "snapshots" / commit
-    return folder if folder.is_dir() else None
+    return snapshot_folder(cache, name, revision)
 
 
 def _named_bases(ctx: RunContext) -> list[tuple[str, str]]:
@@ -159,7 +147,7 @@ def _artifact_weight_sets(ctx: RunContext) -> list[tuple[bool, WeightSet]]:
         rel = ctx.inventory.normalise_ref(artifact["path"]) if _text(artifact.get("path")) else None
         located = _package_weights(ctx, rel) if rel else None
         if located is None and rel and ctx.inventory.is_file(f"{rel}/{ADAPTER_WEIGHTS}"):
-            located = f"{rel}/{ADAPTER_WEIGHTS}", [os.path.realpath(ctx.documents.path(f"{rel}/{ADAPTER_WEIGHTS}"))]
+            located = f"{rel}/{ADAPTER_WEIGHTS}", [real_path(ctx.documents.path(f"{rel}/{ADAPTER_WEIGHTS}"))]
         tensors = read_weights(located[1]) if located else None
         if tensors:
             kind = artifact.get("kind")
@@ -211,7 +199,7 @@ def _untrained_adapters(ctx: RunContext, digests: Digests, bases: list[WeightSet
         rel = ctx.inventory.normalise_ref(artifact["path"]) if _text(artifact.get("path")) else None
         if artifact.get("kind") != "peft-adapter" or not rel or not ctx.inventory.is_file(f"{rel}/{ADAPTER_WEIGHTS}"):
             continue
-        tensors = read_weights([os.path.realpath(ctx.documents.path(f"{rel}/{ADAPTER_WEIGHTS}"))])
+        tensors = read_weights([real_path(ctx.documents.path(f"{rel}/{ADAPTER_WEIGHTS}"))])
         b_matrices = [tensor for name, tensor in (tensors or {}).items() if LORA_B.fullmatch(name)]
         if not b_matrices or not all(all_zero(tensor) for tensor in b_matrices):
             continue
@@ -250,7 +238,7 @@ def _untrained_diffusers(ctx: RunContext, digests: Digests) -> Iterator[Finding]
             continue
         if kind == "diffusers-lora":
             file = rel if rel.endswith(".safetensors") else f"{rel}/{DIFFUSERS_LORA_WEIGHTS}"
-            tensors = read_weights([os.path.realpath(ctx.documents.path(file))]) \
+            tensors = read_weights([real_path(ctx.documents.path(file))]) \
                 if ctx.inventory.is_file(file) else None
             ups = [t for name, t in (tensors or {}).items() if DIFFUSERS_LORA_UP.fullmatch(name)]
             others = [n for n in tensors or {} if not DIFFUSERS_LORA_UP.fullmatch(n)

@@ -2,7 +2,11 @@
 through flows/config.py `settle`) and handed down, so that every stage of one run sees the same settings, the
 report can say which applied, and the reload children get the same variables through the launcher.
 
-The settings the tool itself reads are listed here, once; everything else is passed to children untouched.
+The settings the tool itself reads are listed here, once. So is what a child process is handed (CHILD_VARIABLES,
+CHILD_PREFIXES): what the libraries need to start and to find the machine's libraries and GPUs, and nothing else.
+No cloud key, no token, no `SSH_AUTH_SOCK`, no proxy, no `XDG_RUNTIME_DIR`: a package that ever got code to run
+in a reload child finds none of them. Not even `PATH` (a subprocess finds /bin and /usr/bin without it), nor
+torch's own switches (`TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD` would turn `weights_only=True` off).
 """
 from __future__ import annotations
 
@@ -21,9 +25,31 @@ GITHUB_ACTIONS, GITHUB_WORKSPACE = "GITHUB_ACTIONS", "GITHUB_WORKSPACE"  # the d
 NO_COLOR = "NO_COLOR"
 AWS_ENDPOINTS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")  # an S3-compatible store (push/store.py)
 RAY_ADDRESS = "RAY_ADDRESS"  # audit --engine ray: an existing Ray cluster (flows/batch_ray.py)
+RESULTS_KEY = "ITERA_RESULTS_KEY"  # the reviewer's key file, as --results-key (runtime/reviewer_key.py)
+XDG_CONFIG_HOME = "XDG_CONFIG_HOME"  # where the reviewer's key file is by default
 
 SETTINGS = (RELOAD_HOST_MEMORY, RELOAD_GPU_MEMORY, CUDA_VISIBLE_DEVICES, HF_HUB_CACHE, HF_HOME, *TEMP_FOLDERS,
-            GITHUB_ACTIONS, GITHUB_WORKSPACE, NO_COLOR, *AWS_ENDPOINTS, RAY_ADDRESS)
+            GITHUB_ACTIONS, GITHUB_WORKSPACE, NO_COLOR, *AWS_ENDPOINTS, RAY_ADDRESS, RESULTS_KEY, XDG_CONFIG_HOME)
+
+# What a child process (a reload child, the zygote, the resume proof) is handed of the environment; the caller
+# adds its own settings (reload/runner.py child_env: TMPDIR and the caches in the scratch folder, the hub cache,
+# HF_HUB_OFFLINE, PYTHONPATH).
+CHILD_VARIABLES = (
+    "HOME", "USER", "LOGNAME",  # names, not secrets: what getpass and expanduser read before /etc/passwd
+    "LANG", "LANGUAGE", "TZ",  # locale and time (LC_* below)
+    "LD_LIBRARY_PATH", "LD_PRELOAD", "GLIBC_TUNABLES",  # the dynamic loader and glibc's malloc (MALLOC_* below)
+    "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONUSERBASE", "PYTHONSAFEPATH",  # what a spawned child imports
+    "PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONFAULTHANDLER", "PYTHONUTF8", "PYTHONIOENCODING", "PYTHONMALLOC",
+    "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NVML_BASED_CUDA_CHECK",  # torch's device allocator
+    "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",  # thread pools (OMP_* below)
+)
+# CUDA_VISIBLE_DEVICES, CUDA_HOME, CUDA_MODULE_LOADING, ...; OpenMP's and MKL's thread settings; the tool's own.
+CHILD_PREFIXES = ("LC_", "CUDA_", "OMP_", "KMP_", "MKL_", "MALLOC_", "ITERA_")
+
+
+def handed_to_children(name: str) -> bool:
+    """A variable a child process is given (CHILD_VARIABLES, CHILD_PREFIXES)."""
+    return name in CHILD_VARIABLES or name.startswith(CHILD_PREFIXES)
 
 
 @dataclass(frozen=True)
@@ -58,8 +84,14 @@ class Environment:
         return {name: self.variables[name] for name in SETTINGS if name in self.variables}
 
     def for_child(self, **overrides: str) -> dict[str, str]:
-        """The variables a child process starts with: these, then `overrides`."""
-        return {**self.variables, **overrides}
+        """The variables a child process starts with: those of these it is handed (CHILD_VARIABLES), then
+        `overrides`."""
+        return {**{k: v for k, v in self.variables.items() if handed_to_children(k)}, **overrides}
+
+    def for_tool(self, **overrides: str) -> dict[str, str]:
+        """A child that runs the tool itself (the resume proof, flows/proof.py): a child's variables, plus the
+        settings the tool reads (SETTINGS: the hub cache, the temporary folder, the reload limits)."""
+        return {**self.for_child(), **self.applied(), **overrides}
 
     @property
     def reload_host_memory(self) -> str | None:
@@ -111,6 +143,20 @@ class Environment:
     @property
     def ray_address(self) -> str | None:
         return self.get(RAY_ADDRESS) or None
+
+    @property
+    def results_key(self) -> Path | None:
+        """ITERA_RESULTS_KEY: the reviewer's key file named in place of the default one."""
+        return Path(self.variables[RESULTS_KEY]).expanduser() if self.get(RESULTS_KEY) else None
+
+    @property
+    def config_home(self) -> Path:
+        """XDG_CONFIG_HOME when it is an absolute path (the XDG rule), else ~/.config."""
+        chosen = self.get(XDG_CONFIG_HOME)
+        if chosen and os.path.isabs(chosen):
+            return Path(chosen)
+        home = self.get("HOME")
+        return (Path(home) if home and os.path.isabs(home) else Path.home()) / ".config"
 
 
 def _rebuild(variables: dict[str, str], torch_version: str | None) -> Environment:

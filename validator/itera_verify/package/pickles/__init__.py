@@ -1,7 +1,7 @@
 """Static pickle scanner (IV506): lists every global a pickle would import, without ever unpickling it.
 
 A pickle is a program: GLOBAL / STACK_GLOBAL / INST import any callable and REDUCE / OBJ / NEWOBJ call it.
-We walk the opcodes (opcodes.py) and compare each imported name with an allowlist (allowlist.py, SPEC §6).
+We walk the opcodes (opcodes.py) and compare each imported name with an allowlist (allowlist.py, docs/format.md).
 Everything a reviewer's tools would unpickle is read the way they read it (containers.py, zips.py,
 streams.py): every stream of a raw pickle file and what follows it, every member of a zip-format torch file
 (whose layout must be unambiguous), every member of a tar (torch's legacy tar format), numpy object arrays by
@@ -35,7 +35,7 @@ __all__ = ["ALLOWED_GLOBALS", "INERT_CONFIG", "INERT_CONFIG_FILES", "MAX_ARGUMEN
            "ScanResult", "category_of", "has_pickle_extension", "is_allowed", "is_pickle_or_torch_zip",
            "is_safetensors", "scan_file", "scan_package", "scan_stream", "sniff", "sniff_head"]
 
-PICKLE_EXTENSIONS = PICKLE_SUFFIXES  # SPEC §6: by extension or by content
+PICKLE_EXTENSIONS = PICKLE_SUFFIXES  # docs/format.md: by extension or by content
 SNIFF_BYTES = 16
 MAX_SAFETENSORS_HEADER = 100_000_000  # the safetensors library's own limit
 

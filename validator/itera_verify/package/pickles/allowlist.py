@@ -1,4 +1,4 @@
-"""The globals a pickle may name (SPEC §6): an allowlist of exact names, never a blocklist."""
+"""The globals a pickle may name (docs/format.md): an allowlist of exact names, never a blocklist."""
 from __future__ import annotations
 
 import re
@@ -19,7 +19,7 @@ _TORCH_REBUILDS = {"_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3"
                    "_rebuild_parameter_with_state", "_rebuild_sparse_tensor", "_rebuild_nested_tensor",
                    "_rebuild_qtensor", "_rebuild_wrapper_subclass", "_rebuild_meta_tensor_no_storage",
                    "_rebuild_device_tensor_from_cpu_tensor", "_rebuild_device_tensor_from_numpy"}
-# Multi-GPU outputs (SPEC, multi-GPU readings): the plain data records DeepSpeed pickles into its optimizer
+# Multi-GPU outputs (docs/format.md, multi-GPU readings): the plain data records DeepSpeed pickles into its optimizer
 # shards, and the records torch.distributed.checkpoint pickles into `.metadata`. The reload registers exactly
 # these (DeepSpeed's as inert stand-ins: reload/records.py), so they are loadable like tensors.
 DEEPSPEED_RECORDS = frozenset({
@@ -75,7 +75,7 @@ INERT_CONFIG = frozenset({
     "accelerate.utils.dataclasses.TorchTensorParallelConfig",
     "accelerate.utils.dataclasses.TorchContextParallelConfig",
     "accelerate.utils.dataclasses.DeepSpeedSequenceParallelConfig",
-    # Under DeepSpeed (SPEC, multi-GPU readings): the configuration objects TrainingArguments keeps.
+    # Under DeepSpeed (docs/format.md, multi-GPU readings): the configuration objects TrainingArguments keeps.
     "transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig",
     "transformers.integrations.deepspeed.HfDeepSpeedConfig",
     "accelerate.utils.deepspeed.HfDeepSpeedConfig",

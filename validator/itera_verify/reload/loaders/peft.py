@@ -16,7 +16,7 @@ from ._admit import (ANY, BOOLEAN, MODULE, NUMBER, TEXT, WHOLE, Admit, admit, li
                      stop_if_refused)
 from ...format.facts import PEFT_TASK_HEADS_BY_TASK
 from .transformers import (check_declared_size, check_loading_info, check_on_gpu, device_map, dtype_keyword,
-                           model_class, read_config, spread)
+                           model_class, other_forward, read_config, spread)
 
 TASK_HEADS = PEFT_TASK_HEADS_BY_TASK
 LABELLED_TASKS = ("SEQ_CLS", "TOKEN_CLS")
@@ -25,6 +25,24 @@ OUTPUT_LAYERS = ("classifier.out_proj.weight", "classifier.weight", "score.weigh
 TASK_CLASSES = {"CAUSAL_LM": "AutoModelForCausalLM", "SEQ_CLS": "AutoModelForSequenceClassification",
                 "SEQ_2_SEQ_LM": "AutoModelForSeq2SeqLM", "TOKEN_CLS": "AutoModelForTokenClassification",
                 "QUESTION_ANS": "AutoModelForQuestionAnswering", "FEATURE_EXTRACTION": "AutoModel"}
+# Classes whose head has one output row per label: its size comes from the adapter's saved head.
+LABELLED_CLASSES = ("ForSequenceClassification", "ForTokenClassification", "ForImageClassification",
+                    "ForAudioClassification")
+
+
+def base_class_name(config: dict, job: dict) -> str | None:
+    """The class the base is rebuilt with, as it was trained: reload.json's `class`, else the task type's, else the
+    class PEFT recorded in `auto_mapping` (an image or audio classifier has no task type), transformers' own
+    only (model_class refuses any other name)."""
+    if job.get("class"):
+        return job["class"]
+    if config.get("task_type") in TASK_CLASSES:
+        return TASK_CLASSES[config["task_type"]]
+    mapping = config.get("auto_mapping")
+    if isinstance(mapping, dict) and str(mapping.get("parent_library") or "").startswith("transformers."):
+        recorded = mapping.get("base_model_class")
+        return recorded if isinstance(recorded, str) else None
+    return None
 
 
 # ----------------------------------------------------------------------------- what this loader admits
@@ -163,7 +181,7 @@ def num_labels(config: dict, job: dict, provided: dict[str, tuple[int, ...]], ou
     if requested is not None and (not isinstance(requested, int) or isinstance(requested, bool) or requested < 1):
         raise Stop(LOAD, f"reload.json num_labels {requested!r} is not a positive integer")
     saved = None
-    if config.get("task_type") in LABELLED_TASKS:
+    if config.get("task_type") in LABELLED_TASKS or str(base_class_name(config, job)).endswith(LABELLED_CLASSES):
         saved = next(((key, shape[0]) for layer in OUTPUT_LAYERS for key, shape in sorted(provided.items())
                       if (key == layer or key.endswith("." + layer)) and len(shape) == 2), None)
     if saved and requested is not None and saved[1] != requested:
@@ -198,7 +216,8 @@ def load_base(config: dict, job: dict, device, outcome: Outcome,
         raise Stop(BASE_UNAVAILABLE, f"base {name}@{revision or 'main'} is not in the local hub cache ({cache}); "
                                      "unverified is not verified")
     scan_folder(Path(config_file).parent, outcome)
-    cls = model_class(job.get("class") or TASK_CLASSES.get(config.get("task_type")), None, "AutoModel")
+    cls = model_class(base_class_name(config, job), None, "AutoModel")
+    outcome.facts["base_class"] = cls.__name__
     dtype = torch_dtype(job)
     provided = saved_modules(config, shapes or {})
     labels = num_labels(config, job, provided, outcome)
@@ -237,9 +256,10 @@ def resize_to_saved_embeddings(model, shapes: dict[str, tuple[int, ...]], outcom
         return
     name = next((n for n, p in model.named_parameters() if p is weight), None)
     rows = {shape[0] for key, shape in shapes.items() if model_key(key) == name and shape}
-    if len(rows) == 1 and (target := rows.pop()) != weight.shape[0]:
-        model.resize_token_embeddings(target)
-        outcome.facts["resized_embeddings"] = f"{weight.shape[0]} -> {target} rows, as the adapter saved them"
+    before = weight.shape[0]
+    if len(rows) == 1 and (target := rows.pop()) != before:
+        model.resize_token_embeddings(target)  # may resize the same Parameter in place
+        outcome.facts["resized_embeddings"] = f"{before} -> {target} rows, as the adapter saved them"
 
 
 def attach(base, folder: Path, device, outcome: Outcome, *, trainable: bool = False):
@@ -288,4 +308,9 @@ def load_adapter_model(folder: Path, job: dict, device, outcome: Outcome, *, tra
 
 def reload(job: dict, device, outcome: Outcome) -> None:
     model = load_adapter_model(Path(job["path"]), job, device, outcome)
-    outcome.forward = forward_pass(model, device)
+    forward = forward_pass(model, device)
+    if forward.startswith("not run"):  # a PeftModel without a task takes **kwargs: its base's inputs, LoRA active
+        forward = forward_pass(model.get_base_model(), device)
+        if forward.startswith("not run"):  # an image or audio classifier
+            forward = other_forward(model.get_base_model(), device) or forward
+    outcome.forward = forward
