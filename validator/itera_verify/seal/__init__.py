@@ -1,7 +1,7 @@
 """Seal a checked package: one streaming pass into `<campaign_id>.tar.zst`, verified before it gets its name.
 
-Layout (SPEC §3): `<campaign_id>/` holds the package as it is, then `SEAL/SHA256SUMS` and the extra members
-the workflow hands over (`SEAL/verification.json`, `SEAL/report.html`). Choices made here:
+Layout (docs/format.md, The sealed archive): `<campaign_id>/` holds the package as it is, then `SEAL/SHA256SUMS`
+and the extra members the workflow hands over (`SEAL/verification.json`, `SEAL/report.html`). Choices made here:
 
 - Members are sorted by name (byte order); `SEAL/` comes last because its SHA256SUMS is the product of the pass.
 - Ownership is normalised (uid/gid 0, no user or group names); modes become 0755 (folders, executables) or
@@ -78,9 +78,10 @@ def _open_output(path: Path):
 
 # ---- the seal ---------------------------------------------------------------------------------------------
 class Sealing:
-    """One seal of `package` into `destination` (SPEC §3), in two steps so that the checks can run beside it:
-    start() streams the package members into the partial archive on a thread; finish(members) adds SEAL/,
-    reads the archive back, and publishes it; cancel() drops it (the partial file is removed).
+    """One seal of `package` into `destination` (docs/format.md, The sealed archive), in two steps so that the
+    checks can run beside it: start() streams the package members into the partial archive on a thread;
+    finish(members) adds SEAL/, reads the archive back, and publishes it; cancel() drops it (the partial file is
+    removed).
 
     Checking a destination or a plan that cannot work raises here, before anything is written: UsageError
     (exit 2) or SealRefused (findings).
@@ -291,8 +292,9 @@ class Sealing:
 def seal_package(ctx: RunContext, campaign_id: str, members: dict[str, bytes], destination: Path, *,
                  overwrite: bool = False, level: int = 3, threads: int = 0,
                  progress: Progress = NULL_PROGRESS, signer: "Signers | None" = None) -> dict:
-    """Seal `package` into `destination` in one go (SPEC §3). Returns the report's `archive` object.
-    Raises SealRefused (findings) or UsageError (exit 2: destination exists, disk full, unreadable file)."""
+    """Seal `package` into `destination` in one go (docs/format.md, The sealed archive).
+    Returns the report's `archive` object. Raises SealRefused (findings) or UsageError (exit 2: destination
+    exists, disk full, unreadable file)."""
     check_extra_members(members)  # before anything is written
     sealing = Sealing(ctx, campaign_id, destination, overwrite=overwrite, level=level, threads=threads,
                       progress=progress)
