@@ -63,6 +63,7 @@ fuzz: install
 
 bench: install
 	$(PY) benchmarks/reload_bench.py
+	$(PY) benchmarks/floor_bench.py
 	$(PY) benchmarks/seal_bench.py
 	$(PY) benchmarks/push_bench.py --package campaign
 	$(PY) benchmarks/batch_bench.py

@@ -44,9 +44,9 @@ def nproc() -> int:
 
 
 def child_imports(loader: str) -> list[str]:
-    from itera_verify.reload.child import PRE_IMPORTS
+    from itera_verify.reload.preloads import IMPORTS
 
-    return ["torch", *PRE_IMPORTS[loader]]
+    return ["torch", *IMPORTS[loader]]
 
 
 # --- the bare loads, run in a fresh process by `--bare ARTIFACT` -----------------------------------------

@@ -24,6 +24,8 @@ The archive the audits read is read once before them, untimed: the seal writes i
 first command to read it would otherwise pay for the disk alone.
 --memory-sizes seals packages of those sizes (GiB) once more each and prints the seal's peak RSS, to show it
 does not grow with the package.
+The result is appended to --out as text and written beside it as JSON (same name, .json), with the machine and
+its load: scripts/figures.py renders the README's figures from the JSON.
 """
 from __future__ import annotations
 
@@ -218,6 +220,30 @@ def du(path: Path) -> tuple[int, int]:
     return sum(p.stat().st_size for p in files), len(files)
 
 
+def summary(rounds: list[dict], package: Path, memory: list[tuple], load: tuple[float, float], text: str) -> dict:
+    """The run as JSON, for scripts/figures.py: medians in seconds, sizes in MiB."""
+    cpu = platform.processor()
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), cpu)
+    size, count = du(package)
+    keys = list(rounds[0])
+    cpus = {key: statistics.median(r[key]["cpu"] for r in rounds) for key in keys}
+    return {
+        "benchmark": "seal", "date": str(date.today()), "text": text,
+        "machine": f"{os.cpu_count()} cores ({cpu}), "
+                   f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / GiB:.0f} GiB",
+        "python": platform.python_version(), "load": {"before": load[0], "after": load[1]},
+        "package": {"gib": round(size / GiB, 2), "files": count,
+                    "shape": f"the example package, bf16-like safetensors shards, a large JSONL file and "
+                             f"{SMALL_FILES:,} small JSON files"},
+        "rounds": len(rounds),
+        "median_seconds": {key: round(statistics.median(r[key]["seconds"] for r in rounds), 3) for key in keys},
+        "median_cpu_seconds": {key: round(value, 3) for key, value in cpus.items() if value == value},  # NaN: a part
+        "archive_mib": {key: round(rounds[0][key]["bytes"] / MiB, 1) for key in ("whole", "tar|zstd")},
+        "seal_peak_rss_mib": {f"{size_gib:g}": round(rss / MiB, 1) for size_gib, rss, _ in memory},
+    }
+
+
 def report(rounds: list[dict], package: Path, memory: list[tuple]) -> list[str]:
     median = {key: {field: statistics.median(r[key][field] for r in rounds) for field in ("seconds", "rss")}
               for key in rounds[0]}
@@ -275,6 +301,7 @@ def main() -> None:
         out = work / "out"
         out.mkdir(exist_ok=True)
         rounds = []
+        before = os.getloadavg()[0]
         for number in range(args.rounds):
             rounds.append(round_of(package, out))
             print(f"round {number + 1}: " + ", ".join(f"{k} {v['seconds']:.2f}s" for k, v in rounds[-1].items()),
@@ -286,6 +313,7 @@ def main() -> None:
             sealed = measure([PYTHON, "-c", SEAL_ONLY, str(other), str(out / "memory.tar.zst")])
             memory.append((size_gib, sealed["rss"], sealed["seconds"]))
             shutil.rmtree(other.parent)
+        result = summary(rounds, package, memory, (before, os.getloadavg()[0]), args.out.name)
         lines = [f"# seal benchmark, {date.today()}", *("# " + m for m in machine()),
                  *report(rounds, package, memory)]
     finally:
@@ -296,6 +324,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "a") as fh:
         fh.write(text + "\n")
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -208,6 +208,33 @@ def private_tmp(tmp_path, monkeypatch) -> Path:
     return folder
 
 
+# A warm reload zygote shared by the tests that reload in this process (reload/warm.py): its imports (5 CPU-s and
+# more) are paid once per worker and environment, not once per test; the session owns its life. A test that
+# watches a zygote's own start or end marks itself `own_zygote`: its runs start and end their own.
+@pytest.fixture(scope="session")
+def warm_reload_zygotes(tmp_path_factory):
+    from itera_verify.reload.warm import warm_zygotes
+
+    with warm_zygotes(folder=str(tmp_path_factory.mktemp("zygotes")), ignore={"PYTEST_CURRENT_TEST"}) as warm:
+        yield warm
+
+
+@pytest.fixture(autouse=True)
+def shared_zygote(request):
+    if request.node.get_closest_marker("own_zygote") is not None:
+        from itera_verify.reload.warm import suspended
+
+        with suspended():
+            yield
+    else:
+        request.getfixturevalue("warm_reload_zygotes")
+        yield
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "own_zygote: its reloads start and end their own zygote (not the warm one)")
+
+
 # `make test-fast` leaves out what builds or runs several training processes (the multi-GPU layouts written by
 # gloo ranks, DeepSpeed's tensor and pipeline parallel runs, the torchrun recorder) and the tests marked slow;
 # `make test` runs everything.

@@ -318,6 +318,62 @@ def test_no_doc_points_outside_the_repository(path):
     assert not re.search(r"SPEC|§|\.\./shared|FIELD-NOTES", text), re.findall(r".{30}(?:SPEC|§|shared).{20}", text)
 
 
+# Built in two parts, so that this file does not hold what it looks for.
+CONTRACT_CITATIONS = ("SPEC " + "\u00a7", "SPEC" + ".md")
+CITATION_SCAN = ["validator", "tests", "fixtures", "schemas", "scripts", "benchmarks", "docs"]
+
+
+def _citing_the_contract(root: Path, folders: list[str], files: list[str]) -> list[str]:
+    """The text files under `folders` (and `files`) that cite the product contract, which is not in the repository."""
+    paths = [*(path for folder in folders for path in sorted((root / folder).rglob("*"))), *(root / f for f in files)]
+    found = []
+    for path in paths:
+        if not path.is_file() or "__pycache__" in path.parts:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue  # not text: a fixture's weights, an archive
+        if any(needle in text for needle in CONTRACT_CITATIONS):
+            found.append(str(path.relative_to(root)))
+    return found
+
+
+def test_no_code_test_or_doc_cites_the_product_contract():
+    """Code, tests and docs cite the repository's own docs (docs/format.md, docs/record.md, ...), never the
+    contract they were written from."""
+    assert _citing_the_contract(ROOT, CITATION_SCAN, ["README.md"]) == []
+
+
+def test_a_comment_citing_the_contract_is_found(tmp_path):
+    (tmp_path / "validator" / "seal").mkdir(parents=True)
+    (tmp_path / "validator" / "seal" / "rate.py").write_text(f'"""The rate ({CONTRACT_CITATIONS[0]}7)."""\n')
+    (tmp_path / "validator" / "seal" / "clean.py").write_text('"""The rate (docs/record.md, Campaign time)."""\n')
+    (tmp_path / "README.md").write_text(f"See {CONTRACT_CITATIONS[1]}.\n")
+    assert _citing_the_contract(tmp_path, CITATION_SCAN, ["README.md"]) == ["validator/seal/rate.py", "README.md"]
+
+
+def _figures():
+    spec = importlib.util.spec_from_file_location("figures", ROOT / "scripts" / "figures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("path", _figures().DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_speed_figures_are_rendered_from_the_newest_benchmark_results(path):
+    """Every generated figures block is what scripts/figures.py renders from benchmarks/results/ now."""
+    text = path.read_text(encoding="utf-8")
+    assert _figures().render(text) == text, f"{path.name}: run python scripts/figures.py --write"
+
+
+def test_a_stale_figure_is_found():
+    figures = _figures()
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    stale = text.replace("<!-- figures:speed:end -->", "| an old row | 1 s | 2 s | 0.50 |\n<!-- figures:speed:end -->")
+    assert stale != text and figures.render(stale) == figures.render(text)
+
+
 def _anchors(path: Path) -> set[str]:
     """GitHub's heading anchors: lowercase, punctuation but `-` and `_` dropped, spaces as `-`."""
     return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")

@@ -332,6 +332,9 @@ CHILD = textwrap.dedent("""
     from itera_verify.runtime.progress import Progress
     from itera_verify.seal import seal_package
 
+    def context(package):
+        return RunContext(discover(package), settle(Config()))
+
     class Announce(Progress):
         def start(self, key, description, total=None, unit=""):
             print("start", key, flush=True)
@@ -390,23 +393,32 @@ def test_sigterm_or_ctrl_c_removes_the_partial_file(tmp_path, signum, moment):
 
 
 def test_archive_damaged_on_disk_before_the_read_back_is_never_published(tmp_path, monkeypatch):
+    from itera_verify.archive import parallel
+
     package_dir = big_package(tmp_path / "pkg", megabytes=4)
-    real_read_back = seal_module._read_back
+    real_read_full = parallel._read_full
+    damaged = []
 
-    def damage_then_read_back(partial, *args):
-        with open(partial, "r+b") as fh:
-            fh.seek(partial.stat().st_size // 2)
-            byte = fh.read(1)
-            fh.seek(-1, os.SEEK_CUR)
-            fh.write(bytes([byte[0] ^ 0x20]))
-        return real_read_back(partial, *args)
+    def damage_then_read(fd, buffer, want, offset, direct):
+        """A byte of the archive on the device changes after it was written, before it is read back."""
+        if not damaged:
+            path = os.readlink(f"/proc/self/fd/{fd}")
+            with open(path, "r+b") as fh:  # through the page cache: the direct read below then sees it
+                fh.seek(offset + want // 2)
+                byte = fh.read(1)
+                fh.seek(-1, os.SEEK_CUR)
+                fh.write(bytes([byte[0] ^ 0x20]))
+                fh.flush()
+                os.fsync(fh.fileno())
+            damaged.append(offset + want // 2)
+        return real_read_full(fd, buffer, want, offset, direct)
 
-    monkeypatch.setattr(seal_module, "_read_back", damage_then_read_back)
+    monkeypatch.setattr(parallel, "_read_full", damage_then_read)
     destination = tmp_path / "out" / "big.tar.zst"
     destination.parent.mkdir()
     with pytest.raises(UsageError, match="read-back verification"):
         seal_package(context(package_dir), "big", {}, destination)
-    assert list(destination.parent.iterdir()) == []
+    assert damaged and list(destination.parent.iterdir()) == []
 
 
 def test_rewrite_restoring_size_and_mtime_is_IV704_when_discovery_records_the_ctime(package_dir, tmp_path):

@@ -1,4 +1,4 @@
-"""The seal's estimate before the rental ends (SPEC §7) comes from a rate measured on this machine, in this run:
+"""The seal's estimate before the rental ends (docs/record.md, Campaign time) comes from a rate measured on this machine, in this run:
 the seal's own writer timed over the first MiBs of the package's largest files, and the estimate says so. A
 package with nothing to read keeps the prior, and says that instead."""
 from __future__ import annotations

@@ -204,6 +204,7 @@ def test_the_command_line_takes_isolation_spawn_and_fork(package_dir, hf_cache):
 
 # --- started before the static checks --------------------------------------------------------------------
 
+@pytest.mark.own_zygote
 def test_a_zygote_started_before_the_checks_is_the_one_the_reloads_fork_from(package_dir, hf_cache, monkeypatch):
     from itera_verify.reload import prestart, zygote_client
 
@@ -225,6 +226,7 @@ def test_a_zygote_started_before_the_checks_is_the_one_the_reloads_fork_from(pac
     assert early.zygote.client.proc.returncode is not None and not early.zygote.work.exists()
 
 
+@pytest.mark.own_zygote
 def test_a_zygote_never_used_is_killed_at_once_while_it_still_imports(package_dir):
     from itera_verify.reload import prestart
 

@@ -24,7 +24,14 @@ def _state() -> dict:
         "cmdline": [a.decode() for a in open("/proc/self/cmdline", "rb").read().split(b"\0") if a],
         "tmpdir": os.environ.get("TMPDIR"), "cwd": os.getcwd(), "variables": sorted(os.environ),
         "modelling_imported": sorted(m for m in ("transformers", "peft", "accelerate") if m in sys.modules),
+        "imported": sorted(m for m in WATCHED if sys.modules.get(m) is not None),
+        "kept_out": sorted(m for m in WATCHED if m in sys.modules and sys.modules[m] is None),
     }
+
+
+# Libraries a zygote imports only where its run's loaders need them (itera_verify/reload/preloads.py).
+WATCHED = ("transformers", "peft", "accelerate", "bitsandbytes", "boto3", "scipy", "torchvision", "diffusers", "timm",
+           "deepspeed", "sentence_transformers", "torch._inductor.compile_fx")
 
 
 def probe(argv: list[str]) -> int:

@@ -1,4 +1,4 @@
-"""What the seal writes, known in this one place (SPEC §3, "The archive is canonical").
+"""What the seal writes, known in this one place (docs/format.md, "The archive is canonical").
 
 The seal's writer builds every header with `header()`; the audit's reader rebuilds, for every member it reads,
 the header the seal would have written for it and compares the two byte for byte (`difference()`). The seal

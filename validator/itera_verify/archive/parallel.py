@@ -21,6 +21,7 @@ import zstandard
 
 from .direct import ALIGN, aligned_buffer, clear_direct, is_direct, round_down, round_up
 from .errors import Corrupt, TooLarge
+from .follow import FollowedFrames, Stopped
 
 PIECE = 2 << 20
 READ = 1 << 20
@@ -28,7 +29,7 @@ SEGMENT = 4 << 20  # bytes per read of the file
 _END = object()
 
 
-class _Stopped(Exception):
+class _Stopped(Stopped):
     """close() was called: a thread leaves quietly."""
 
 
@@ -99,11 +100,14 @@ class _FrameSource:
 class FrameParallelExpanded:
     """The expanded stream of frames [(start, end), ...] of `fd`; same interface as the sequential reader's
     stage: next_view(), close(), total, archive_sha256, archive_bytes. With `hash_archive`, the file's SHA-256
-    covers every byte from 0 to its end, also any between or after the frames."""
+    covers every byte from 0 to its end, also any between or after the frames. `follow` (follow.py): the file is
+    still being written; each frame is read once the writer has put it in the file."""
 
     def __init__(self, fd: int, frames: list[tuple[int, int]], *, limit: int | None, workers: int = 2,
-                 depth: int = 3, hash_archive: bool = True, tap=None):
+                 depth: int = 3, hash_archive: bool = True, tap=None, follow: FollowedFrames | None = None):
         self.fd, self.frames, self.limit, self.depth = fd, frames, limit, depth
+        self._stop = threading.Event()  # close(): every thread leaves, those waiting on the writer too
+        self._follow = follow.also_stopped_by(self._stop) if follow is not None else None
         self._tap = tap if hash_archive else None  # rides the hashing thread: every byte of the file, in order
         self._direct = is_direct(fd)
         self.total = 0
@@ -111,7 +115,6 @@ class FrameParallelExpanded:
         self._hashed = 0
         self._read_error: BaseException | None = None
         self._lock = threading.Lock()
-        self._stop = threading.Event()
         self._in_flight = threading.Semaphore(workers + 1)
         self._channels: dict[tuple[str, int], queue.Queue] = {}
         self._free: queue.Queue = queue.Queue()
@@ -178,12 +181,24 @@ class FrameParallelExpanded:
         with self._lock:
             self._channels.pop(key, None)
 
+    def _frame(self, index: int) -> tuple[int, int] | None:
+        """The index-th frame, or None past the last (a followed file: once the writer has put it there)."""
+        if self._follow is not None:
+            return self._follow.frame(index)
+        return self.frames[index] if index < len(self.frames) else None
+
+    def _frames(self):
+        index = 0
+        while (frame := self._frame(index)) is not None:
+            yield index, frame
+            index += 1
+
     # ---- the file, read once in order ------------------------------------------------------------------
     def _read_file(self) -> None:
         index = None
         try:
             hashed_to = 0
-            for index, (start, end) in enumerate(self.frames):
+            for index, (start, end) in self._frames():
                 if self._sha256 is not None and start != hashed_to:
                     if start < hashed_to:
                         raise Corrupt(f"frame {index} overlaps the one before it")
@@ -192,8 +207,10 @@ class FrameParallelExpanded:
                 hashed_to = end
             index = None
             if self._sha256 is not None:
+                if self._follow is not None:
+                    self._follow.until(None)  # the writer is done: its file has its final length
                 self._read_range(None, hashed_to, None)  # whatever follows the last frame, to the end of the file
-        except _Stopped:
+        except Stopped:
             return
         except BaseException as exc:  # noqa: BLE001 - the frame being read gets it (its worker raises it), else the digest
             self._read_error = exc
@@ -261,7 +278,11 @@ class FrameParallelExpanded:
         with self._lock:
             index = self._next_frame
             self._next_frame += 1
-        if index >= len(self.frames) or self._stop.is_set():
+        try:
+            there = self._frame(index) is not None
+        except Stopped:
+            there = False
+        if not there or self._stop.is_set():
             self._in_flight.release()
             return None
         return index
@@ -298,7 +319,7 @@ class FrameParallelExpanded:
 
     # ---- the consumer ----------------------------------------------------------------------------------
     def next_view(self) -> memoryview | None:
-        while self._current < len(self.frames):
+        while self._frame(self._current) is not None:
             key = ("out", self._current)
             item = self._channel(key).get()
             if item is _END:

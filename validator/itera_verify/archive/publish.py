@@ -40,16 +40,21 @@ def remove_stale_partials(destination: Path) -> None:
 
 
 def read_back(path: Path, expected: list[tuple], frames: list[tuple[int, int]] | None = None,
-              on_bytes: Callable[[int], None] = lambda n: None, tap=None) -> tuple[str, int]:
+              on_bytes: Callable[[int], None] = lambda n: None, tap=None, follow=None) -> tuple[str, int]:
     """Read the archive at `path` back and compare it, member by member, with `expected`: (name, kind, size,
     sha256 for a file or link target otherwise), in order. `frames`: where the writer ended each zstd frame (they
-    then decompress in parallel). `tap`: given every byte of the file as it is hashed (ArchiveReader). Returns
-    (sha256 of the file, its size). Raises ArchiveError."""
+    then decompress in parallel). `tap`: given every byte of the file as it is hashed (ArchiveReader). `follow`
+    (follow.FollowedFrames): the archive is still being written, and `expected` grows with it (follow.Growing):
+    each frame is read back once it is in the file. Returns (sha256 of the file, its size). Raises ArchiveError,
+    or follow.Stopped when the writing is abandoned."""
     # Past the page cache when the frames are read in parallel (aligned reads): the bytes on the device are
     # what is verified (direct.py). The sequential path, for a single frame, reads plainly.
-    fd = open_direct(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))[0] if frames and len(frames) > 1 \
-        else os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb", buffering=0) as source, ArchiveReader(source, frames=frames, tap=tap) as reader:
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+    fd = open_direct(path, flags)[0] if follow is not None or (frames and len(frames) > 1) else os.open(path, flags)
+    if follow is not None:
+        frames = follow.frames
+    with os.fdopen(fd, "rb", buffering=0) as source, \
+            ArchiveReader(source, frames=frames, tap=tap, follow=follow) as reader:
         members = iter(expected)
         for member in reader:
             want = next(members, None)

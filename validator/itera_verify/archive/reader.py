@@ -209,17 +209,23 @@ class ArchiveReader:
     file (the audit): several frames are then decompressed on several threads. Without, or for a single
     frame, one sequential pass. `hash_archive=False`: the caller hashes the file itself (archive_sha256 is "").
     `tap`: also called with every byte of the file, in order, on the thread that hashes it (the seal's
-    CRC64NVME for a push that overlaps it: no second read).
+    CRC64NVME for a push that overlaps it: no second read). `follow` (follow.FollowedFrames): the file is still
+    being written by the seal, whose frames it reads as they reach the file.
     Only the seal's own tar profile is read (profile.py): anything else raises OutsideProfile.
     Raises ArchiveError (from the constructor for a malformed frame structure)."""
 
     def __init__(self, fileobj, *, max_expanded: int | None = None,
-                 frames: list[tuple[int, int]] | str | None = None, hash_archive: bool = True, tap=None):
+                 frames: list[tuple[int, int]] | str | None = None, hash_archive: bool = True, tap=None,
+                 follow=None):
         scanned = frames == "scan"
         if scanned:
             frames = _scan(fileobj)
         self._skippable: Skipped | None = None
-        if frames and len(frames) > 1:
+        if follow is not None:  # the file is still being written (follow.py): its frames, as the writer ends them
+            self._skippable = Skipped()
+            self._expanded = FrameParallelExpanded(fileobj.fileno(), follow.frames, limit=max_expanded,
+                                                   hash_archive=hash_archive, tap=tap, follow=follow)
+        elif frames and len(frames) > 1:
             # Frames the caller knows are its writer's own (no skippable frame; an O_DIRECT descriptor, which
             # refuses small reads): only a scanned table is looked into.
             self._skippable = skippable_frames(fileobj.fileno(), frames) if scanned else Skipped()

@@ -1,5 +1,6 @@
-"""The audit's step for a signed seal (SPEC §7): read the reviewer's allowed_signers file and `<archive>.sig`,
-check them with the pure verifier (format/statement.py, format/sshsig.py), hand the facts to rules/signatures.py.
+"""The audit's step for a signed seal (docs/format.md, Signatures): read the reviewer's allowed_signers file
+and `<archive>.sig`, check them with the pure verifier (format/statement.py, format/sshsig.py), hand the facts
+to rules/signatures.py.
 An OpenSSF model-signing signature (SEAL/model.sig) is checked with the model-signing library and the reviewer's
 --oms-public-key (seal/oms.py); without that key it is reported unchecked, never passed.
 

@@ -22,10 +22,6 @@ import time
 from pathlib import Path
 
 STARTED, STARTED_AT = time.monotonic(), time.time()
-_MODELLING = ("transformers.modeling_utils", "transformers.models.auto.modeling_auto")
-PRE_IMPORTS = {"safetensors": ("safetensors.torch",), "transformers": _MODELLING,
-               "peft": (*_MODELLING, "peft"), "hf-trainer-checkpoint": (*_MODELLING, "peft"),
-               "torch-resume": ("numpy",)}
 
 
 def cut_network() -> None:
@@ -79,11 +75,24 @@ def rss_now_bytes() -> int | None:
         return None
 
 
+def pre_import(job: dict) -> None:
+    """A spawned child's libraries, as a zygote would have imported them (preloads.py): library start-up is
+    process start-up, not reload time; the libraries its run keeps out stay out, as in a forked child."""
+    import importlib
+
+    from .preloads import IMPORTS, keep_out
+
+    keep_out(job.get("without") or ())
+    for module in IMPORTS.get(job["loader"], ()):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            pass  # a loader's optional library: its require() names the extra that installs it
+
+
 def run(job: dict, started: float = STARTED, started_at: float = STARTED_AT) -> dict | None:
     """Load one artifact as the job says; what it proved, or None when the gate closed without a go.
     `started`: when this process began (a forked child begins at its fork, not at the zygote's start)."""
-    import importlib
-
     import torch
 
     from .common import Outcome, Stop, short
@@ -91,8 +100,7 @@ def run(job: dict, started: float = STARTED, started_at: float = STARTED_AT) -> 
 
     if job.get("threads"):
         torch.set_num_threads(int(job["threads"]))
-    for module in PRE_IMPORTS.get(job["loader"], ()):
-        importlib.import_module(module)  # library start-up is process start-up, not reload time
+    pre_import(job)  # nothing left to import in a forked child: its zygote did
     imported = time.monotonic()
     if job.get("gated") and not sys.stdin.buffer.read(1):
         return None  # the parent closed the gate without a go: nothing to do

@@ -102,7 +102,8 @@ def torch_dtype(job: dict):
 
 
 def numpy_rng_globals() -> list:
-    """Exactly the numpy globals RNG states need (SPEC §6), under both numpy 1 and numpy 2 names."""
+    """Exactly the numpy globals RNG states need (docs/format.md, Loaders: rng_state*.pth), under both numpy 1
+    and numpy 2 names."""
     import numpy as np
 
     core = getattr(np, "_core", None) or np.core

@@ -1,6 +1,6 @@
 """The GPUs a run's reloads share: how many are visible, how much memory each has free (nvidia-smi, so that the
 tool itself never creates a CUDA context), and a pool that hands each reload child one GPU, or all of them to
-an artifact too large for one, largest artifacts first (SPEC "Reload on every GPU")."""
+an artifact too large for one, largest artifacts first (docs/integration.md, How reloads run)."""
 from __future__ import annotations
 
 import subprocess

@@ -96,7 +96,8 @@ def plan(ctx: RunContext, artifact: dict, device: str, threads: int,
         "package_root": root, "device": device, "dtype": _text(entry.get("dtype")), "class": _text(entry.get("class")),
         "hf_cache": hf_cache,  # absolute: the child runs elsewhere
         "base": pinned_base,
-        "num_labels": entry.get("num_labels"),  # the loader checks it: a task head's size (peft, SPEC reload.json)
+        # The loader checks it: a task head's size (peft; docs/format.md, The fields of a `reload.json` entry).
+        "num_labels": entry.get("num_labels"),
         "fp16": fp16_run(ctx, _text(artifact.get("run"))), "threads": threads,
         "config": _config_folder(ctx, entry), "config_ref": _text(entry.get("config")),
         "world_size": recorded_world_size(ctx, _text(artifact.get("run"))),

@@ -1,5 +1,5 @@
-"""Where a reload puts a model's weights (SPEC "Reload on every GPU"): one GPU when they fit in its free memory,
-otherwise spread over every visible GPU with accelerate's device map and an explicit max_memory per GPU, never
+"""Where a reload puts a model's weights (docs/integration.md, How reloads run): one GPU when they fit in its free
+memory, otherwise spread over every visible GPU with accelerate's device map and an explicit max_memory per GPU, never
 the CPU or disk. accelerate itself sends what does not fit to "disk" without a word (infer_auto_device_map adds
 a disk entry to any max_memory it is given), and from_pretrained would then "load" a model whose layers live in
 files: here any such entry is refused (IV504, "not reloaded on the GPU"), before and after the load.

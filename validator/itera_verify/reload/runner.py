@@ -29,11 +29,13 @@ from ..runtime.launcher import Exit, Launcher, termination_unwinds, wait_until
 from ..format import loaders as loader_table
 from ..model import ReloadResult
 from ..package import RunContext
+from . import preloads
 from .confine import check_mode, recorded, scratch_variables
 from .gpus import GpuPool, free_memory, needs_every_gpu, visible_gpus
 from .jobs import plan, reload_entry
-from .limits import configured_limit, over_limit, starved
+from .limits import base_folder, configured_limit, over_limit, pinned_base_folder, starved
 from .placement import cap_from_environment
+from .warm import obtain, release
 from .zygote_client import ForkedChild, Zygote, can_fork, start_zygote
 
 VALIDATOR_DIR = str(Path(__file__).resolve().parents[2])  # the folder holding the itera_verify package
@@ -84,20 +86,30 @@ def _died(code: int | None, log: Path, job: dict) -> str:
     return f"the reload process exited with code {code} without a result{hint}" + (f": {tail}" if tail else "")
 
 
-def model_types(jobs) -> list[str]:
-    """The `model_type` of each model folder the jobs load (config.json, read here: the zygote opens no
-    artifact), so that the zygote imports those modelling modules once instead of every child importing them."""
-    found = []
+def model_folders(jobs, hf_cache: str | None) -> list[str]:
+    """The folders whose model configurations the jobs load: each artifact's folder, its `config` folder, and
+    the hub-cache snapshot of its base (an adapter's, the manifest's pinned one). Read here (the zygote opens no
+    artifact) so that the zygote imports what they need (their modelling modules) and nothing they do not."""
+    found: list[str] = []
     for job in jobs:
-        folder = Path(job["path"]) if os.path.isdir(job["path"]) else None
-        try:
-            config = read_json_file(folder / "config.json") if folder else None
-        except (OSError, ValueError):
-            continue
-        kind = config.get("model_type") if isinstance(config, dict) else None
-        if isinstance(kind, str) and kind not in found:
-            found.append(kind)
+        path = job.get("path") or ""
+        folder = path if os.path.isdir(path) else None
+        bases = [base_folder(Path(folder), hf_cache) if folder else None, pinned_base_folder(job.get("base"), hf_cache)]
+        for each in (folder, job.get("config"), *bases):
+            if each is not None and str(each) not in found:
+                found.append(str(each))
     return found
+
+
+def model_types(jobs) -> list[str]:
+    """The `model_type` of each model folder the jobs load (their configurations), so that the zygote imports
+    those modelling modules once instead of every child importing them."""
+    return list(preloads.plan([], model_folders(jobs, None)).model_types)
+
+
+def zygote_preloads(jobs, hf_cache: str | None) -> preloads.Preloads:
+    """What the zygote of these jobs imports and keeps out (preloads.py)."""
+    return preloads.plan([job.get("loader") for job in jobs], model_folders(jobs, hf_cache))
 
 
 def light(loaders) -> bool:
@@ -263,14 +275,18 @@ def _merge(result: ReloadResult, reported: dict) -> None:
 
 @dataclass
 class Prestarted:
-    """A zygote started before the static checks, so that its imports overlap them (flows/verify.py)."""
+    """A zygote started before the static checks, so that its imports overlap them (flows/verify.py); or a warm
+    one (warm.py). close() ends it, or gives it back to warm_zygotes; once."""
 
     children: Launcher
     zygote: Zygote
     isolation: str
+    done: bool = False
 
-    def close(self) -> None:
-        self.zygote.close()
+    def close(self, failed: bool = False) -> None:
+        if not self.done:
+            self.done = True
+            release(self.zygote, failed=failed)
 
 
 def _parallel(device: str, jobs: int, gpus: list[int]) -> tuple[int, int]:
@@ -283,19 +299,24 @@ def prestart(ctx: RunContext, *, device: str, jobs: int, isolation: str = "auto"
     """Start the run's zygote now; run_reloads(prestarted=...) uses it, close() ends it if it never is."""
     if not can_fork(isolation) or not ctx.documents.artifacts():
         return None
+    _, threads = _parallel(device, jobs, visible_gpus() if device == "cuda" else [])
+    children = Launcher(ctx.environment)
+    hf_cache = os.path.abspath(ctx.options.hf_cache) if ctx.options.hf_cache else None
+    zygote = obtain(zygote_env(threads, hf_cache, children.environment), package_preloads(ctx), children)
+    return Prestarted(children, zygote, isolation)
+
+
+def package_preloads(ctx: RunContext) -> preloads.Preloads:
+    """What the zygote of this package's reloads imports and keeps out, read before any job is planned."""
     root = os.path.realpath(ctx.inventory.root)
     folders = []
     for artifact in ctx.documents.artifacts():
         rel = ctx.inventory.normalise_ref(artifact["path"]) if isinstance(artifact.get("path"), str) else None
         real = os.path.realpath(ctx.inventory.abspath(rel)) if rel is not None else ""
-        if real.startswith(root + os.sep) and os.path.isdir(real):
-            folders.append({"path": real})
-    _, threads = _parallel(device, jobs, visible_gpus() if device == "cuda" else [])
-    children = Launcher(ctx.environment)
-    hf_cache = os.path.abspath(ctx.options.hf_cache) if ctx.options.hf_cache else None
-    loaders = [reload_entry(ctx, artifact)[1] for artifact in ctx.documents.artifacts()]
-    zygote = Zygote(children, zygote_env(threads, hf_cache, children.environment), model_types(folders), light(loaders))
-    return Prestarted(children, zygote, isolation)
+        if real.startswith(root + os.sep):
+            base = artifact.get("base") if isinstance(artifact.get("base"), dict) else None
+            folders.append({"path": real, "base": base, "loader": reload_entry(ctx, artifact)[1]})
+    return zygote_preloads(folders, os.path.abspath(ctx.options.hf_cache) if ctx.options.hf_cache else None)
 
 
 def run_reloads(ctx: RunContext, *, device: str, timeout: float, jobs: int, progress,
@@ -340,18 +361,23 @@ def run_reloads(ctx: RunContext, *, device: str, timeout: float, jobs: int, prog
     if prefetch is None:
         prefetch = device != "cpu"
     zygote: Zygote | None = None
+    failed = False
     with termination_unwinds(), ThreadPoolExecutor(max_workers=parallel) as workers:
         try:
             first = next(iter(pending.values()), {})
-            is_light = light(job["loader"] for job in pending.values())
-            if pending and can_fork(isolation):  # the zygote's imports: 8-12 s where nothing else is said
-                progress.waiting("reload", f"importing {IMPORTS_LIGHT if is_light else IMPORTS} once, for the "
+            wanted = zygote_preloads(pending.values(), first.get("hf_cache"))
+            for job in pending.values():
+                job["without"] = list(wanted.without)  # a spawned child keeps them out of its imports too
+            started = None
+            if prestarted is not None:
+                started, prestarted.done = prestarted.zygote, True  # this run ends it, or gives it back
+            if pending and can_fork(isolation) and (started is None or started.client is None):
+                # the zygote's imports: 8-12 s where nothing else is said (none for a warm one, ready already)
+                progress.waiting("reload", f"importing {IMPORTS_LIGHT if wanted.light else IMPORTS} once, for the "
                                            "reload processes")
             zygote = start_zygote(isolation, children, zygote_env(first.get("threads") or 0, first.get("hf_cache"),
                                                                 children.environment),
-                                  bool(pending), model_types(pending.values()),
-                                  started=prestarted.zygote if prestarted is not None else None,
-                                  light=is_light)
+                                  bool(pending), started=started, preloads=wanted)
             progress.waiting("reload", None)
             if zygote is None and prefetch and parallel == 1 and len(gpus) <= 1:
                 indexes = list(pending)
@@ -380,9 +406,10 @@ def run_reloads(ctx: RunContext, *, device: str, timeout: float, jobs: int, prog
                 wait_until(collect)
         except BaseException:
             children.stop_all()  # Ctrl-C or SIGTERM: end every child now, not after its timeout
+            failed = True
             raise
         finally:
             if zygote is not None:
-                zygote.close()
+                release(zygote, failed=failed)
     progress.finish("reload")
     return [r for r in results if r is not None]

@@ -1,5 +1,6 @@
-"""The zygote: `python -m itera_verify.reload.zygote FD ROOM [--light] [MODEL_TYPE...]`, one preloaded parent that forks
-every reload child.
+"""The zygote: `python -m itera_verify.reload.zygote FD ROOM [--import=M,...] [--without=M,...] [MODEL_TYPE...]`, one
+preloaded parent that forks every reload child. It imports what the run's loaders need and keeps out what none of
+them does (preloads.py).
 
 Why: a fresh interpreter spends 5-18 s importing torch, transformers and peft; the reloads themselves take well
 under a second for most artifacts. The zygote pays that once per run, then forks one new process per job. Each
@@ -32,14 +33,10 @@ import tempfile
 import time
 import traceback
 
-# What every reload child would import anyway (child.PRE_IMPORTS), and the tool's own loader modules; the
-# modelling libraries only where a loader needs them (LIGHT: a package of safetensors and torch-resume files
-# alone, where they would be 2.5 s and 100 MiB of every child's memory for nothing).
-PRELOADS = ("numpy", "torch", "safetensors", "safetensors.torch", "itera_verify.reload.child",
-            "itera_verify.reload.common")
-MODELLING = ("transformers", "transformers.modeling_utils", "transformers.models.auto.modeling_auto", "peft",
-             "accelerate", "huggingface_hub")
-LIGHT = "--light"
+from .preloads import BASE, imports_for, keep_out
+
+# The command line's flags: what to import (preloads.py decides, per run), what to keep out.
+IMPORT, WITHOUT = "--import=", "--without="
 PR_SET_PDEATHSIG = 1
 MODEL_TYPE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 REAP_POLL_SECONDS = 0.02
@@ -55,21 +52,28 @@ def thread_count() -> int:
         return threading.active_count()
 
 
-def preload(model_types: list[str], light: bool = False) -> dict:
-    """Import what the children will use. `model_types`: transformers' names of the package's architectures
-    (config.json `model_type`, read by the runner, never here), whose modelling modules transformers would
-    otherwise import lazily in every child. `light`: no loader of the run needs transformers or peft."""
+def preload(model_types: list[str], light: bool = False, *, imports=None, without=()) -> dict:
+    """Import what the children will use: `imports` (preloads.py; by default torch alone when `light`, else the
+    modelling libraries too), never the libraries in `without`. `model_types`: transformers' names of the
+    package's architectures (config.json `model_type`, read by the runner, never here), whose modelling modules
+    transformers would otherwise import lazily in every child."""
     started = time.monotonic()
+    keep_out(without)
     from .loaders import MODULES, loader_module
 
-    for name in PRELOADS + (() if light else MODELLING):
-        importlib.import_module(name)
+    for name in imports if imports is not None else (BASE if light else imports_for(["peft"])):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass  # a loader's optional library: its child names the extra that installs it
     for model_type in model_types:
         if MODEL_TYPE.fullmatch(model_type):
             try:
                 importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
             except ImportError:
                 pass  # not a model transformers knows: the child's from_pretrained says so
+    if "transformers" in sys.modules:
+        warm_caches(model_types)
     for loader in MODULES:  # helpers' loaders import their libraries lazily; the module itself is cheap
         try:
             loader_module(loader)
@@ -83,6 +87,17 @@ def preload(model_types: list[str], light: bool = False) -> dict:
     return {"ready": True, "threads": thread_count(),
             "cuda_initialised": bool(torch.cuda.is_initialized()) or cuda_driver_loaded(),
             "seconds": round(time.monotonic() - started, 3)}
+
+
+def warm_caches(model_types: list[str]) -> None:
+    """Build once the tables every child's first from_pretrained builds alike: transformers' checkpoint
+    conversion mapping (a thousand regular expressions, 0.3 s a child). A transformers without it: nothing."""
+    try:
+        from transformers import conversion_mapping
+
+        conversion_mapping.get_checkpoint_conversion_mapping(model_types[0] if model_types else "llama")
+    except Exception:  # noqa: BLE001 - an internal table of one transformers version: its absence costs time only
+        pass
 
 
 def cuda_driver_loaded() -> bool:
@@ -254,7 +269,10 @@ def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=int(argv[1]))
     zygote = Zygote(sock)
     try:
-        zygote.send(preload([a for a in argv[3:] if a != LIGHT], light=LIGHT in argv[3:]))
+        flags = [a for a in argv[3:] if a.startswith((IMPORT, WITHOUT))]
+        listed = {flag.split("=", 1)[0] + "=": [n for n in flag.split("=", 1)[1].split(",") if n] for flag in flags}
+        zygote.send(preload([a for a in argv[3:] if a not in flags], imports=listed.get(IMPORT),
+                            without=listed.get(WITHOUT, ())))
         zygote.serve()
     finally:
         zygote.stop()

@@ -17,7 +17,8 @@ from types import SimpleNamespace
 
 from ..runtime.launcher import Exit, Launcher, wait_until
 from .confine import scratch_variables
-from .zygote import LIGHT
+from .preloads import BASE, Preloads, imports_for
+from .zygote import IMPORT, WITHOUT
 
 ZYGOTE_START_SECONDS = 300.0  # importing the libraries; far longer means a broken environment: spawn instead
 
@@ -85,16 +86,15 @@ class ZygoteClient:
 
     Any thread may call it; one lock guards the socket and the messages read so far."""
 
-    def __init__(self, children: Launcher, env: dict, cwd: str, log, room: int, model_types=(),
-                 light: bool = False):
+    def __init__(self, children: Launcher, env: dict, cwd: str, log, room: int, preloads: Preloads):
         ours, theirs = socket.socketpair()
         self.sock, self.dead, self.next_id = ours, False, 0
         self._lock, self._buffer, self._messages = threading.Lock(), b"", {}
-        flags = [LIGHT] if light else []
+        flags = [IMPORT + ",".join(preloads.imports), WITHOUT + ",".join(preloads.without)]
         try:
             self.proc = children.spawn([sys.executable, "-m", "itera_verify.reload.zygote", str(theirs.fileno()),
-                                        "." * room, *flags, *model_types], pass_fds=(theirs.fileno(),), env=env,
-                                       cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
+                                        "." * room, *flags, *preloads.model_types], pass_fds=(theirs.fileno(),),
+                                       env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
         finally:
             theirs.close()
         self.children = children
@@ -172,18 +172,25 @@ class ZygoteClient:
 
 
 class Zygote:
-    """The zygote of one run and its folder; `client` is None when children must be spawned (and `why` says so)."""
+    """The zygote of one run (or of several, kept warm: warm.py) and its folder; `client` is None when children must
+    be spawned (and `why` says so). `preloads` (preloads.py) says what it imports; without it, `light` and
+    `model_types` do: torch alone, or the modelling libraries too. `folder`: where its own folder is made."""
 
-    def __init__(self, children: Launcher, env: dict, model_types=(), light: bool = False):
-        self.work = Path(tempfile.mkdtemp(prefix="itera-zygote-"))
-        self.light = light
+    def __init__(self, children: Launcher, env: dict, model_types=(), light: bool = False, *,
+                 preloads: Preloads | None = None, folder: str | None = None):
+        if preloads is None:
+            preloads = Preloads(BASE if light else imports_for(["peft"]), (), tuple(model_types))
+        self.preloads, self.env = preloads, env
+        self.warm_key: tuple | None = None  # set when it is kept warm across runs (warm.py)
+        self.work = Path(tempfile.mkdtemp(prefix="itera-zygote-", dir=folder))
+        self.light = preloads.light
         self.client, self.why, self.seconds = None, "", None
         # Its caches in its own folder (huggingface_hub reads HF_HOME once, at import: the children keep it).
         env = {**env, **scratch_variables(self.work, env.get("HF_HUB_CACHE")), "TMPDIR": str(self.work)}
         # Room in its command line for a child's title: `-m itera_verify.reload.child JOB RESULT` (zygote.py).
         room = 2 * len(tempfile.gettempdir()) + 256
         with open(self.work / "zygote.log", "wb") as log_handle:
-            self._starting = ZygoteClient(children, env, str(self.work), log_handle, room, model_types, light)
+            self._starting = ZygoteClient(children, env, str(self.work), log_handle, room, preloads)
         self.children = children
 
     def wait_ready(self) -> None:
@@ -226,14 +233,20 @@ def can_fork(isolation: str) -> bool:
 
 
 def start_zygote(isolation: str, children: Launcher, env: dict, needed: bool = True,
-                 model_types=(), started: Zygote | None = None, light: bool = False) -> Zygote | None:
-    """The run's zygote (`started`: one started earlier, still importing), ready; None where children are
-    spawned (asked for, no fork, nothing to run, or the zygote is not safe to fork from)."""
+                 model_types=(), started: Zygote | None = None, light: bool = False,
+                 preloads: Preloads | None = None) -> Zygote | None:
+    """The run's zygote (`started`: one started earlier, maybe still importing; else a warm one, warm.py, or a
+    new one), ready; None where children are spawned (asked for, no fork, nothing to run, or the zygote is not
+    safe to fork from)."""
+    from .warm import obtain, release
+
     if not can_fork(isolation) or not needed:
         if started is not None:
-            started.close()
+            release(started)
         return None
-    zygote = started or Zygote(children, env, model_types, light)
+    if preloads is None:
+        preloads = Preloads(BASE if light else imports_for(["peft"]), (), tuple(model_types))
+    zygote = started or obtain(env, preloads, children)
     zygote.wait_ready()
     if zygote.client is None:
         zygote.close()

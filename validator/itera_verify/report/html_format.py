@@ -178,7 +178,8 @@ def _curves(report: Report) -> str:
 
 
 def _saves(report: Report) -> str:
-    """Per run, what its saves cost (SPEC §7): what the guide asks to weigh when choosing the interval."""
+    """Per run, what its saves cost (docs/record.md, Campaign time): what the guide asks to weigh when choosing
+    the interval."""
     rows = []
     for run in _dicts(report.runs):
         saves = run.get("saves") if isinstance(run.get("saves"), dict) else None

@@ -1,7 +1,7 @@
 """Seal a checked package: one streaming pass into `<campaign_id>.tar.zst`, verified before it gets its name.
 
-Layout (SPEC §3): `<campaign_id>/` holds the package as it is, then `SEAL/SHA256SUMS` and the extra members
-the workflow hands over (`SEAL/verification.json`, `SEAL/report.html`). Choices made here:
+Layout (docs/format.md, The sealed archive): `<campaign_id>/` holds the package as it is, then `SEAL/SHA256SUMS`
+and the extra members the workflow hands over (`SEAL/verification.json`, `SEAL/report.html`). Choices made here:
 
 - Members are sorted by name (byte order); `SEAL/` comes last because its SHA256SUMS is the product of the pass.
 - Ownership is normalised (uid/gid 0, no user or group names); modes become 0755 (folders, executables) or
@@ -15,12 +15,14 @@ the workflow hands over (`SEAL/verification.json`, `SEAL/report.html`). Choices 
   changed size, modification time or inode (or inode change time, when discovery records it) since discovery,
   or whose digest differs from one a check computed, is IV704 and nothing is sealed. A file that exists but
   cannot be read is unreadable input: UsageError (exit 2).
-- The archive is written to `.<name>.<pid>.<random>.partial` beside the destination, synced, read back and
-  verified member by member against what was hashed, then linked to its final name (never clobbering an archive
+- The archive is written to `.<name>.<pid>.<random>.partial` beside the destination, read back and verified
+  member by member against what was hashed, synced, then linked to its final name (never clobbering an archive
   that appeared meanwhile unless --overwrite). Where the file system allows, the writing and the read-back both go
   past the page cache (O_DIRECT, archive/direct.py): the read-back then checks the bytes the device holds, not a
-  cached copy. Any exception, Ctrl-C or SIGTERM removes the partial file; after a kill -9 it stays under its
-  partial name and the next seal in that folder removes it.
+  cached copy. It follows the writing (archive/follow.py): each frame is read back once it is in the file, so
+  the read-back's decompression and hashing run beside the compression, not after it. Any exception, Ctrl-C or
+  SIGTERM removes the partial file; after a kill -9 it stays under its partial name and the next seal in that
+  folder removes it.
 - A follower (push/follow.py, for `--push`) may read the partial archive while it is written: the writer
   tells it how many bytes are final (archive/output.WrittenBytes), the read-back gives it every byte of the
   file as it hashes them (its CRC64NVME, no second read), it hears when the archive is published, and a seal
@@ -37,6 +39,7 @@ from pathlib import Path
 from ..archive import ArchiveError, ArchiveWriter, worker_count
 from ..archive.canonical import TOP_FOLDER
 from ..archive.direct import DirectWriter
+from ..archive.follow import FollowedFrames, Growing, Stopped
 from ..archive.output import WrittenBytes
 from ..archive.publish import (fsync_folder, partial_path, publish, read_back, remove_stale_partials,
                               write_checksum_file)
@@ -75,9 +78,10 @@ def _open_output(path: Path):
 
 # ---- the seal ---------------------------------------------------------------------------------------------
 class Sealing:
-    """One seal of `package` into `destination` (SPEC §3), in two steps so that the checks can run beside it:
-    start() streams the package members into the partial archive on a thread; finish(members) adds SEAL/,
-    reads the archive back, and publishes it; cancel() drops it (the partial file is removed).
+    """One seal of `package` into `destination` (docs/format.md, The sealed archive), in two steps so that the
+    checks can run beside it: start() streams the package members into the partial archive on a thread;
+    finish(members) adds SEAL/, reads the archive back, and publishes it; cancel() drops it (the partial file is
+    removed).
 
     Checking a destination or a plan that cannot work raises here, before anything is written: UsageError
     (exit 2) or SealRefused (findings).
@@ -105,7 +109,12 @@ class Sealing:
         self._failure: BaseException | None = None
         self._done = False
         self.follower = follower
-        self.written = WrittenBytes() if follower is not None else None
+        self.written = WrittenBytes()  # what the read-back (and a push following the seal) may read
+        self.expected = Growing()  # the members written so far, for the read-back
+        self._verifying: threading.Thread | None = None
+        self._verified: tuple | BaseException | None = None
+        self._verify_lock = threading.Lock()
+        self._verified_bytes, self._verify_shown = 0, False
 
     def start(self) -> "Sealing":
         remove_stale_partials(self.destination)
@@ -125,6 +134,9 @@ class Sealing:
                 self.follower.begin(self.partial, self.written, self.destination.name,
                                     tar + tar // 64 + (64 << 20),
                                     lambda: writer.output.bytes * tar // max(writer.tar_bytes, 1))
+            # The read-back last: it follows the writer from the file's first frame (archive/follow.py).
+            self._verifying = threading.Thread(target=self._read_back, name="seal-verify", daemon=True)
+            self._verifying.start()
         except OSError as exc:
             self.cancel()
             raise UsageError(f"{self.destination}: cannot write the archive ({exc.strerror or exc})") from exc
@@ -136,9 +148,50 @@ class Sealing:
     def _write_package(self) -> None:
         try:
             self._result = write_package_members(self.package, self.campaign_id, self.plan, self._writer,
-                                                 self.progress, self._stop)
+                                                 self.progress, self._stop, self.expected)
         except BaseException as exc:  # noqa: BLE001 - handed to finish(), never lost in the thread
             self._failure = exc
+
+    def _read_back(self) -> None:
+        try:
+            self._verified = _read_back(self.partial, self.expected,
+                                        FollowedFrames(self._writer.frames, self.written, self._stop),
+                                        self._count_verified,
+                                        self.follower.tap if self.follower is not None else None)
+        except BaseException as exc:  # noqa: BLE001 - handed to finish(), never lost in the thread
+            self._verified = exc
+
+    def _count_verified(self, count: int) -> None:
+        with self._verify_lock:
+            self._verified_bytes += count
+            if self._verify_shown:
+                self.progress.advance("seal-verify", count)
+
+    def _show_read_back(self) -> None:
+        """The read-back's progress, from where it is: it began with the writing."""
+        total = sum(member[2] for member in self.expected)
+        with self._verify_lock:
+            self.progress.start("seal-verify", "verifying the archive", total=total, unit="B")
+            self.progress.advance("seal-verify", self._verified_bytes)
+            self._verify_shown = True
+
+    def _read_back_result(self) -> tuple[str, int]:
+        """(sha256, bytes) of the archive as read back from the device, once the read-back is done."""
+        try:
+            join_thread(self._verifying)  # bounded waits: a Ctrl-C or SIGTERM runs its handler meanwhile
+        except BaseException:
+            self.progress.abandon("seal-verify", "stopped, nothing sealed")
+            raise
+        verified = self._verified
+        if isinstance(verified, ArchiveError):
+            self.progress.abandon("seal-verify", "FAILED, nothing sealed")
+            raise UsageError(f"read-back verification of the archive failed: {verified}; nothing was sealed") \
+                from verified
+        if isinstance(verified, BaseException) or verified is None:
+            self.progress.abandon("seal-verify", "stopped, nothing sealed")
+            raise verified if isinstance(verified, BaseException) else Stopped()
+        self.progress.finish("seal-verify")
+        return verified
 
     def finish(self, members: dict[str, bytes], signers: "Signers | None" = None) -> dict:
         """Add SEAL/ (`members`: SEAL/<name> -> bytes), verify, publish. Returns the report's `archive` object.
@@ -164,15 +217,14 @@ class Sealing:
                 digests, expected = self._result
                 unchanged_since_discovery(self.package, digests)
                 write_seal_members(self._writer, self.campaign_id, digests, expected, members, sign, oms)
+                expected.close()
                 self._output.flush()
                 os.fsync(self._output.fileno())
-                if self.written is not None:
-                    self.written.finish(self._writer.output.bytes)
+                self.written.finish(self._writer.output.bytes)
                 self.progress.finish("seal")
                 sealed_at = time.monotonic()
-                archive_sha256, archive_bytes = _read_back(self.partial, expected, self._writer.frames,
-                                                           self.progress,
-                                                           self.follower.tap if self.follower is not None else None)
+                self._show_read_back()
+                archive_sha256, archive_bytes = self._read_back_result()
                 published_at = time.monotonic()
                 write_checksum_file(self.sums_partial, archive_sha256, self.destination.name)
                 signature = None
@@ -222,13 +274,13 @@ class Sealing:
         if not self._done:  # first: an interrupted run must not leave it even if the threads take a moment
             for leftover in (self.partial, self.sums_partial, self.sig_partial):
                 leftover.unlink(missing_ok=True)
-            if self.written is not None:
-                self.written.fail()
+            self.written.fail()
+            self.expected.fail()
             if self.follower is not None:
                 self.follower.abandon()  # its upload is aborted: nothing was sealed
-        thread = self._thread
-        if thread is not None and thread.ident is not None and thread is not threading.current_thread():
-            thread.join()  # (ident is None: interrupted before the thread ever started)
+        for thread in (self._thread, self._verifying):
+            if thread is not None and thread.ident is not None and thread is not threading.current_thread():
+                thread.join()  # (ident is None: interrupted before the thread ever started)
         if self._writer is not None:
             self._writer.abandon()
         if self._output is not None:
@@ -240,8 +292,9 @@ class Sealing:
 def seal_package(ctx: RunContext, campaign_id: str, members: dict[str, bytes], destination: Path, *,
                  overwrite: bool = False, level: int = 3, threads: int = 0,
                  progress: Progress = NULL_PROGRESS, signer: "Signers | None" = None) -> dict:
-    """Seal `package` into `destination` in one go (SPEC §3). Returns the report's `archive` object.
-    Raises SealRefused (findings) or UsageError (exit 2: destination exists, disk full, unreadable file)."""
+    """Seal `package` into `destination` in one go (docs/format.md, The sealed archive).
+    Returns the report's `archive` object. Raises SealRefused (findings) or UsageError (exit 2: destination
+    exists, disk full, unreadable file)."""
     check_extra_members(members)  # before anything is written
     sealing = Sealing(ctx, campaign_id, destination, overwrite=overwrite, level=level, threads=threads,
                       progress=progress)
@@ -253,16 +306,7 @@ def seal_package(ctx: RunContext, campaign_id: str, members: dict[str, bytes], d
             sealing.cancel()  # a no-op once published
 
 
-def _read_back(partial: Path, expected: list[tuple], frames, progress: Progress, tap=None) -> tuple[str, int]:
-    progress.start("seal-verify", "verifying the archive", total=sum(e[2] for e in expected), unit="B")
-    try:
-        verified = read_back(partial, expected, frames, on_bytes=lambda n: progress.advance("seal-verify", n),
-                             tap=tap)
-    except ArchiveError as exc:
-        progress.abandon("seal-verify", "FAILED, nothing sealed")
-        raise UsageError(f"read-back verification of the archive failed: {exc}; nothing was sealed") from exc
-    except BaseException:
-        progress.abandon("seal-verify", "stopped, nothing sealed")
-        raise
-    progress.finish("seal-verify")
-    return verified
+def _read_back(partial: Path, expected: Growing, follow: FollowedFrames, on_bytes, tap=None) -> tuple[str, int]:
+    """The archive read back from the device as it is written, member by member against `expected` (its
+    SHA-256 and size); raises ArchiveError on any difference, Stopped when the seal is abandoned."""
+    return read_back(partial, expected, on_bytes=on_bytes, tap=tap, follow=follow)

@@ -54,13 +54,14 @@ def _pieces(entry: MemberEntry, piece, feed, progress: Progress, stop: threading
 
 
 def write_package_members(ctx: RunContext, campaign_id: str, plan: list[MemberEntry], writer, progress: Progress,
-                          stop: threading.Event) -> tuple[dict[str, str], list[tuple]]:
-    """Every package member, in order; returns the digests by path and the member list for the read-back."""
+                          stop: threading.Event, expected=None) -> tuple[dict[str, str], list[tuple]]:
+    """Every package member, in order; returns the digests by path and the member list for the read-back
+    (`expected`, appended to as each member is written: a read-back may follow it, archive/follow.py)."""
     files = [e for e in plan if e.kind == "file"]
     feeder = FileFeeder([(ctx.inventory.os_path(e.rel), e.size) for e in files])
     feed = iter(feeder)
     digests: dict[str, str] = {}
-    expected: list[tuple] = []
+    expected = [] if expected is None else expected
     try:
         for entry in plan:
             if stop.is_set():

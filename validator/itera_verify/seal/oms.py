@@ -1,4 +1,4 @@
-"""OpenSSF model-signing (OMS) signatures: `--sign model-signing:KEY.pem` (SPEC §7 "Signed seals").
+"""OpenSSF model-signing (OMS) signatures: `--sign model-signing:KEY.pem` (docs/format.md, OpenSSF model signing).
 
 The seal writes `SEAL/model.sig` (format/names.py OMS_SIGNATURE), a Sigstore bundle made by the `model-signing`
 library's `key` method (a local EC private key: nothing is sent anywhere), over every other regular file of the

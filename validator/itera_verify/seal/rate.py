@@ -1,4 +1,5 @@
-"""The seal's rate on this machine, measured now (SPEC §7: before sealing, estimate the seal from measured rates).
+"""The seal's rate on this machine, measured now (docs/record.md, Campaign time: before the
+checks, the seal is estimated from a rate measured there and then).
 
 A rented machine's disk and cores are not the benchmark's: the estimate that says whether the seal fits before
 the rental ends times the seal's own work on this package, here. The real archive writer (archive/writer.py:

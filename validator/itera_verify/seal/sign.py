@@ -1,4 +1,4 @@
-"""Signing a seal (SPEC §7 "Signed seals"): `--sign ssh:KEY.pub` (the key in the running ssh-agent) or
+"""Signing a seal (docs/format.md, Signatures): `--sign ssh:KEY.pub` (the key in the running ssh-agent) or
 `--sign ssh:KEY` (a private key file, loaded into a temporary agent of our own: seal/agent.py); with
 `--sign model-signing:KEY.pem` too or instead, an OpenSSF model-signing signature (seal/oms.py).
 

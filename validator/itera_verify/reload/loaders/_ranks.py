@@ -1,4 +1,4 @@
-"""Per-rank files and the world size (SPEC, multi-GPU readings).
+"""Per-rank files and the world size (docs/format.md, Multi-GPU training outputs).
 
 Rank files must be exactly ranks 0 … world_size-1; without a recorded size, contiguous from 0. The world size
 comes from the run's params (`world_size`) and from what the files record (DeepSpeed's dp_world_size); a missing

@@ -1,4 +1,4 @@
-"""The multi-process forms of a Trainer `checkpoint-N/` (SPEC, multi-GPU training outputs).
+"""The multi-process forms of a Trainer `checkpoint-N/` (docs/format.md, Multi-GPU training outputs).
 
 Under DeepSpeed the optimizer (and, under ZeRO-3, the weights) live in `global_step<N>/`, named by `latest`, and
 there is no optimizer.pt; under sharded FSDP the weights and the optimizer are torch.distributed.checkpoint

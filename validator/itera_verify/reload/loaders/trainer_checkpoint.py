@@ -121,6 +121,6 @@ def reload(job: dict, device, outcome: Outcome) -> None:
     for file in components.get("scaler", []):
         _resume.attempt(outcome, check_scaler, file, device, outcome)
     args = folder / "training_args.bin"
-    if args.is_file():  # scanned, never loaded, not needed to resume (SPEC §6)
+    if args.is_file():  # scanned, never loaded, not needed to resume (docs/format.md, Declared facts)
         outcome.facts["training_args"] = "scanned only" if not scan_file(args).unsafe else "unsafe (IV506)"
     _trainer_layouts.forward(model, device, outcome, layout)
