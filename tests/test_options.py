@@ -98,9 +98,11 @@ def test_a_missing_hand_off_is_a_type_error_never_a_second_reading(tmp_path):
 
 # The entry points that read the process's environment, each once: the command line, settle() (the API's), the
 # recorder's hub cache lookup (open_campaign's own entry) and a reload child's own start.
-# The entry points: the command line (a batch's too), settle(), the recorder, and a Ray task of a batch (an entry
-# point on the worker's machine: it audits with that machine's environment).
-READS_ENVIRONMENT = {"cli/__init__.py", "cli/batch.py", "flows/config.py", "record/hub.py", "flows/batch_ray.py"}
+# The entry points: the command line (a batch's too), settle(), the recorder (its hub cache lookup, and the resume
+# proof it starts from the training process, handed that process's variables filtered by `for_tool`), and a Ray
+# task of a batch (an entry point on the worker's machine: it audits with that machine's environment).
+READS_ENVIRONMENT = {"cli/__init__.py", "cli/batch.py", "flows/config.py", "record/hub.py", "record/proofs.py",
+                     "flows/batch_ray.py"}
 
 
 def _reads_environment(tree: ast.AST) -> bool:
