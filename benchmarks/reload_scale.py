@@ -63,7 +63,7 @@ def plain_main(mode: str, package: Path, hf_cache: Path, device: str) -> None:
     import transformers.modeling_utils  # noqa: F401
     import peft  # noqa: F401
 
-    from reload_bench import bare_load
+    from bare_loads import bare_load
 
     started = time.perf_counter()
     if mode == "phase":
