@@ -35,8 +35,8 @@ from .gpus import GpuPool, free_memory, needs_every_gpu, visible_gpus
 from .jobs import plan, reload_entry
 from .limits import base_folder, configured_limit, over_limit, pinned_base_folder, starved
 from .placement import cap_from_environment
-from .warm import obtain, release
-from .zygote_client import ForkedChild, Zygote, can_fork, start_zygote
+from .warm import obtain, release, start_zygote
+from .zygote_client import ForkedChild, Zygote, can_fork
 
 VALIDATOR_DIR = str(Path(__file__).resolve().parents[2])  # the folder holding the itera_verify package
 LOG_TAIL_LINES = 3

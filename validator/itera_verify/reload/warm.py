@@ -22,8 +22,8 @@ from collections import OrderedDict
 from contextlib import contextmanager
 
 from ..runtime.launcher import Launcher
-from .preloads import Preloads
-from .zygote_client import Zygote
+from .preloads import BASE, Preloads, imports_for
+from .zygote_client import Zygote, can_fork
 
 KEPT = 2  # warm zygotes at most (each holds its libraries' memory, ~0.5 GiB with transformers)
 
@@ -143,3 +143,28 @@ def release(zygote: Zygote, *, failed: bool = False) -> None:
         zygote.close()
     else:
         warm.give_back(zygote)
+
+
+def start_zygote(isolation: str, children: Launcher, env: dict, needed: bool = True,
+                 model_types=(), started: Zygote | None = None, light: bool = False,
+                 preloads: Preloads | None = None) -> Zygote | None:
+    """The run's zygote (`started`: one started earlier, maybe still importing; else a warm one, or a new one),
+    ready; None where children are spawned (asked for, no fork, nothing to run, or the zygote is not safe to fork
+    from)."""
+    if not can_fork(isolation) or not needed:
+        if started is not None:
+            release(started)
+        return None
+    if preloads is None:
+        preloads = Preloads(BASE if light else imports_for(["peft"]), (), tuple(model_types))
+    zygote = started or obtain(env, preloads, children)
+    zygote.wait_ready()
+    if zygote.client is None:
+        zygote.close()
+        if isolation == "fork" and not children.stop.is_set():
+            from ..model import UsageError
+
+            raise UsageError(f"--isolation fork: {zygote.why}")
+        children.fork_refused = zygote.why  # each spawned result says why it was not forked
+        return None
+    return zygote

@@ -230,30 +230,3 @@ class Zygote:
 def can_fork(isolation: str) -> bool:
     # macOS: fork after the Objective-C runtime started is not safe (and CUDA is absent there).
     return isolation != "spawn" and hasattr(os, "fork") and sys.platform != "darwin"
-
-
-def start_zygote(isolation: str, children: Launcher, env: dict, needed: bool = True,
-                 model_types=(), started: Zygote | None = None, light: bool = False,
-                 preloads: Preloads | None = None) -> Zygote | None:
-    """The run's zygote (`started`: one started earlier, maybe still importing; else a warm one, warm.py, or a
-    new one), ready; None where children are spawned (asked for, no fork, nothing to run, or the zygote is not
-    safe to fork from)."""
-    from .warm import obtain, release
-
-    if not can_fork(isolation) or not needed:
-        if started is not None:
-            release(started)
-        return None
-    if preloads is None:
-        preloads = Preloads(BASE if light else imports_for(["peft"]), (), tuple(model_types))
-    zygote = started or obtain(env, preloads, children)
-    zygote.wait_ready()
-    if zygote.client is None:
-        zygote.close()
-        if isolation == "fork" and not children.stop.is_set():
-            from ..model import UsageError
-
-            raise UsageError(f"--isolation fork: {zygote.why}")
-        children.fork_refused = zygote.why  # each spawned result says why it was not forked
-        return None
-    return zygote
