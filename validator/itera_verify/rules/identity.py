@@ -1,7 +1,6 @@
 """IV301–IV308: who is who. Run ids, the control, the frozen corpus, and what each run's files are bound to."""
 from __future__ import annotations
 
-import os
 import re
 from collections import Counter
 from typing import Iterator
@@ -11,6 +10,7 @@ from ..model import Finding, Rule, Severity
 from ..package import MANIFEST, STOPS, RunContext, pointer_of
 from ..package.campaign import (accepted_entries, filled_text, fmt_ids, indexed_runs, listed, runs_by_id, section,
                                 shown, stop_records)
+from ._records import file_size
 
 RULES = [
     Rule("IV301", Severity.ERROR, "duplicate run id",
@@ -279,10 +279,4 @@ def _identical_predictions(ctx: RunContext) -> Iterator[Finding]:
 
 
 def _size(ctx: RunContext, rel: str) -> int:
-    entry = ctx.inventory.files.get(rel)
-    if entry is not None:
-        return entry.size
-    try:
-        return os.stat(ctx.documents.path(rel)).st_size  # a link inside the package
-    except OSError:
-        return 0
+    return file_size(ctx, rel) or 0  # 0: not there, compared as such
