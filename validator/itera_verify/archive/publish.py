@@ -4,6 +4,7 @@ Nothing here knows about packages: it compares an archive with the list of membe
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import secrets
@@ -88,6 +89,10 @@ def write_checksum_file(path: Path, sha256: str, archive_name: str) -> None:
         os.fsync(fh.fileno())
 
 
+# What os.link answers where the file system or share has no hard links (or no more for this file).
+NO_HARD_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK)
+
+
 def publish(partial: Path, destination: Path, overwrite: bool) -> None:
     """Give the verified file its name atomically. Without `overwrite`, a file that appeared under that name
     meanwhile is kept and FileExistsError raised: a hard link never replaces an existing name."""
@@ -98,7 +103,10 @@ def publish(partial: Path, destination: Path, overwrite: bool) -> None:
         os.link(partial, destination)
     except FileExistsError:
         raise
-    except OSError:  # a file system without hard links: check, then rename (a tiny race, the best available)
+    except OSError as exc:
+        if exc.errno not in NO_HARD_LINKS:
+            raise
+        # No hard links here: check, then rename (a tiny race, the best available).
         if destination.exists():
             raise FileExistsError(destination) from None
         os.replace(partial, destination)

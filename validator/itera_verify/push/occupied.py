@@ -9,12 +9,12 @@ before the completion instead. In a folder the copy takes its name with a hard l
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import re
 from pathlib import Path
 
+from ..archive.publish import publish
 from ..format.push import CHECKSUM_SUFFIX
 from .store import PushUnverified, S3Location, error_code, explain
 
@@ -112,29 +112,15 @@ def file_sha256(path: Path) -> str:
 
 
 def take_name(partial: Path, destination: Path, sha256: str, overwrite: bool) -> None:
-    """`partial` (verified) becomes `destination`: replacing it only with `overwrite` or when it is this very
-    archive; otherwise a hard link, which fails rather than replace a file another push put there meanwhile."""
-    if overwrite:
-        os.replace(partial, destination)
-        return
+    """`partial` (verified) becomes `destination` (archive/publish.py: a hard link, which fails rather than
+    replace a file another push put there meanwhile); a name already holding this very archive is taken over."""
     try:
-        os.link(partial, destination)
+        publish(partial, destination, overwrite)
     except FileExistsError:
         theirs = file_sha256(destination) if destination.is_file() else "not a file"
         if theirs != sha256:
             raise refusal(str(destination), theirs, sha256) from None
         os.replace(partial, destination)  # the same bytes: a push run again
-        return
-    except OSError as exc:
-        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
-            raise
-        # A share without hard links: checked, then replaced.
-        if destination.exists() and (not destination.is_file() or file_sha256(destination) != sha256):
-            theirs = file_sha256(destination) if destination.is_file() else "not a file"
-            raise refusal(str(destination), theirs, sha256) from None
-        os.replace(partial, destination)
-        return
-    partial.unlink()
 
 
 def refuse_folder_if_occupied(destination: Path, sha256: str, overwrite: bool) -> None:
