@@ -4,7 +4,8 @@ The Trainer pickles its TrainingArguments into every checkpoint's training_args.
 a dataclass built by NEWOBJ, then BUILD with a dict of its fields. Walking the opcodes with a symbolic stack (plain
 values as themselves, containers as containers, every import a label and every call an opaque object) gives those
 fields without running anything, so the static checks compare the run's own record of its learning rate, seed and
-steps with what the package declares (format/facts.py). The scanner (package/pickles) decides whether a file may be
+steps with what the package declares (format/facts.py). The same walk gives the keys of the dict a resume file
+holds (`top_level_keys`, for rules/_resume_files.py). The scanner (package/pickles) decides whether a file may be
 loaded; this reads values, and loads nothing either way.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, BinaryIO
 from .pickles.zips import AmbiguousZip, open_checked
 
 MAX_ARGS_PICKLE = 8 << 20  # a pickled TrainingArguments is ~4 KB, ~100 KB with a DeepSpeed configuration
+MAX_DATA_PKL = 64 << 20  # the object graph of a resume file, tensors excluded: megabytes at most
 MAX_OPCODES = 500_000
 
 
@@ -25,7 +27,7 @@ class _Global(str):
     """An imported name, `module name`: a label, never imported."""
 
 
-@dataclass
+@dataclass(eq=False)  # hashable by identity: a dict keyed by an opaque object still reads
 class _Object:
     cls: Any
     state: Any = None
@@ -51,18 +53,22 @@ def _plain(value: Any) -> Any:
     return _Object
 
 
-def object_state(data: bytes) -> dict[str, Any] | None:
-    """The plain fields of the object a pickle builds (a dataclass such as TrainingArguments: NEWOBJ, then BUILD
-    with a dict), read by walking its opcodes with a symbolic stack. An enum member (`REDUCE` of a class with
-    one plain argument) reads as that argument: `SchedulerType('linear')` is 'linear'. None when the pickle is
-    not one such object."""
+class _Unread(Exception):
+    """The walk met what it does not follow (or went past its opcode bound)."""
+
+
+def built_value(data: bytes, max_opcodes: int | None = MAX_OPCODES) -> Any:
+    """What a pickle builds, walked on a symbolic stack: plain values as themselves, dicts, lists and tuples as
+    such, every import a label and every other call or object an opaque `_Object`. An enum member (`REDUCE` of
+    a class with one plain argument) reads as that argument: `SchedulerType('linear')` is 'linear'. _Unread
+    when the opcodes are not followed."""
     stack: list = []
     marks: list[int] = []
     memo: dict = {}
     try:
         for count, (opcode, arg, _pos) in enumerate(pickletools.genops(data)):
-            if count > MAX_OPCODES:
-                return None
+            if max_opcodes is not None and count > max_opcodes:
+                raise _Unread(f"more than {max_opcodes} opcodes")
             name = opcode.name
             if name == "STOP":
                 break
@@ -140,9 +146,20 @@ def object_state(data: bytes) -> dict[str, Any] | None:
                     stack[-1].state = state
             else:
                 _generic(opcode, stack, marks)
-    except (ValueError, IndexError, KeyError, TypeError, AttributeError):
+    except (ValueError, IndexError, KeyError, TypeError, AttributeError) as exc:
+        raise _Unread(str(exc)) from None
+    if not stack:
+        raise _Unread("nothing built")
+    return stack[-1]
+
+
+def object_state(data: bytes) -> dict[str, Any] | None:
+    """The plain fields of the object a pickle builds (a dataclass such as TrainingArguments: NEWOBJ, then BUILD
+    with a dict); None when the pickle is not one such object."""
+    try:
+        built = built_value(data)
+    except _Unread:
         return None
-    built = stack[-1] if stack else None
     state = built.state if isinstance(built, _Object) else None
     if isinstance(state, tuple) and state and isinstance(state[0], dict):
         state = state[0]  # (dict, slots)
@@ -167,20 +184,43 @@ def _generic(opcode, stack: list, marks: list[int]) -> None:
     stack.extend([_Object(None)] * len(opcode.stack_after))
 
 
-def training_args(fh: BinaryIO) -> dict[str, Any] | None:
-    """The plain fields of the TrainingArguments a Trainer pickled into training_args.bin (a zip-format
-    torch.save file), from its data.pkl's opcodes; None when the file is not that."""
+def data_pkl(fh: BinaryIO, max_bytes: int) -> bytes | None:
+    """The one `<name>/data.pkl` of a zip-format torch.save file (the zip read as package/pickles/zips.py reads
+    it); None when there is not exactly one, or it is larger than `max_bytes`."""
     try:
         size = os.fstat(fh.fileno()).st_size
         with open_checked(fh, size) as archive:
             members = [info for info in archive.infolist() if info.filename.endswith("/data.pkl")
                        and info.filename.count("/") == 1]
-            if len(members) != 1 or members[0].file_size > MAX_ARGS_PICKLE:
+            if len(members) != 1 or members[0].file_size > max_bytes:
                 return None
-            data = archive.read(members[0])
+            return archive.read(members[0])
     except (OSError, AmbiguousZip, zipfile.BadZipFile, ValueError, EOFError, RuntimeError, NotImplementedError):
         return None
-    return object_state(data)
 
 
-__all__ = ["object_state", "training_args"]
+def training_args(fh: BinaryIO) -> dict[str, Any] | None:
+    """The plain fields of the TrainingArguments a Trainer pickled into training_args.bin (a zip-format
+    torch.save file), from its data.pkl's opcodes; None when the file is not that."""
+    data = data_pkl(fh, MAX_ARGS_PICKLE)
+    return None if data is None else object_state(data)
+
+
+def top_level_keys(fh: BinaryIO) -> set[str] | None:
+    """The string keys of the dict the open file `fh` (a zip-format torch.save file, such as a resume checkpoint)
+    holds, so the static phase can tell that `optimizer` or `rng` was never saved; None when unknown (the
+    reload, which loads the file, then decides). Every opcode of the object graph is followed: it is bounded by
+    MAX_DATA_PKL, tensors excluded."""
+    data = data_pkl(fh, MAX_DATA_PKL)
+    if data is None:
+        return None
+    try:
+        built = built_value(data, max_opcodes=None)
+    except _Unread:
+        return None
+    if not isinstance(built, dict) or not all(isinstance(key, str) for key in built):
+        return None
+    return set(built)
+
+
+__all__ = ["built_value", "data_pkl", "object_state", "top_level_keys", "training_args"]

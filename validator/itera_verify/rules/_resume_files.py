@@ -16,7 +16,7 @@ from ..package import RunContext
 from ..format import layouts
 from ..format.layouts import GLOBAL_STEP
 from ..package.campaign import fp16_run, recorded_world_size, run_params
-from ._pickle_keys import top_level_keys
+from ..package.pickle_state import top_level_keys
 
 TRAINER_LOADER = "hf-trainer-checkpoint"
 TORCH_RESUME_LOADER = "torch-resume"
