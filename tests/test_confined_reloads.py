@@ -7,7 +7,6 @@ library; "no Landlock" is a real seccomp filter that answers Landlock's system c
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
 import socket
@@ -21,6 +20,7 @@ import pytest
 from itera_verify.reload.confine import confine_child, recorded
 from itera_verify.runtime import landlock
 from itera_verify.runtime.launcher import Forked
+from tests.confined_child import attempt, confined, package  # noqa: F401 - package: a fixture
 from tests.helpers import run_cli
 
 ABI, WHY = landlock.abi_version()
@@ -29,34 +29,8 @@ pytestmark = pytest.mark.skipif(ABI < landlock.NET_ABI, reason=f"this kernel can
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def attempt(action) -> str:
-    """'ok', or the errno's name of the refusal."""
-    try:
-        action()
-    except OSError as exc:
-        return errno.errorcode.get(exc.errno, str(exc.errno))
-    return "ok"
-
-
 def write(path: Path) -> None:
     path.write_text("planted")
-
-
-def in_a_confined_child(tmp_path: Path, job: dict, tries) -> tuple[str, dict]:
-    """Fork, confine the child as a reload child confines itself (its scratch folder, `job`), run `tries()` there;
-    (what the child recorded as held, what tries returned)."""
-    scratch = tempfile.mkdtemp(prefix="itera-reload-", dir=tmp_path)
-    outcome = Forked(lambda: (confine_child(dict({"device": "cpu", "confine": "auto"}, **job), scratch),
-                              tries(Path(scratch)))[1]).result()
-    return recorded(scratch), outcome
-
-
-@pytest.fixture
-def package(tmp_path) -> Path:
-    root = tmp_path / "package"
-    (root / "artifacts").mkdir(parents=True)
-    (root / "artifacts/model.safetensors").write_bytes(b"weights")
-    return root
 
 
 def test_a_child_that_writes_outside_its_scratch_folder_is_refused_by_the_kernel(tmp_path, package):
@@ -71,7 +45,7 @@ def test_a_child_that_writes_outside_its_scratch_folder_is_refused_by_the_kernel
                 "scratch": attempt(lambda: write(scratch / "offload.dat")),
                 "read the package": attempt(lambda: (package / "artifacts/model.safetensors").read_bytes())}
 
-    held, outcome = in_a_confined_child(tmp_path, {"package_root": str(package)}, tries)
+    held, outcome = confined(tmp_path, {"package_root": str(package)}, tries, cut=False)
     assert held == HELD
     assert outcome == {"outside file": "EACCES", "outside folder": "EACCES", "into the package": "EACCES",
                        "shared memory": "EACCES", "scratch": "ok", "read the package": "ok"}
@@ -89,7 +63,7 @@ def test_a_child_that_reads_the_ssh_keys_of_its_home_is_refused(tmp_path, packag
                 "listing": attempt(lambda: os.listdir(Path("~/.ssh").expanduser())),
                 "the package": attempt(lambda: (package / "artifacts/model.safetensors").read_bytes())}
 
-    held, outcome = in_a_confined_child(tmp_path, {"package_root": str(package / "artifacts")}, tries)
+    held, outcome = confined(tmp_path, {"package_root": str(package / "artifacts")}, tries, cut=False)
     assert held.startswith("landlock ABI")
     assert outcome == {"key": "EACCES", "listing": "EACCES", "the package": "ok"}
 
@@ -122,7 +96,7 @@ def test_a_child_that_connects_to_or_binds_a_tcp_port_is_refused(tmp_path, packa
     def tries(_scratch: Path) -> dict:
         return {"connect": attempt(lambda: connect(listener)), "bind": attempt(bind_any_port)}
 
-    held, outcome = in_a_confined_child(tmp_path, {"package_root": str(package)}, tries)
+    held, outcome = confined(tmp_path, {"package_root": str(package)}, tries, cut=False)
     assert held == HELD
     assert outcome == {"connect": "EACCES", "bind": "EACCES"}
 

@@ -22,6 +22,7 @@ from itera_verify.reload.runner import child_env, zygote_env
 from itera_verify.runtime import landlock, seccomp
 from itera_verify.runtime.environment import Environment
 from itera_verify.runtime.launcher import Forked
+from tests.confined_child import attempt
 from tests.no_landlock import AUDIT_ARCH, BPF_JEQ_K, BPF_LD_W_ABS, BPF_RET_K, SockFilter, SockFprog
 
 ABI, WHY = landlock.abi_version()
@@ -35,14 +36,6 @@ SECRETS = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "wJalrXU
 NEEDED = {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "LD_LIBRARY_PATH": "/usr/local/cuda/lib64",
           "CUDA_VISIBLE_DEVICES": "1", "OMP_NUM_THREADS": "4", "ITERA_RELOAD_HOST_MEMORY": "8G",
           "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "HOME": "/home/reviewer"}
-
-
-def attempt(action) -> str:
-    try:
-        action()
-    except OSError as exc:
-        return errno.errorcode.get(exc.errno, str(exc.errno))
-    return "ok"
 
 
 # --- the variables -------------------------------------------------------------------------------------------

@@ -5,7 +5,6 @@ variables a reload child is given (reload/runner.py `child_env`), and tries; the
 (a real ssh-agent holding a real key, a UDP socket this test owns). Safe outcomes are asserted."""
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import socket
@@ -15,12 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from itera_verify.reload.child import cut_network
-from itera_verify.reload.confine import confine_child, recorded
 from itera_verify.reload.runner import child_env
 from itera_verify.runtime import landlock
 from itera_verify.runtime.environment import Environment
-from itera_verify.runtime.launcher import Forked
+from tests.confined_child import attempt, confined, package  # noqa: F401 - package: a fixture
 
 ABI, WHY = landlock.abi_version()
 HELD = f"landlock ABI {ABI}: fs, net; seccomp: no sockets"  # what a reload child says held (reload/confine.py)
@@ -29,39 +26,6 @@ needs_ssh = pytest.mark.skipif(not (shutil.which("ssh-agent") and shutil.which("
                                reason="needs OpenSSH's ssh-agent and ssh-keygen")
 SECRETS = {"AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "GITHUB_TOKEN": "ghp_example",
            "SSH_AUTH_SOCK": "/run/user/1000/ssh-agent.sock"}
-
-
-def attempt(action) -> str:
-    try:
-        action()
-    except OSError as exc:
-        return errno.errorcode.get(exc.errno, str(exc.errno))
-    return "ok"
-
-
-def confined(tmp_path: Path, job: dict, tries, env: dict | None = None):
-    """Fork; the child takes `env` as its variables, confines itself as a reload child (its scratch folder,
-    `job`), cuts its network as a reload child does, then runs `tries(scratch)`. (what held, what tries gave)."""
-    scratch = tempfile.mkdtemp(prefix="itera-reload-", dir=tmp_path)
-
-    def child():
-        if env is not None:
-            os.environ.clear()
-            os.environ.update(env)
-        confine_child(dict({"device": "cpu", "confine": "auto"}, **job), scratch)
-        cut_network()
-        return tries(Path(scratch))
-
-    outcome = Forked(child).result()
-    return recorded(scratch), outcome
-
-
-@pytest.fixture
-def package(tmp_path) -> Path:
-    root = tmp_path / "package"
-    (root / "artifacts").mkdir(parents=True)
-    (root / "artifacts/model.safetensors").write_bytes(b"weights")
-    return root
 
 
 def test_a_reload_child_is_not_handed_the_reviewers_secrets(tmp_path):
