@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -74,10 +75,11 @@ def test_ray_address_names_a_cluster_and_a_worker_killed_mid_audit_is_retried(se
     # this checkout, as a cluster's workers import the installed tool.
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex * 2}
     env = {**os.environ, **RAY_ENV, **auth, mark.split("=")[0]: mark.split("=")[1]}
+    log = (tmp_path / "head.log").open("wb")  # what the head said, shown when it does not come up
     head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
                              "--node-ip-address=127.0.0.1", f"--port={port}", "--include-dashboard=false",
                              "--num-cpus=2", "--disable-usage-stats", f"--temp-dir={scratch}"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     killed: list[int] = []
     stop = threading.Event()
 
@@ -95,6 +97,7 @@ def test_ray_address_names_a_cluster_and_a_worker_killed_mid_audit_is_retried(se
             time.sleep(0.05)
 
     try:
+        wait_for_the_head(head, port, tmp_path / "head.log")
         killer = threading.Thread(target=kill_the_first_audit_worker, daemon=True)
         killer.start()
         result = run_cli("audit", folder, "--engine", "ray", "--jobs", "1", "--format", "json", "-q",
@@ -116,6 +119,33 @@ def test_ray_address_names_a_cluster_and_a_worker_killed_mid_audit_is_retried(se
             except ProcessLookupError:
                 pass
         shutil.rmtree(scratch, ignore_errors=True)
+        log.close()
+
+
+def wait_for_the_head(head: subprocess.Popen, port: int, log: Path) -> None:
+    """Until the head's GCS accepts connections (a loaded machine starts Ray slowly; the command under test
+    waits only a bounded time for a cluster); the head's own words when it exits or takes past 180 s."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and head.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+            return
+        except OSError:
+            time.sleep(0.5)
+    pytest.fail(f"the Ray head did not come up (exit {head.poll()}):\n{log.read_text(errors='replace')[-3000:]}")
+
+
+@pytest.mark.slow
+def test_a_cluster_nobody_answers_at_is_one_line_in_bounded_time(sealed, tmp_path):
+    folder = delivery(tmp_path / "delivery", sealed, copies=1)
+    port = free_port()  # nothing listens there
+    started = time.monotonic()
+    result = run_cli("audit", folder, "--engine", "ray", env={**RAY_ENV, "RAY_ADDRESS": f"127.0.0.1:{port}"},
+                     timeout=120)
+    assert result.returncode == 2, result.stderr[-3000:]
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("itera-verify: error")]
+    assert f"no Ray cluster answers at RAY_ADDRESS=127.0.0.1:{port}" in line
+    assert time.monotonic() - started < 90  # Ray's driver alone retries such an address forever
 
 
 def test_a_missing_ray_is_one_exit_2_line_naming_the_extra(sealed, tmp_path):

@@ -69,6 +69,7 @@ trainer.remove_callback(ProgressCallback)
 trainer.train()
 Path(f"rank{{rank}}.json").write_text(json.dumps({{"global_step": trainer.state.global_step,
                                                  "stopped": run.stopped, "taken": taken}}))
+torch.distributed.destroy_process_group()  # gloo may abort a rank that exits still in the group
 '''
 
 

@@ -18,6 +18,7 @@ import importlib.util
 import os
 import secrets
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -38,6 +39,7 @@ from .batch_sources import Entry
 MAX_RETRIES = 3  # a task whose worker died (a lost node, the memory monitor) runs again, this many times
 POLL_SECONDS = 0.5
 MISSING = "--engine ray needs Ray: pip install 'itera-verify[ray]'"
+REACH_SECONDS = 20.0  # Ray's driver retries a cluster it cannot reach forever; the command waits this long, once
 
 
 def require_ray() -> None:
@@ -45,6 +47,31 @@ def require_ray() -> None:
     reads its settings as it is imported, and run_ray sets them first."""
     if importlib.util.find_spec("ray") is None:
         raise UsageError(MISSING)
+
+
+def _reach(address: str) -> None:
+    """UsageError (exit 2) in one line when RAY_ADDRESS's GCS does not accept a connection within REACH_SECONDS:
+    Ray's own driver would retry it forever (and in C++, where no signal interrupts it). The address is probed as
+    Ray will dial it: Ray turns a loopback host into this node's address first. A `ray://` client address and
+    `auto` are left to Ray."""
+    dialled = address
+    with contextlib.suppress(Exception):  # Ray's own reading where it has one (a private helper of Ray's)
+        from ray._private.services import canonicalize_bootstrap_address
+
+        dialled = canonicalize_bootstrap_address(address) or address
+    host, colon, port = dialled.rpartition(":")
+    if "://" in dialled or not colon or not port.isdigit():
+        return
+    deadline = time.monotonic() + REACH_SECONDS
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=5):
+                return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise UsageError(f"--engine ray: no Ray cluster answers at RAY_ADDRESS={address} "
+                                 f"(dialled {dialled}: {exc.strerror or exc}; waited {REACH_SECONDS:.0f} s)") from None
+            time.sleep(0.5)
 
 
 def _import_ray():
@@ -74,6 +101,8 @@ def ray_cluster(options: RunOptions):
     with contextlib.redirect_stdout(sys.stderr):
         try:
             ray = _import_ray()
+            if not local:
+                _reach(address)
             try:
                 if local:
                     ray.init(address="local", num_cpus=max(options.batch_jobs, 1), include_dashboard=False,
