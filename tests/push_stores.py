@@ -23,6 +23,17 @@ ACCESS, SECRET = "AKPUSHTEST", "SKPUSHTEST"
 READ_ONLY_ACCESS, READ_ONLY_SECRET = "AKREADONLY", "SKREADONLY"
 
 
+def bulky(package_dir: Path, size: int = 24 << 20) -> Path:
+    """The example package with 24 MiB of incompressible analysis data (several 5 MiB parts): random bytes of a
+    fixed seed with no "/" or "\\" in them, so that no run's noise ever reads as a temporary-directory path (IV201
+    searches every file; os.urandom once held "/tmp/")."""
+    import random
+
+    noise = random.Random(size).randbytes(size).translate(bytes.maketrans(b"/\\", b"01"))
+    (package_dir / "analysis" / "noise.bin").write_bytes(noise)
+    return package_dir
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

