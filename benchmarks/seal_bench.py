@@ -1,9 +1,11 @@
 """Seal and audit against the shell tools doing the same work, in the same run, alternating.
 
-    .venv/bin/python benchmarks/seal_bench.py [--size-gib 2] [--rounds 3] [--memory-sizes 1,4] [--out FILE]
+    .venv/bin/python benchmarks/seal_bench.py [--size-gib 2] [--rounds 3] [--small-files 20000] [--memory-sizes 1,4]
+        [--out FILE]
 
 Builds a valid package of about --size-gib: the real example package (fixtures/build.py) plus bf16-like
-safetensors shards (~75 %), a large JSONL file (~20 %) and 20,000 small JSON files. Then, in each round, times:
+safetensors shards (~75 %), a large JSONL file (~20 %) and 20,000 small JSON files (--small-files: 0 is the
+shape of a package with a few large files). Then, in each round, times:
 
   tar|zstd      tar -cf - DIR | zstd -T0 -3 -o FILE          (compress only: no checksum, no sync, no check)
   sha256sum     find DIR -type f | xargs sha256sum           (checksums only)
@@ -71,7 +73,7 @@ def build_base_here(work: Path) -> None:
     build_package(work / "base", work / "hf-cache")
 
 
-def generate_bulk(folder: str, total_bytes: int) -> None:
+def generate_bulk(folder: str, total_bytes: int, small_files: int = SMALL_FILES) -> None:
     """Runs in a child (numpy's memory must not count as the benchmark's): shards, JSONL, small files."""
     import numpy as np
 
@@ -106,19 +108,20 @@ def generate_bulk(folder: str, total_bytes: int) -> None:
             written += len(line)
             step += 1
     samples = root / "analysis" / "samples"
-    for index in range(SMALL_FILES):
+    for index in range(small_files):
         folder_path = samples / f"{index // 1000:02d}"
         folder_path.mkdir(parents=True, exist_ok=True)
         body = {"id": f"ex-{index % 40 + 1:04d}", "tokens": random.choices(words, k=random.randint(5, 300))}
         (folder_path / f"{index:05d}.json").write_text(json.dumps(body))
 
 
-def build_package(work: Path, size_gib: float) -> Path:
-    package = work / f"pkg-{size_gib:g}gib" / "reviews-lora-2026-11"
+def build_package(work: Path, size_gib: float, small_files: int = SMALL_FILES) -> Path:
+    package = work / f"pkg-{size_gib:g}gib-{small_files}" / "reviews-lora-2026-11"
     if package.exists():
         return package
     shutil.copytree(build_base(work), package, symlinks=True)
-    subprocess.run([PYTHON, __file__, "--generate", str(package), str(int(size_gib * GiB))], check=True, env=ENV)
+    subprocess.run([PYTHON, __file__, "--generate", str(package), str(int(size_gib * GiB)), str(small_files)],
+                   check=True, env=ENV)
     check = subprocess.run([*CLI, str(package), "--no-reload", "--no-seal", "-q"], env=ENV, capture_output=True,
                            text=True)
     if check.returncode != 0:
@@ -220,7 +223,8 @@ def du(path: Path) -> tuple[int, int]:
     return sum(p.stat().st_size for p in files), len(files)
 
 
-def summary(rounds: list[dict], package: Path, memory: list[tuple], load: tuple[float, float], text: str) -> dict:
+def summary(rounds: list[dict], package: Path, memory: list[tuple], load: tuple[float, float], text: str,
+            small_files: int = SMALL_FILES) -> dict:
     """The run as JSON, for scripts/figures.py: medians in seconds, sizes in MiB."""
     cpu = platform.processor()
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -235,7 +239,7 @@ def summary(rounds: list[dict], package: Path, memory: list[tuple], load: tuple[
         "python": platform.python_version(), "load": {"before": load[0], "after": load[1]},
         "package": {"gib": round(size / GiB, 2), "files": count,
                     "shape": f"the example package, bf16-like safetensors shards, a large JSONL file and "
-                             f"{SMALL_FILES:,} small JSON files"},
+                             f"{small_files:,} small JSON files"},
         "rounds": len(rounds),
         "median_seconds": {key: round(statistics.median(r[key]["seconds"] for r in rounds), 3) for key in keys},
         "median_cpu_seconds": {key: round(value, 3) for key, value in cpus.items() if value == value},  # NaN: a part
@@ -287,17 +291,19 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None, help="work folder (default: a temporary one)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / f"seal-{date.today()}.txt")
-    parser.add_argument("--generate", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--small-files", type=int, default=SMALL_FILES,
+                        help="small JSON files in the package (default 20,000; 0: a few large files only)")
+    parser.add_argument("--generate", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--build-base", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.generate:
-        return generate_bulk(args.generate[0], int(args.generate[1]))
+        return generate_bulk(args.generate[0], int(args.generate[1]), int(args.generate[2]))
     if args.build_base:
         return build_base_here(args.build_base)
     work = args.work or Path(tempfile.mkdtemp(prefix="seal-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        package = build_package(work, args.size_gib)
+        package = build_package(work, args.size_gib, args.small_files)
         out = work / "out"
         out.mkdir(exist_ok=True)
         rounds = []
@@ -313,7 +319,7 @@ def main() -> None:
             sealed = measure([PYTHON, "-c", SEAL_ONLY, str(other), str(out / "memory.tar.zst")])
             memory.append((size_gib, sealed["rss"], sealed["seconds"]))
             shutil.rmtree(other.parent)
-        result = summary(rounds, package, memory, (before, os.getloadavg()[0]), args.out.name)
+        result = summary(rounds, package, memory, (before, os.getloadavg()[0]), args.out.name, args.small_files)
         lines = [f"# seal benchmark, {date.today()}", *("# " + m for m in machine()),
                  *report(rounds, package, memory)]
     finally:
