@@ -54,13 +54,15 @@ def _reach(address: str) -> None:
     Ray's own driver would retry it forever (and in C++, where no signal interrupts it). The address is probed as
     Ray will dial it: Ray turns a loopback host into this node's address first. A `ray://` client address and
     `auto` are left to Ray."""
+    if "://" in address or address in ("auto", "local"):
+        return
     dialled = address
     with contextlib.suppress(Exception):  # Ray's own reading where it has one (a private helper of Ray's)
         from ray._private.services import canonicalize_bootstrap_address
 
         dialled = canonicalize_bootstrap_address(address) or address
     host, colon, port = dialled.rpartition(":")
-    if "://" in dialled or not colon or not port.isdigit():
+    if not colon or not port.isdigit():
         return
     deadline = time.monotonic() + REACH_SECONDS
     while True:
