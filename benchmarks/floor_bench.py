@@ -46,9 +46,16 @@ PACKAGES = {
     "diffusers": {"title": "a diffusers pipeline", "floor_libraries": ["torch", "transformers", "diffusers"],
                   "verify": ["--no-seal"],
                   # `import diffusers` (and transformers) import lazily: loading the pipeline needs these classes.
-                  "load_floor": "import torch; from diffusers import StableDiffusionPipeline, UNet2DConditionModel, "
-                                "AutoencoderKL, DDIMScheduler; from transformers import CLIPTextModel, CLIPTokenizer"},
+                  "load_classes": {"diffusers": ["StableDiffusionPipeline", "UNet2DConditionModel", "AutoencoderKL",
+                                                 "DDIMScheduler"],
+                                   "transformers": ["CLIPTextModel", "CLIPTokenizer"]}},
 }
+
+
+def load_floor_statement(classes: dict[str, list[str]]) -> str:
+    """`import torch; from LIBRARY import CLASS, ...` for each library of `classes`."""
+    return "; ".join(["import torch", *(f"from {library} import {', '.join(names)}"
+                                        for library, names in classes.items())])
 ZYGOTE = """
 import json, sys, time
 started = time.monotonic()
@@ -119,8 +126,8 @@ def one_round(name: str, package: Path, cache: Path, out: Path) -> dict:
     floor, _ = timed([PYTHON, "-c", "import " + ", ".join(spec["floor_libraries"])])
     measured = {"zygote": zygote["seconds"], "zygote_floor": zygote_floor, "verify": verify, "floor": floor,
                 "modules": zygote["modules"], "without": zygote["without"]}
-    if "load_floor" in spec:
-        measured["load_floor"] = timed([PYTHON, "-c", spec["load_floor"]])[0]
+    if "load_classes" in spec:
+        measured["load_floor"] = timed([PYTHON, "-c", load_floor_statement(spec["load_classes"])])[0]
     return measured
 
 
@@ -166,6 +173,9 @@ def main() -> int:
         result["packages"][name] = {**median, "title": PACKAGES[name]["title"], "artifacts": 4 if name == "demo" else 1,
                                     "floor_libraries": PACKAGES[name]["floor_libraries"],
                                     "zygote_modules": each[0]["modules"], "kept_out": each[0]["without"]}
+        if "load_classes" in PACKAGES[name]:
+            result["packages"][name]["load_classes"] = [cls for classes in PACKAGES[name]["load_classes"].values()
+                                                        for cls in classes]
         lines += [f"{PACKAGES[name]['title']}:",
                   f"  zygote {median['zygote']:.2f} s / import of the same modules {median['zygote_floor']:.2f} s = "
                   f"{median['zygote'] / median['zygote_floor']:.2f}   (modules: {', '.join(each[0]['modules'])}; "

@@ -238,8 +238,8 @@ def summary(rounds: list[dict], package: Path, memory: list[tuple], load: tuple[
                    f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / GiB:.0f} GiB",
         "python": platform.python_version(), "load": {"before": load[0], "after": load[1]},
         "package": {"gib": round(size / GiB, 2), "files": count,
-                    "shape": f"the example package, bf16-like safetensors shards, a large JSONL file and "
-                             f"{small_files:,} small JSON files"},
+                    "shape": "the example package, bf16-like safetensors shards, a large JSONL file"
+                             + (f" and {small_files:,} small JSON files" if small_files else "")},
         "rounds": len(rounds),
         "median_seconds": {key: round(statistics.median(r[key]["seconds"] for r in rounds), 3) for key in keys},
         "median_cpu_seconds": {key: round(value, 3) for key, value in cpus.items() if value == value},  # NaN: a part
@@ -314,7 +314,7 @@ def main() -> None:
                   file=sys.stderr)
         memory = []
         for size_gib in [float(s) for s in args.memory_sizes.split(",") if s]:
-            other = build_package(work, size_gib)
+            other = build_package(work, size_gib, args.small_files)
             fresh(out / "memory.tar.zst")
             sealed = measure([PYTHON, "-c", SEAL_ONLY, str(other), str(out / "memory.tar.zst")])
             memory.append((size_gib, sealed["rss"], sealed["seconds"]))

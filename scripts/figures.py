@@ -139,7 +139,7 @@ def floor_block(results: Path) -> list[str]:
     for package in floor["packages"].values():
         if "load_floor" in package:  # `import diffusers` is lazy: the classes a pipeline's load needs, imported
             lines += ["", f"{package['title'][0].upper()}{package['title'][1:]}: importing the classes its load "
-                          f"needs (pipeline, UNet, VAE, scheduler, CLIP) takes {seconds(package['load_floor'])}; "
+                          f"needs ({', '.join(package['load_classes'])}) takes {seconds(package['load_floor'])}; "
                           f"the whole verify is {ratio(package['verify'], package['load_floor'])} of that."]
     return lines
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -27,8 +28,6 @@ def bulky(package_dir: Path, size: int = 24 << 20) -> Path:
     """The example package with 24 MiB of incompressible analysis data (several 5 MiB parts): random bytes of a
     fixed seed with no "/" or "\\" in them, so that no run's noise ever reads as a temporary-directory path (IV201
     searches every file; os.urandom once held "/tmp/")."""
-    import random
-
     noise = random.Random(size).randbytes(size).translate(bytes.maketrans(b"/\\", b"01"))
     (package_dir / "analysis" / "noise.bin").write_bytes(noise)
     return package_dir

@@ -52,8 +52,8 @@ def require_ray() -> None:
 def _reach(address: str) -> None:
     """UsageError (exit 2) in one line when RAY_ADDRESS's GCS does not accept a connection within REACH_SECONDS:
     Ray's own driver would retry it forever (and in C++, where no signal interrupts it). The address is probed as
-    Ray will dial it: Ray turns a loopback host into this node's address first. A `ray://` client address and
-    `auto` are left to Ray."""
+    Ray will dial it: Ray turns a loopback host into this node's address first. A `ray://` client address,
+    `auto` and `local` are left to Ray."""
     if "://" in address or address in ("auto", "local"):
         return
     dialled = address
