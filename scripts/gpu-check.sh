@@ -16,7 +16,9 @@
 #
 # On a real GPU the whole output is kept as benchmarks/results/gpu-check-<date>.txt. GPU_CHECK_TESTS=0 skips the
 # pytest GPU tests, GPU_CHECK_MIDSIZE=0 the mid-size model, GPU_CHECK_MULTIGPU=0 the multi-GPU fixtures,
-# GPU_CHECK_LOADERS=0 the diffusers and GGUF loaders.
+# GPU_CHECK_LOADERS=0 the diffusers and GGUF loaders. GPU_CHECK_PACKAGE=DIR with GPU_CHECK_HF_CACHE=DIR: a package
+# and hub cache `python -m fixtures.build` already made, checked in place instead of building them (the test suite's
+# rehearsal reuses the ones its session built).
 # GPU_CHECK_DEVICE=cpu rehearses it without a GPU (sections 1, 2 and 4 on the CPU; 3, 4b and 5 need CUDA and are
 # skipped; nothing kept): the device time a lent GPU has is short, so the plumbing is proven before it is spent.
 set -euo pipefail
@@ -41,6 +43,13 @@ mkdir -p benchmarks/results
 RESULT="benchmarks/results/gpu-check-$(date +%F).txt"
 [ -e "$RESULT" ] && RESULT="benchmarks/results/gpu-check-$(date +%F-%H%M%S).txt"
 [ "$DEVICE" = cpu ] && RESULT="$WORK/rehearsal.txt"  # a rehearsal is not a GPU result: not kept
+PREBUILT="${GPU_CHECK_PACKAGE:-}"
+PACKAGE="${GPU_CHECK_PACKAGE:-$WORK/package}"
+HF_CACHE="${GPU_CHECK_HF_CACHE:-$WORK/hf-cache}"
+if [ -n "$PREBUILT" ] && { [ ! -f "$PACKAGE/manifest.json" ] || [ ! -d "$HF_CACHE" ]; }; then
+    echo "gpu-check: GPU_CHECK_PACKAGE needs a built package and GPU_CHECK_HF_CACHE its hub cache" >&2
+    exit 2
+fi
 
 run() {
     local started=$SECONDS
@@ -51,16 +60,20 @@ run() {
         "$PY" -c 'import torch, transformers, peft; print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), transformers {transformers.__version__}, peft {peft.__version__}, device {torch.cuda.get_device_name(0)}")' || return 2
     fi
 
-    echo "== building the fixture package"
-    "$PY" -m fixtures.build "$WORK/package" --hf-cache "$WORK/hf-cache" >"$WORK/build.log" 2>&1 \
-        || { tail -n 20 "$WORK/build.log"; return 2; }
-    tail -n 1 "$WORK/build.log"
+    if [ -n "$PREBUILT" ]; then
+        echo "== the fixture package built before: $PACKAGE"
+    else
+        echo "== building the fixture package"
+        "$PY" -m fixtures.build "$PACKAGE" --hf-cache "$HF_CACHE" >"$WORK/build.log" 2>&1 \
+            || { tail -n 20 "$WORK/build.log"; return 2; }
+        tail -n 1 "$WORK/build.log"
+    fi
 
     local status=0
     echo "== 1. the example package on $DEVICE: zygote and forked children (default), then --isolation spawn"
     for isolation in auto spawn; do
         local t0=$SECONDS
-        "$PY" -m itera_verify "$WORK/package" --device "$DEVICE" --no-seal --hf-cache "$WORK/hf-cache" \
+        "$PY" -m itera_verify "$PACKAGE" --device "$DEVICE" --no-seal --hf-cache "$HF_CACHE" \
             --isolation "$isolation" --format json >"$WORK/report-$isolation.json" 2>"$WORK/err-$isolation.log" \
             || status=$?
         [ -s "$WORK/report-$isolation.json" ] || { tail -n 5 "$WORK/err-$isolation.log"; echo "no report"; return 2; }
@@ -94,7 +107,7 @@ PYEOF
 
     if [ "${GPU_CHECK_MIDSIZE:-1}" != 0 ]; then
         echo "== 2. mid-size model on $DEVICE: the tool against a bare from_pretrained, same run"
-        "$PY" benchmarks/reload_bench.py --package "$WORK/package" --hf-cache "$WORK/hf-cache" --device "$DEVICE" \
+        "$PY" benchmarks/reload_bench.py --package "$PACKAGE" --hf-cache "$HF_CACHE" --device "$DEVICE" \
             --repeat 1 --sections midsize --keep "$WORK/midsize" --no-save >"$WORK/midsize.txt" \
             2>"$WORK/midsize.log" || { tail -n 20 "$WORK/midsize.log"; status=1; }
         sed -n '/== mid-size/,$p' "$WORK/midsize.txt"
@@ -104,7 +117,7 @@ PYEOF
             echo "skipped in a rehearsal (needs CUDA)"
         elif [ -d "$WORK/midsize/midsize-package" ]; then
             ITERA_RELOAD_GPU_MEMORY=256MiB "$PY" -m itera_verify "$WORK/midsize/midsize-package" --device cuda \
-                --no-seal --hf-cache "$WORK/hf-cache" --format json >"$WORK/capped.json" 2>"$WORK/capped.log" || true
+                --no-seal --hf-cache "$HF_CACHE" --format json >"$WORK/capped.json" 2>"$WORK/capped.log" || true
             "$PY" - "$WORK/capped.json" <<'PYEOF' || status=1
 import json, sys
 report = json.load(open(sys.argv[1]))
@@ -124,10 +137,10 @@ PYEOF
 
     if [ "${GPU_CHECK_MULTIGPU:-1}" != 0 ]; then
         echo "== 4. multi-GPU training outputs (fixtures/multigpu.py) reloaded on $DEVICE"
-        if "$PY" -m fixtures.multigpu "$WORK/package" "$WORK/multigpu" >"$WORK/multigpu-build.log" 2>&1; then
+        if "$PY" -m fixtures.multigpu "$PACKAGE" "$WORK/multigpu" >"$WORK/multigpu-build.log" 2>&1; then
             local built="$WORK/multigpu"
             [ -f "$built/manifest.json" ] || built="$WORK/multigpu/package"
-            "$PY" -m itera_verify "$built" --device "$DEVICE" --no-seal --hf-cache "$WORK/hf-cache" \
+            "$PY" -m itera_verify "$built" --device "$DEVICE" --no-seal --hf-cache "$HF_CACHE" \
                 --format json >"$WORK/multigpu.json" 2>"$WORK/multigpu.log" || true
             "$PY" - "$WORK/multigpu.json" <<'PYEOF' || status=1
 import json, sys

@@ -336,7 +336,7 @@ def test_signal_during_the_seal_leaves_no_archive_and_no_partial_file(built, tmp
 # ---- reload children that hang or run out of memory --------------------------------------------------------------
 @pytest.mark.slow
 def test_hung_reload_child_times_out_as_IV504_and_the_others_still_reload(built, tmp_path, tag):
-    cli, _ = reload_run(built, tmp_path, tag, "--no-seal", "--timeout", "45")
+    cli, _ = reload_run(built, tmp_path, tag, "--no-seal", "--timeout", "10")
     children = wait_until(lambda: reload_children(tag), 120)
     assert children, "no reload child ever started"
     hung_pid, hung = next(iter(children.items()))
