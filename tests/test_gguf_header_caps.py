@@ -5,6 +5,7 @@ walk (format/gguf.py) and through a real reload; the clean file still reloads.""
 from __future__ import annotations
 
 import os
+import shutil
 import struct
 import time
 import tracemalloc
@@ -15,6 +16,7 @@ import pytest
 
 from fixtures.extra_loaders import reload_package, write_gguf, write_package
 from itera_verify.format.gguf import HeaderProblem, walk
+from tests.conftest import built_once
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -89,17 +91,40 @@ FORMS = {
 }
 
 
+def _large_forms(folder: Path) -> dict:
+    return {"four_million_string_array": str(_four_million_strings(folder)),
+            "over_the_memory_limit": str(_over_the_memory_limit(folder))}
+
+
+@pytest.fixture(scope="session")
+def large_forms(tmp_path_factory) -> dict:
+    """The two files GGUFWriter takes seconds to write (millions of strings): written once for every worker.
+    Read only: a test links or copies them."""
+    return built_once(tmp_path_factory, "itera-gguf-large-forms", _large_forms, version="1")[1]
+
+
 @pytest.fixture(scope="module")
-def hostile(tmp_path_factory):
-    """name -> the form's file: written here, but the 4,000,000 strings only when a test first asks for them."""
+def hostile(tmp_path_factory, request):
+    """name -> the form's file, a private one; the 4,000,000 strings are linked from the session's copy when a
+    test first asks for them."""
     folder = tmp_path_factory.mktemp("gguf-hostile")
     written = {name: build(folder) for name, (build, _) in FORMS.items() if name != "four_million_string_array"}
 
     def form(name: str) -> Path:
         if name not in written:
-            written[name] = FORMS[name][0](folder)
+            written[name] = _private(Path(request.getfixturevalue("large_forms")[name]), folder)
         return written[name]
     return form
+
+
+def _private(shared: Path, folder: Path) -> Path:
+    """A name of this module's own for a shared file (a hard link; a copy where links cannot be made)."""
+    target = folder / shared.name
+    try:
+        os.link(shared, target)
+    except OSError:
+        shutil.copyfile(shared, target)
+    return target
 
 
 # Writing 4,000,000 strings takes GGUFWriter about 6 s.
@@ -159,16 +184,15 @@ def test_a_real_tokenizer_s_arrays_walk_in_well_under_a_second(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def reloaded(hostile, tmp_path_factory):
+def reloaded(hostile, large_forms, tmp_path_factory):
     root = tmp_path_factory.mktemp("gguf-caps") / "package"
     (root / "artifacts").mkdir(parents=True)
     write_gguf(root / "artifacts/clean.gguf")
     artifacts = [("clean", "gguf", "artifacts/clean.gguf", {"loader": "gguf"})]
     for name in FORMS:
-        path = hostile(name)
-        os.replace(path, root / "artifacts" / path.name)
+        path = _private(hostile(name), root / "artifacts")  # hostile's own file stays for the static tests
         artifacts.append((name.replace("_", "-"), "gguf", f"artifacts/{path.name}", {"loader": "gguf"}))
-    _over_the_memory_limit(root / "artifacts")
+    _private(Path(large_forms["over_the_memory_limit"]), root / "artifacts")
     artifacts.append(("over-the-memory-limit", "gguf", "artifacts/memory.gguf", {"loader": "gguf"}))
     write_package(root, artifacts)
     return reload_package(root)
