@@ -61,10 +61,12 @@ def _wait_port(port: int, process: subprocess.Popen, log: Path, seconds: float =
 
 
 def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after a second: `weed server` drains for 5 s and more on SIGTERM, and a store of a
+    test's own, whose folder goes with the test, has nothing to save (each module's teardown waited 5 s)."""
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGTERM)
         try:
-            process.wait(5)
+            process.wait(1)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(5)
