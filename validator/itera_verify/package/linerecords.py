@@ -180,12 +180,20 @@ def _counted(parsed) -> Iterator[tuple[int, int, tuple[int | None, str] | None]]
     return ((number, 0 if error else 1, error) for number, _, error in parsed)
 
 
+_NEWLINE_TO_COMMA = bytes.maketrans(b"\n", b",")
+
+
 def _block_is_valid(parser, complete: bytes, count: int, *, first: bool) -> bool:
-    body = complete[:-1] if complete.endswith(b"\n") else complete
-    if first and body.startswith(BOM):
-        body = body[3:]
+    """The block as one array, "[l1,l2,...]", built in two copies (the block, then its newlines turned into
+    commas), not the four that slicing, replace and concatenation cost: this is most of a large JSONL's check."""
+    array = bytearray(b"[")
+    array += memoryview(complete)[3 if first and complete.startswith(BOM) else 0:]
+    if array.endswith(b"\n"):
+        array[-1] = 0x5D  # "]" over the last newline
+    else:
+        array.append(0x5D)
     try:
-        return len(parser.parse(b"[" + body.replace(b"\n", b",") + b"]")) == count
+        return len(parser.parse(array.translate(_NEWLINE_TO_COMMA))) == count
     except Exception:  # noqa: BLE001 - any refusal, whatever its kind, sends the block to json.loads
         return False
 
