@@ -52,7 +52,7 @@ def _wait_port(port: int, process: subprocess.Popen, log: Path, seconds: float =
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"store exited: {log.read_text()[-2000:]}")
+            raise StoreExited(f"store exited: {log.read_text()[-2000:]}")
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
@@ -90,9 +90,24 @@ class Store:
         _stop(self.process)
 
 
-def start_seaweedfs(folder: Path) -> Store:
+class StoreExited(RuntimeError):
+    """The store's process ended while starting (another process took one of its ports first)."""
+
+
+def start_seaweedfs(folder: Path, attempts: int = 3) -> Store:
     """`weed server` with S3 on loopback, every port chosen free, telemetry off; two identities (read-write and
-    read-only)."""
+    read-only). Ten ports are chosen free, then bound by weed: a server beside it may take one in between, and
+    weed then exits, so a store that exits while starting is started again on fresh ports."""
+    for attempt in range(attempts):
+        try:
+            return _start_seaweedfs(folder / f"try-{attempt}" if attempt else folder)
+        except StoreExited:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_seaweedfs(folder: Path) -> Store:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "data").mkdir(exist_ok=True)
     config = folder / "s3.json"
@@ -128,6 +143,8 @@ def _wait_ready(store: Store, seconds: float = 60) -> None:
     deadline = time.monotonic() + seconds
     last = None
     while time.monotonic() < deadline:
+        if store.process.poll() is not None:
+            raise StoreExited(f"store exited: {(store.folder / 'weed.log').read_text()[-2000:]}")
         try:
             client.create_bucket(Bucket="ready-check")
         except Exception as exc:  # noqa: BLE001
@@ -141,7 +158,8 @@ def _wait_ready(store: Store, seconds: float = 60) -> None:
         except Exception as exc:  # noqa: BLE001
             last = exc
             time.sleep(0.5)
-    raise RuntimeError(f"the store never took an object: {last}")
+    raise RuntimeError(f"the store never took an object: {last}; its log: "
+                       f"{(store.folder / 'weed.log').read_text()[-2000:]}")
 
 
 def start_rclone(folder: Path) -> Store:
