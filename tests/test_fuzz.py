@@ -29,6 +29,8 @@ def workspace(built, tmp_path_factory) -> Workspace:
     return Workspace(built["package"], built["hf_cache"], tmp_path_factory.mktemp("fuzz"))
 
 
+# 5-13 s each: the slow lane; `make test-fast` keeps the replays of every input that once broke a reader (below).
+@pytest.mark.slow
 @pytest.mark.parametrize("reader", READERS, ids=[r.name for r in READERS])
 def test_reader_survives_hostile_input(reader, workspace):
     if not reader.tools_present():

@@ -303,6 +303,7 @@ def test_tmp_paths_on_a_line_longer_than_the_bound_have_their_lines_and_columns(
     assert found[2].message.endswith(" /tmp/near-the-end…")
 
 
+@pytest.mark.slow
 def test_a_match_across_a_window_boundary_of_a_long_line_is_found_once(tmp_path, monkeypatch):
     """Every start around the first two window ends and their overlaps: the same findings as a whole-line search
     (look-behind and look-ahead across the boundary included), one per line."""

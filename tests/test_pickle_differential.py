@@ -23,6 +23,7 @@ import struct
 import sys
 from contextlib import contextmanager
 
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -146,6 +147,7 @@ def typed_streams(draw, floats=_float_alike) -> bytes:
     return header + body + b"c" + SENTINEL.replace(".", "\n").encode() + b"\n"
 
 
+@pytest.mark.slow
 @RUNS
 @given(typed_streams())
 def test_the_walk_stops_exactly_where_the_unpicklers_stop(data):
@@ -166,6 +168,7 @@ def _memo_indices_small(data: bytes) -> bool:
     return True
 
 
+@pytest.mark.slow
 @RUNS
 @given(st.one_of(pickle_streams(), typed_streams(_float_any), st.binary(max_size=64),
                  st.tuples(st.binary(max_size=12), typed_streams(_float_any)).map(b"".join)))
@@ -190,6 +193,7 @@ def _short_limits(line: int, argument: int):
         opcodes.MAX_LINE, opcodes.MAX_ARGUMENT = saved
 
 
+@pytest.mark.slow
 @RUNS
 @given(typed_streams(), st.integers(2, 8), st.integers(0, 6))
 def test_arguments_read_through_never_stop_the_walk_early(data, line, argument):

@@ -176,6 +176,7 @@ def opcode_bomb(opcodes: int) -> bytes:
     return zstandard.ZstdCompressor(level=19).compress(b"\x80\x04" + b"N0" * (opcodes // 2) + b"N.")
 
 
+@pytest.mark.slow
 def test_scan_budget_stops_an_opcode_bomb_as_IV506(package_dir):
     """One budget for the whole package: two bombs that together pass it are both refused, never walked whole."""
     from itera_verify.package.pickles import scan_package

@@ -40,6 +40,7 @@ def started(tmp_path: Path):
     return campaign, run
 
 
+@pytest.mark.slow
 def test_the_written_resume_file_reloads_clean_with_every_component(tmp_path, hf_cache):
     campaign, run = started(tmp_path)
     loop = tiny_loop()
@@ -60,6 +61,7 @@ def test_the_written_resume_file_reloads_clean_with_every_component(tmp_path, hf
     assert not [p for p in package.rglob(".itera-record-tmp-*")]
 
 
+@pytest.mark.slow
 def test_the_whole_state_dict_with_trainable_only_false_and_a_scaler_marks_fp16(tmp_path, hf_cache):
     campaign, run = started(tmp_path)
     artifact = run.resume_file(RESUME, **tiny_loop(fp16_scaler=True), trainable_only=False)

@@ -106,6 +106,7 @@ def test_missing_shard_of_a_model_is_IV504(package_dir, hf_cache):
     assert codes_for(findings, "control-model") == ["IV504"]
 
 
+@pytest.mark.slow
 def test_missing_shard_with_the_safetensors_loader_is_IV504(package_dir, hf_cache):
     from transformers import AutoModelForCausalLM
 

@@ -162,6 +162,7 @@ def test_names_the_writer_makes_through_pax_read_as_gnu_tar_reads_them(tmp_path)
     assert compare_with_gnu(archive, tmp_path)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck))
 @given(tar_streams())
