@@ -72,7 +72,8 @@ def speed(results: Path) -> list[str]:
     lines = [
         "| what | itera-verify | plain alternative | ratio |",
         "|---|---:|---|---:|",
-        f"| check and seal a {seal['package']['gib']:g} GiB package, read-back included | {seconds(median['whole'])} | "
+        f"| check and seal a {seal['package']['gib']:g} GiB package of {seal['package']['files']:,} files, read-back "
+        f"included | {seconds(median['whole'])} | "
         f"`tar \\| zstd -T0 -3`, {seconds(median['tar|zstd'])} | {ratio(median['whole'], median['tar|zstd'])} |",
         f"| audit that archive | {seconds(median['audit'])} | `zstd -dc \\| tar -xO \\| sha256sum`, "
         f"{seconds(median['unzstd|sha'])} | {ratio(median['audit'], median['unzstd|sha'])} |",
