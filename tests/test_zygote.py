@@ -204,6 +204,9 @@ def test_the_command_line_takes_isolation_spawn_and_fork(package_dir, hf_cache):
 
 # --- started before the static checks --------------------------------------------------------------------
 
+# Slow: it starts a zygote of its own (7-11 s); the fast lane still goes through prestart in every command-line
+# verify with reloads (test_lora_classification_campaign_passes_with_zero_findings).
+@pytest.mark.slow
 @pytest.mark.own_zygote
 def test_a_zygote_started_before_the_checks_is_the_one_the_reloads_fork_from(package_dir, hf_cache, monkeypatch):
     from itera_verify.reload import prestart, zygote_client
