@@ -56,6 +56,8 @@ def load_floor_statement(classes: dict[str, list[str]]) -> str:
     """`import torch; from LIBRARY import CLASS, ...` for each library of `classes`."""
     return "; ".join(["import torch", *(f"from {library} import {', '.join(names)}"
                                         for library, names in classes.items())])
+
+
 ZYGOTE = """
 import json, sys, time
 started = time.monotonic()

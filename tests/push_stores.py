@@ -98,13 +98,12 @@ def start_seaweedfs(folder: Path, attempts: int = 3) -> Store:
     """`weed server` with S3 on loopback, every port chosen free, telemetry off; two identities (read-write and
     read-only). Ten ports are chosen free, then bound by weed: a server beside it may take one in between, and
     weed then exits, so a store that exits while starting is started again on fresh ports."""
-    for attempt in range(attempts):
+    for attempt in range(attempts - 1):
         try:
             return _start_seaweedfs(folder / f"try-{attempt}" if attempt else folder)
         except StoreExited:
-            if attempt == attempts - 1:
-                raise
-    raise AssertionError("unreachable")
+            continue
+    return _start_seaweedfs(folder / f"try-{attempts - 1}")
 
 
 def _start_seaweedfs(folder: Path) -> Store:
@@ -140,11 +139,12 @@ def _start_seaweedfs(folder: Path) -> Store:
 def _wait_ready(store: Store, seconds: float = 60) -> None:
     """The S3 port opens before the volume server has registered: wait until a bucket takes an object."""
     client = store.client()
+    log = store.folder / "weed.log"
     deadline = time.monotonic() + seconds
     last = None
     while time.monotonic() < deadline:
         if store.process.poll() is not None:
-            raise StoreExited(f"store exited: {(store.folder / 'weed.log').read_text()[-2000:]}")
+            raise StoreExited(f"store exited: {log.read_text()[-2000:]}")
         try:
             client.create_bucket(Bucket="ready-check")
         except Exception as exc:  # noqa: BLE001
@@ -158,8 +158,7 @@ def _wait_ready(store: Store, seconds: float = 60) -> None:
         except Exception as exc:  # noqa: BLE001
             last = exc
             time.sleep(0.5)
-    raise RuntimeError(f"the store never took an object: {last}; its log: "
-                       f"{(store.folder / 'weed.log').read_text()[-2000:]}")
+    raise RuntimeError(f"the store never took an object: {last}; its log: {log.read_text()[-2000:]}")
 
 
 def start_rclone(folder: Path) -> Store:

@@ -5,7 +5,6 @@ walk (format/gguf.py) and through a real reload; the clean file still reloads.""
 from __future__ import annotations
 
 import os
-import shutil
 import struct
 import time
 import tracemalloc
@@ -14,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fixtures.extra_loaders import reload_package, write_gguf, write_package
+from fixtures.extra_loaders import copy_artifact, reload_package, write_gguf, write_package
 from itera_verify.format.gguf import HeaderProblem, walk
 from tests.conftest import built_once
 
@@ -99,32 +98,23 @@ def _large_forms(folder: Path) -> dict:
 @pytest.fixture(scope="session")
 def large_forms(tmp_path_factory) -> dict:
     """The two files GGUFWriter takes seconds to write (millions of strings): written once for every worker.
-    Read only: a test links or copies them."""
+    Read only: a module copies them."""
     return built_once(tmp_path_factory, "itera-gguf-large-forms", _large_forms, version="1")[1]
 
 
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory, request):
-    """name -> the form's file, a private one; the 4,000,000 strings are linked from the session's copy when a
+    """name -> the form's file, a private one; the 4,000,000 strings are copied from the session's file when a
     test first asks for them."""
     folder = tmp_path_factory.mktemp("gguf-hostile")
     written = {name: build(folder) for name, (build, _) in FORMS.items() if name != "four_million_string_array"}
 
     def form(name: str) -> Path:
         if name not in written:
-            written[name] = _private(Path(request.getfixturevalue("large_forms")[name]), folder)
+            shared = Path(request.getfixturevalue("large_forms")[name])
+            written[name] = copy_artifact(shared, folder / shared.name)
         return written[name]
     return form
-
-
-def _private(shared: Path, folder: Path) -> Path:
-    """A name of this module's own for a shared file (a hard link; a copy where links cannot be made)."""
-    target = folder / shared.name
-    try:
-        os.link(shared, target)
-    except OSError:
-        shutil.copyfile(shared, target)
-    return target
 
 
 # Writing 4,000,000 strings takes GGUFWriter about 6 s.
@@ -190,9 +180,10 @@ def reloaded(hostile, large_forms, tmp_path_factory):
     write_gguf(root / "artifacts/clean.gguf")
     artifacts = [("clean", "gguf", "artifacts/clean.gguf", {"loader": "gguf"})]
     for name in FORMS:
-        path = _private(hostile(name), root / "artifacts")  # hostile's own file stays for the static tests
+        own = hostile(name)  # copied: the static tests still read it
+        path = copy_artifact(own, root / "artifacts" / own.name)
         artifacts.append((name.replace("_", "-"), "gguf", f"artifacts/{path.name}", {"loader": "gguf"}))
-    _private(Path(large_forms["over_the_memory_limit"]), root / "artifacts")
+    copy_artifact(Path(large_forms["over_the_memory_limit"]), root / "artifacts/memory.gguf")
     artifacts.append(("over-the-memory-limit", "gguf", "artifacts/memory.gguf", {"loader": "gguf"}))
     write_package(root, artifacts)
     return reload_package(root)
