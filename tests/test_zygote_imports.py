@@ -109,6 +109,31 @@ def test_runs_inside_warm_zygotes_share_one_zygote_and_another_environment_gets_
     assert list(folder.iterdir()) == [], "a zygote's folder was left behind"
 
 
+@pytest.mark.slow
+@pytest.mark.own_zygote
+def test_a_warm_zygote_that_imports_more_serves_a_run_that_needs_less_and_a_wider_one_replaces_it(
+        package_dir, hf_cache, tmp_path):
+    folder = tmp_path / "zygotes"
+    folder.mkdir()
+    with suspended(), warm_zygotes(folder=str(folder)) as warm:
+        light = reload_once(package_dir, hf_cache, "lora-r16-resume")  # torch.load alone: torch, no transformers
+        [first] = list(warm._kept.values())
+        assert "transformers" not in first.preloads.imports
+        adapter = reload_once(package_dir, hf_cache, "lora-r16-adapter")  # needs transformers and peft as well
+        assert (warm.started, warm.reused) == (2, 0)
+        [wider] = list(warm._kept.values())
+        assert wider is not first and first.client.proc.returncode is not None, "the narrower one was ended"
+        assert set(first.preloads.imports) | {"transformers", "peft"} <= set(wider.preloads.imports)
+        again = reload_once(package_dir, hf_cache, "lora-r16-resume")
+        model = reload_once(package_dir, hf_cache, "control-model")  # transformers alone: covered as well
+        assert (warm.started, warm.reused) == (2, 2)
+        assert list(warm._kept.values()) == [wider]
+    for results, artifact in ((light, "lora-r16-resume"), (adapter, "lora-r16-adapter"), (again, "lora-r16-resume"),
+                              (model, "control-model")):
+        assert [(r.artifact, r.ok, r.facts["isolation"]) for r in results] == [(artifact, True, "fork")]
+    assert list(folder.iterdir()) == [], "a zygote's folder was left behind"
+
+
 # --- the device, without importing torch in the tool's own process ---------------------------------------
 
 def test_device_auto_with_a_torch_built_for_the_cpu_alone_is_cpu_without_importing_torch():

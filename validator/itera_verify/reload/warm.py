@@ -2,10 +2,15 @@
 
 A run's zygote (zygote.py) imports its libraries once, for that run's children, and ends with the run. A process
 that checks many packages (a test session, an API user verifying a folder of packages) pays those imports again
-for every run. Inside `with warm_zygotes():` a run takes a warm zygote started with the same environment and the
-same imports (preloads.py), if one is there, and gives its zygote back when it ends instead of ending it; the
-`with` ends them all. Each child is still forked fresh from the zygote's untouched state: nothing a child of
-one run did reaches the next run's (tests/test_zygote.py proves it for two children of one zygote).
+for every run. Inside `with warm_zygotes():` a run takes a warm zygote started with the same environment that
+keeps the same libraries out (preloads.py) and already imports everything the run's children need, if one is
+there, and gives its zygote back when it ends instead of ending it; the `with` ends them all. Where the warm
+zygote of that environment lacks some of the run's imports, the run's new zygote imports both sets and replaces
+it: a session that checks packages of several kinds (safetensors alone, a PEFT adapter, a checkpoint) converges
+on one zygote per environment instead of starting one per kind in turn. Importing more than a run needs costs
+that zygote's start only: each child is forked from it already imported, and the libraries kept out stay out.
+Each child is still forked fresh from the zygote's untouched state: nothing a child of one run did reaches the
+next run's (tests/test_zygote.py proves it for two children of one zygote).
 
     from itera_verify.reload import warm_zygotes
     with warm_zygotes():
@@ -25,11 +30,11 @@ from ..runtime.launcher import Launcher
 from .preloads import BASE, Preloads, imports_for
 from .zygote_client import Zygote, can_fork
 
-KEPT = 2  # warm zygotes at most (each holds its libraries' memory, ~0.5 GiB with transformers)
+KEPT = 2  # warm zygotes at most, one per key (each holds its libraries' memory, ~0.5 GiB with transformers)
 
 
 class WarmZygotes:
-    """The warm zygotes of a process, by (environment, imports, libraries kept out)."""
+    """The warm zygotes of a process, one per (environment, libraries kept out)."""
 
     def __init__(self, *, kept: int = KEPT, folder: str | None = None, ignore=()):
         self._lock = threading.Lock()
@@ -40,15 +45,20 @@ class WarmZygotes:
         self.started = self.reused = 0
 
     def key(self, env: dict, preloads: Preloads) -> tuple:
+        """What must be equal for a warm zygote to serve a run: the variables its libraries read at import, and the
+        libraries it keeps out (a child of a run that keeps bitsandbytes out must not find it imported, nor a
+        child of one that needs it find it refused). Its imports need only cover the run's (`covers`)."""
         variables = tuple(sorted((k, v) for k, v in env.items() if k not in self.ignore))
-        return variables, preloads.imports, preloads.without
+        return variables, preloads.without
 
     def take(self, env: dict, preloads: Preloads, children: Launcher) -> Zygote | None:
         """A warm zygote for this run, now answering to its launcher `children`; None when none fits."""
         with self._lock:
-            zygote = self._kept.pop(self.key(env, preloads), None)
-        if zygote is None:
-            return None
+            key = self.key(env, preloads)
+            zygote = self._kept.get(key)
+            if zygote is None or not covers(zygote.preloads, preloads):
+                return None
+            del self._kept[key]
         if not alive(zygote):
             zygote.close()
             return None
@@ -60,22 +70,34 @@ class WarmZygotes:
         return zygote
 
     def start(self, env: dict, preloads: Preloads, children: Launcher) -> Zygote:
+        """A new zygote for this run: its imports, and those of the warm zygote of the same key it will replace."""
+        key = self.key(env, preloads)
+        with self._lock:
+            kept = self._kept.get(key)
+        if kept is not None:
+            preloads = widened(kept.preloads, preloads)
         self.started += 1
         zygote = Zygote(children, env, preloads=preloads, folder=self.folder)
-        zygote.warm_key = self.key(env, preloads)
+        zygote.warm_key = key
         return zygote
 
     def give_back(self, zygote: Zygote) -> None:
-        """Keep it for the next run (the oldest beyond `kept` is ended); a dead one is ended."""
+        """Keep it for the next run, in place of the one of its key (unless that one imports more while this one
+        does not: two runs side by side); the oldest beyond `kept` is ended; a dead one is ended."""
         key = getattr(zygote, "warm_key", None)
         if key is None or not alive(zygote):
             zygote.close()
             return
         with self._lock:
-            if self._kept.get(key) is zygote:
+            there = self._kept.get(key)
+            if there is zygote:
                 return
-            evicted = [old for old in [self._kept.pop(key, None)] if old is not None]
-            self._kept[key] = zygote
+            if there is not None and covers(there.preloads, zygote.preloads) \
+                    and not covers(zygote.preloads, there.preloads):
+                evicted = [zygote]
+            else:
+                evicted = [old for old in [self._kept.pop(key, None)] if old is not None]
+                self._kept[key] = zygote
             while len(self._kept) > self.kept:
                 evicted.append(self._kept.popitem(last=False)[1])
         for old in evicted:
@@ -86,6 +108,18 @@ class WarmZygotes:
             kept, self._kept = list(self._kept.values()), OrderedDict()
         for zygote in kept:
             zygote.close()
+
+
+def covers(have: Preloads, need: Preloads) -> bool:
+    """A zygote that imports `have` serves a run that needs `need`: every import, the libraries kept out alike.
+    The architectures' modelling modules are not required: a child imports one it lacks itself."""
+    return have.without == need.without and set(need.imports) <= set(have.imports)
+
+
+def widened(kept: Preloads, run: Preloads) -> Preloads:
+    """The imports of both, in order (the kept zygote's first), and both runs' architectures."""
+    return Preloads((*kept.imports, *(name for name in run.imports if name not in kept.imports)), run.without,
+                    (*kept.model_types, *(kind for kind in run.model_types if kind not in kept.model_types)))
 
 
 def alive(zygote: Zygote) -> bool:
