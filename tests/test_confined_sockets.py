@@ -43,7 +43,7 @@ NEEDED = {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "LD_LIBRARY_PATH": "/usr/local
 def test_a_reload_child_the_zygote_and_the_resume_proof_get_what_the_libraries_need_and_no_secret():
     environment = Environment.read({**SECRETS, **NEEDED, "HF_HOME": "/srv/hf", "TMPDIR": "/srv/tmp"})
     child = child_env({"hf_cache": "/cache", "threads": 2}, "/work", environment)
-    zygote = zygote_env(2, "/cache", environment)
+    zygote = zygote_env(2, environment)
     proof = proof_env("cpu", environment)
     for handed in (child, zygote, proof):
         assert not set(SECRETS) & set(handed), sorted(set(SECRETS) & set(handed))
@@ -67,7 +67,7 @@ def test_a_child_the_zygote_forks_holds_none_of_the_reviewers_secrets(monkeypatc
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     children = ChildProcesses(Environment.read({**os.environ, **SECRETS}))
-    started = Zygote(children, zygote_env(1, None, children.environment), light=True)
+    started = Zygote(children, zygote_env(1, children.environment), light=True)
     try:
         started.wait_ready()
         assert started.client is not None, started.why

@@ -60,7 +60,7 @@ def zygote(monkeypatch, tmp_path):
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     children = ChildProcesses(Environment.read())
-    started = Zygote(children, zygote_env(1, None, children.environment))
+    started = Zygote(children, zygote_env(1, children.environment))
     started.wait_ready()
     assert started.client is not None, started.why
     yield children, started
@@ -69,11 +69,12 @@ def zygote(monkeypatch, tmp_path):
     assert started.client.proc.returncode is not None, "the zygote still runs"
 
 
-def probe(children: ChildProcesses, zygote: Zygote, work: Path, action: str) -> dict:
+def probe(children: ChildProcesses, zygote: Zygote, work: Path, action: str, env: dict | None = None) -> dict:
     work.mkdir()
     out = work / "probe.json"
     child = zygote.client.fork({"entry": "tests.zygote_probe:probe", "argv": ["probe", str(out), action],
-                                "work": str(work), "log": str(work / "log"), "env": {"TMPDIR": str(work)},
+                                "work": str(work), "log": str(work / "log"),
+                                "env": {"TMPDIR": str(work), **(env or {})},
                                 "title": ["-m", "itera_verify.reload.child", str(work / "job.json"), action]})
     assert isinstance(child, ForkedChild), child
     end = children.wait(child, 120)
@@ -93,6 +94,19 @@ def test_nothing_one_forked_child_changes_reaches_the_next(zygote, tmp_path):
     # The next child starts from the zygote, not from there.
     assert fresh["gelu_is_torch"] and not fresh["held_tensor"] and not fresh["new_module"]
     assert fresh["torch_rng"] == before["torch_rng"] and fresh["numpy_rng"] == before["numpy_rng"]
+
+
+def test_each_forked_child_reads_the_hub_cache_its_job_names_not_the_zygotes(zygote, tmp_path):
+    """The zygote starts without any run's hub cache (so one warm zygote serves packages over different caches);
+    huggingface_hub read its own empty one at import, and each child follows the one its job names, as a
+    spawned child would."""
+    children, started = zygote
+    assert "HF_HUB_CACHE" not in zygote_env(1, children.environment)
+    at_import = probe(children, started, tmp_path / "plain", "look")["at_start"]["hub_cache"]
+    assert at_import.startswith(str(started.work)), at_import
+    seen = [probe(children, started, tmp_path / name, "look", {"HF_HUB_CACHE": str(tmp_path / f"hub-{name}")})
+            for name in ("a", "b")]
+    assert [report["at_start"]["hub_cache"] for report in seen] == [str(tmp_path / "hub-a"), str(tmp_path / "hub-b")]
 
 
 def test_each_forked_child_is_its_own_session_with_its_folder_and_its_job_on_its_command_line(zygote, tmp_path):
@@ -249,7 +263,7 @@ def test_a_light_zygote_preloads_no_modelling_library_and_a_full_one_does(monkey
     seen = {}
     for light in (True, False):
         children = ChildProcesses(Environment.read())
-        started = Zygote(children, zygote_env(1, None, children.environment), light=light)
+        started = Zygote(children, zygote_env(1, children.environment), light=light)
         started.wait_ready()
         assert started.client is not None, started.why
         try:
@@ -260,6 +274,7 @@ def test_a_light_zygote_preloads_no_modelling_library_and_a_full_one_does(monkey
     assert seen == {True: [], False: ["accelerate", "peft", "transformers"]}
 
 
+@pytest.mark.own_zygote  # a warm zygote that imports more would serve it (reload/warm.py)
 def test_a_package_of_safetensors_and_torch_resume_files_alone_gets_a_light_zygote(package_dir, hf_cache):
     from itera_verify.reload import prestart
     from itera_verify.reload.runner import light

@@ -26,6 +26,7 @@ def _state() -> dict:
         "modelling_imported": sorted(m for m in ("transformers", "peft", "accelerate") if m in sys.modules),
         "imported": sorted(m for m in WATCHED if sys.modules.get(m) is not None),
         "kept_out": sorted(m for m in WATCHED if m in sys.modules and sys.modules[m] is None),
+        "hub_cache": getattr(sys.modules.get("huggingface_hub.constants"), "HF_HUB_CACHE", None),
     }
 
 

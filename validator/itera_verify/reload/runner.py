@@ -118,11 +118,13 @@ def light(loaders) -> bool:
     return loader_table.light(loaders)
 
 
-def zygote_env(threads: int, hf_cache: str | None, environment: Environment) -> dict:
+def zygote_env(threads: int, environment: Environment) -> dict:
     """The zygote's environment: what every child shares (the libraries read it at import), plus fork safety.
     numpy's BLAS starts a worker thread at import, and a process with threads must not fork; numpy only reads
-    RNG states here. The NVML check keeps torch.cuda.is_available() from initialising CUDA before a fork."""
-    env = child_env({"threads": threads, "hf_cache": hf_cache}, "", environment)  # TMPDIR: the zygote's own
+    RNG states here. The NVML check keeps torch.cuda.is_available() from initialising CUDA before a fork. No
+    hub cache: its imports read none, and each forked child follows its own job's (zygote.py), so one zygote
+    serves runs over different hub caches (warm.py)."""
+    env = child_env({"threads": threads}, "", environment)  # TMPDIR: the zygote's own
     env.update(OPENBLAS_NUM_THREADS="1", PYTORCH_NVML_BASED_CUDA_CHECK="1")
     return env
 
@@ -301,8 +303,7 @@ def prestart(ctx: RunContext, *, device: str, jobs: int, isolation: str = "auto"
         return None
     _, threads = _parallel(device, jobs, visible_gpus() if device == "cuda" else [])
     children = Launcher(ctx.environment)
-    hf_cache = os.path.abspath(ctx.options.hf_cache) if ctx.options.hf_cache else None
-    zygote = obtain(zygote_env(threads, hf_cache, children.environment), package_preloads(ctx), children)
+    zygote = obtain(zygote_env(threads, children.environment), package_preloads(ctx), children)
     return Prestarted(children, zygote, isolation)
 
 
@@ -375,8 +376,7 @@ def run_reloads(ctx: RunContext, *, device: str, timeout: float, jobs: int, prog
                 # the zygote's imports: 8-12 s where nothing else is said (none for a warm one, ready already)
                 progress.waiting("reload", f"importing {IMPORTS_LIGHT if wanted.light else IMPORTS} once, for the "
                                            "reload processes")
-            zygote = start_zygote(isolation, children, zygote_env(first.get("threads") or 0, first.get("hf_cache"),
-                                                                children.environment),
+            zygote = start_zygote(isolation, children, zygote_env(first.get("threads") or 0, children.environment),
                                   bool(pending), started=started, preloads=wanted)
             progress.waiting("reload", None)
             if zygote is None and prefetch and parallel == 1 and len(gpus) <= 1:

@@ -138,6 +138,16 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def follow_hub_cache() -> None:
+    """huggingface_hub read HF_HUB_CACHE once, when the zygote imported it (the zygote's own empty cache): a
+    forked child reads the hub cache its job names, as a spawned child does at its import. Every reader of the
+    default (huggingface_hub's downloads and cache scans, transformers' cached_file) reads the attribute when
+    called."""
+    constants = sys.modules.get("huggingface_hub.constants")
+    if constants is not None and os.environ.get("HF_HUB_CACHE"):
+        constants.HF_HUB_CACHE = os.environ["HF_HUB_CACHE"]
+
+
 def _run_child(request: dict, parent: int) -> None:  # pragma: no cover - runs in the forked child
     code = 1
     try:
@@ -146,6 +156,7 @@ def _run_child(request: dict, parent: int) -> None:  # pragma: no cover - runs i
         for number in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
             signal.signal(number, signal.SIG_DFL)
         os.environ.update(request.get("env") or {})
+        follow_hub_cache()
         work = request["work"]
         os.chdir(work)
         tempfile.tempdir = work  # third-party scratch files go to the reload's own folder
