@@ -215,7 +215,10 @@ def private_tmp(tmp_path, monkeypatch) -> Path:
 def warm_reload_zygotes(tmp_path_factory):
     from itera_verify.reload.warm import warm_zygotes
 
-    with warm_zygotes(folder=str(tmp_path_factory.mktemp("zygotes")), ignore={"PYTEST_CURRENT_TEST"}) as warm:
+    # Three kept: the runs of a worker keep out three sets of libraries in turn (text models, diffusers and
+    # other loaders, quantized models); the environment is the same for most.
+    with warm_zygotes(kept=3, folder=str(tmp_path_factory.mktemp("zygotes")),
+                      ignore={"PYTEST_CURRENT_TEST"}) as warm:
         yield warm
 
 
