@@ -92,7 +92,7 @@ class WarmZygotes:
             there = self._kept.get(key)
             if there is zygote:
                 return
-            if there is not None and covers(there.preloads, zygote.preloads) \
+            if there is not None and alive(there) and covers(there.preloads, zygote.preloads) \
                     and not covers(zygote.preloads, there.preloads):
                 evicted = [zygote]
             else:

@@ -140,9 +140,9 @@ def _die_with_parent(parent: int) -> None:
 
 def follow_hub_cache() -> None:
     """huggingface_hub read HF_HUB_CACHE once, when the zygote imported it (the zygote's own empty cache): a
-    forked child reads the hub cache its job names, as a spawned child does at its import. Every reader of the
-    default (huggingface_hub's downloads and cache scans, transformers' cached_file) reads the attribute when
-    called."""
+    forked child reads the hub cache its job names, as a spawned child does at its import. The loaders' readers
+    of the default (huggingface_hub's downloads and lookups, transformers' cached_file) read the attribute when
+    called; huggingface_hub's cache manager copies it at import, and the zygote never imports it."""
     constants = sys.modules.get("huggingface_hub.constants")
     if constants is not None and os.environ.get("HF_HUB_CACHE"):
         constants.HF_HUB_CACHE = os.environ["HF_HUB_CACHE"]
