@@ -111,9 +111,10 @@ class WarmZygotes:
 
 
 def covers(have: Preloads, need: Preloads) -> bool:
-    """A zygote that imports `have` serves a run that needs `need`: every import, the libraries kept out alike.
-    The architectures' modelling modules are not required: a child imports one it lacks itself."""
-    return have.without == need.without and set(need.imports) <= set(have.imports)
+    """A zygote that imports `have` serves a run of its key (the same libraries kept out: `WarmZygotes.key`)
+    that needs `need`: every import. The architectures' modelling modules are not required: a child imports one
+    it lacks itself."""
+    return set(need.imports) <= set(have.imports)
 
 
 def widened(kept: Preloads, run: Preloads) -> Preloads:
