@@ -239,6 +239,96 @@ def test_block_validation_across_block_boundaries_and_long_lines(tmp_path, monke
     assert fast[0] == 49 and [e.line for e in fast[3]] == [41, 48]
 
 
+def _split_everywhere(monkeypatch) -> list:
+    """Every generic JSONL validated in two processes (a helper forked for its second half), on any machine;
+    the list fills with one entry per helper forked."""
+    forked = []
+    real = linerecords.Forked
+    monkeypatch.setattr(linerecords, "SPLIT_BYTES", 1)
+    monkeypatch.setattr(linerecords, "worker_count", lambda threads: 2)
+    monkeypatch.setattr(linerecords, "Forked", lambda *a, **k: forked.append(a) or real(*a, **k))
+    return forked
+
+
+def _one_process(tmp_path, monkeypatch, content: bytes):
+    """(records, blank_only, errors) through json.loads line by line, in this process alone."""
+    with monkeypatch.context() as patched:
+        patched.setattr(linerecords, "_validator", lambda: None)
+        scan = readers.scan_generic(_package(tmp_path, {"g.jsonl": content}), "g.jsonl")
+    return scan.records, scan.blank_only, scan.error_count, scan.errors
+
+
+def _two_processes(tmp_path, content: bytes):
+    scan = readers.scan_generic(_package(tmp_path, {"g.jsonl": content}), "g.jsonl")
+    return scan.records, scan.blank_only, scan.error_count, scan.errors
+
+
+def test_a_large_jsonl_split_over_two_processes_agrees_with_json_loads_line_by_line(tmp_path, monkeypatch):
+    """The helper's half is numbered from its own first line, then moved past this process's lines: every error
+    keeps the line and column the one-process path gives, the records and the blank-only verdict add up, and a
+    byte-order mark counts only on the file's first line (not on the helper's)."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    forked = _split_everywhere(monkeypatch)
+
+    @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.lists(st.sampled_from(_LINES), min_size=2, max_size=24), st.sampled_from([b"\n", b"\r\n"]),
+           st.booleans())
+    def agree(lines, newline, trailing):
+        content = newline.join(lines) + (newline if trailing else b"")
+        assert _two_processes(tmp_path, content) == _one_process(tmp_path, monkeypatch, content), content
+
+    agree()
+    assert len(forked) >= 100, "the helper was not forked"
+
+
+def test_the_split_holds_across_blocks_long_lines_and_the_error_cap(tmp_path, monkeypatch):
+    monkeypatch.setattr(linerecords, "VALIDATE_BLOCK", 64)
+    monkeypatch.setattr(linerecords, "LONG_LINE", 256)
+    forked = _split_everywhere(monkeypatch)
+    good = b'{"id": "ex-0001", "tokens": ["a", "b", "c"]}'
+    content = b"\n".join([good] * 40 + [b"{bad"] + [good] * 45 + [b'"' + b"x" * 600 + b'"', b"[1,"] + [good] * 3
+                         + [b"nope"] * (linerecords.MAX_KEPT_ERRORS + 50) + [good])
+    split = _two_processes(tmp_path, content)
+    assert split == _one_process(tmp_path, monkeypatch, content) and forked
+    records, _, error_count, errors = split
+    assert records == 40 + 45 + 1 + 3 + 1 and error_count == linerecords.MAX_KEPT_ERRORS + 52
+    assert [e.line for e in errors[:3]] == [41, 88, 92] and len(errors) == linerecords.MAX_KEPT_ERRORS
+
+
+def test_a_helper_that_dies_leaves_its_half_to_this_process(tmp_path, monkeypatch):
+    """Killed, out of memory: its half is validated here, and the outcome is the same."""
+    import os
+
+    forked = _split_everywhere(monkeypatch)
+    parent, real = os.getpid(), linerecords._validate_range
+
+    def dies_in_the_helper(*args, **kwargs):
+        if os.getpid() != parent:
+            os._exit(9)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(linerecords, "_validate_range", dies_in_the_helper)
+    content = b"\n".join([b'{"a": 1}'] * 30 + [b"{bad"] + [b"[2]"] * 30 + [b"oops", b""])
+    assert _two_processes(tmp_path, content) == _one_process(tmp_path, monkeypatch, content) and forked
+    assert [e.line for e in _two_processes(tmp_path, content)[3]] == [31, 62]
+
+
+def test_where_no_helper_can_be_forked_this_process_validates_the_whole_file(tmp_path, monkeypatch):
+    """The tool's own threads run (a seal beside the checks): fork is refused, and nothing is left out."""
+    from itera_verify.runtime.launcher import ForkAfterThreads
+
+    _split_everywhere(monkeypatch)
+
+    def refused(*args, **kwargs):
+        raise ForkAfterThreads("fork refused: the tool's threads seal-reader are running")
+
+    monkeypatch.setattr(linerecords, "Forked", refused)
+    content = b"\n".join([b'{"a": 1}'] * 30 + [b"{bad"] + [b"[2]"] * 30 + [b"oops"])
+    assert _two_processes(tmp_path, content) == _one_process(tmp_path, monkeypatch, content)
+    assert _two_processes(tmp_path, content)[0] == 60
+
+
 def test_a_clean_large_jsonl_is_validated_without_line_by_line_parsing(tmp_path, monkeypatch):
     """The clean case never reaches json.loads: the speed of a large generic JSONL comes from here."""
     calls = []
@@ -250,7 +340,7 @@ def test_a_clean_large_jsonl_is_validated_without_line_by_line_parsing(tmp_path,
 
 
 def test_line_blocks_end_at_line_ends_and_bound_the_unfinished_line():
-    """The shared reader of _validated_lines and the temporary-path search: the pieces are the file, a whole piece
+    """The shared reader of validate_jsonl and the temporary-path search: the pieces are the file, a whole piece
     ends a line, a part of a line holds no newline, and no piece holds more than a read and the bound."""
     import io
 

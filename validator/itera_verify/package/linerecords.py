@@ -6,12 +6,15 @@ No knowledge of what the records mean: readers.py turns them into metrics, eval 
 from __future__ import annotations
 
 import csv
-import itertools
+import io
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from ..archive.writer import worker_count
 from ..model import UsageError
+from ..runtime.launcher import ChildFailed, ChildLost, Forked, ForkAfterThreads, can_fork
 from .files import open_binary
 from .lineblocks import line_blocks
 
@@ -46,9 +49,10 @@ def non_blank_lines(ctx, rel: str) -> Iterator[tuple[int, bytes]]:
     return _non_blank(ctx.documents.iter_lines(rel))
 
 
-def _non_blank(numbered: Iterator[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
+def _non_blank(numbered, bom: bool = True) -> Iterator[tuple[int, bytes]]:
+    """`bom`: line 1 is the file's first line (not the first of a helper's half)."""
     for number, raw in numbered:
-        if number == 1 and raw.startswith(BOM):
+        if bom and number == 1 and raw.startswith(BOM):
             raw = raw[3:]
         if raw.strip():
             yield number, raw
@@ -144,40 +148,165 @@ def _validator():
     return simdjson.Parser()
 
 
-def validated_lines(ctx, rel: str) -> Iterator[tuple[int, int, tuple[int | None, str] | None]]:
-    """(first line, records, None) for a run of valid lines, (line, 0, (column, message)) for an invalid one:
-    parsed_lines without the values, for files whose values nobody needs (any other JSONL).
+def validate_jsonl(ctx, rel: str, errors: LineErrors) -> tuple[int, bool]:
+    """parsed_lines without the values, for files whose values nobody needs (any other JSONL): the number of
+    records and whether any line holds more than blanks; each invalid line goes to `errors`.
 
     Whole blocks of complete lines are validated at once as one array ("[l1,l2,...]"). simdjson is strict
     (RFC 8259): what it accepts, json.loads accepts too. A block it refuses (a blank line, NaN, a big integer, a
     real error) is parsed line by line by json.loads, which alone decides and places every error; so the
-    outcome is exactly that of the line-by-line path, only faster on the common, clean case."""
+    outcome is exactly that of the line-by-line path, only faster on the common, clean case.
+
+    A file of SPLIT_BYTES or more is validated by two processes where a second core is there: a forked helper
+    takes the lines after the first newline past the middle, this process the lines before; the helper's line
+    numbers are counted from its first line and moved past this process's. Same outcome, in about half the time
+    (the check of one large JSONL otherwise runs alone on one core while the other waits)."""
     parser = _validator()
     if parser is None:
-        yield from _counted(parsed_lines(ctx, rel))
-        return
-    consumed = 0  # lines before the current block
+        tally = _Tally()
+        for number, _, error in parsed_lines(ctx, rel):
+            tally.add(number, 0 if error else 1, error, errors)
+        return tally.records, tally.seen
     try:
         with open_binary(ctx.inventory.abspath(rel)) as fh:
-            for complete, whole in line_blocks(fh, VALIDATE_BLOCK, LONG_LINE):
-                if not whole:  # a line of LONG_LINE bytes or more: the line-by-line path takes the rest
-                    rest = _non_blank(itertools.islice(ctx.documents.iter_lines(rel), consumed, None))
-                    yield from _counted(_parse_numbered(rest))
-                    return
-                count = complete.count(b"\n") + (not complete.endswith(b"\n"))
-                if _block_is_valid(parser, complete, count, first=consumed == 0):
-                    yield consumed + 1, count, None
-                else:
-                    numbered = enumerate((line.rstrip(b"\r") for line in complete.split(b"\n")[:count]),
-                                         consumed + 1)
-                    yield from _counted(_parse_numbered(_non_blank(numbered)))
-                consumed += count
+            fd = fh.fileno()
+            cut = _halfway(fd, ctx.inventory.files[rel].size)
+            helper = _helper(parser, fd, cut) if cut else None
+            try:
+                head = _validate_range(parser, fd, 0, cut if helper else None, errors, bom=True)
+                if helper is None:
+                    return head.records, head.seen
+                tail = _helper_result(helper)
+                if tail is None:  # the helper could not finish: its half is done here
+                    tail = _Tally.kept(lambda into: _validate_range(parser, fd, cut, None, into, bom=False))
+            finally:
+                if helper is not None:
+                    helper.cancel()
     except OSError as exc:
         raise UsageError(f"{rel}: cannot read ({exc.strerror})") from exc
+    for line, column, message in tail["errors"]:
+        errors.add_error(head.lines + line, column, message)
+    errors.error_count += tail["error_count"] - len(tail["errors"])
+    return head.records + tail["records"], head.seen or tail["seen"]
 
 
-def _counted(parsed) -> Iterator[tuple[int, int, tuple[int | None, str] | None]]:
-    return ((number, 0 if error else 1, error) for number, _, error in parsed)
+SPLIT_BYTES = 64 << 20  # from here a helper pays: its fork costs milliseconds, 64 MiB about 0.17 s of checking
+
+
+@dataclass
+class _Tally:
+    records: int = 0
+    seen: bool = False  # a line holding more than blanks
+    lines: int = 0  # every line of the range, blank ones too
+
+    def add(self, number: int, records: int, error, errors: LineErrors) -> None:
+        self.seen = True
+        self.records += records
+        if error:
+            errors.add_error(number, *error)
+
+    @staticmethod
+    def kept(validate) -> dict:
+        """`validate(errors)`'s tally and errors as plain values (what the helper hands back)."""
+        errors = LineErrors()
+        tally = validate(errors)
+        return {"records": tally.records, "seen": tally.seen, "lines": tally.lines, "error_count": errors.error_count,
+                "errors": [[e.line, e.column, e.message] for e in errors.errors]}
+
+
+class _Range(io.RawIOBase):
+    """Bytes `start` to `end` (None: the end of the file) of an open file, read with pread: two processes
+    sharing the descriptor never move each other's offset."""
+
+    def __init__(self, fd: int, start: int, end: int | None):
+        super().__init__()
+        self.fd, self.position, self.end = fd, start, end
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        size = len(buffer) if self.end is None else min(len(buffer), self.end - self.position)
+        if size <= 0:
+            return 0
+        done = os.preadv(self.fd, [memoryview(buffer)[:size]], self.position)
+        self.position += done
+        return done
+
+
+def _validate_range(parser, fd: int, start: int, end: int | None, errors: LineErrors, *, bom: bool) -> _Tally:
+    """The lines from `start` (a line's first byte) to `end` (after a newline, or None), numbered from 1."""
+    tally = _Tally()
+    offset = start
+    reader = io.BufferedReader(_Range(fd, start, end))
+    for complete, whole in line_blocks(reader, VALIDATE_BLOCK, LONG_LINE):
+        if not whole:  # a line of LONG_LINE bytes or more: the line-by-line path takes the rest
+            rest = enumerate((line.rstrip(b"\r\n") for line in io.BufferedReader(_Range(fd, offset, end))),
+                             tally.lines + 1)
+            counted = _Counted(rest)
+            for number, _, error in _parse_numbered(_non_blank(counted, bom)):
+                tally.add(number, 0 if error else 1, error, errors)
+            tally.lines = max(tally.lines, counted.last)
+            return tally
+        count = complete.count(b"\n") + (not complete.endswith(b"\n"))
+        if _block_is_valid(parser, complete, count, first=bom and tally.lines == 0):
+            tally.seen, tally.records = True, tally.records + count
+        else:
+            numbered = enumerate((line.rstrip(b"\r") for line in complete.split(b"\n")[:count]), tally.lines + 1)
+            for number, _, error in _parse_numbered(_non_blank(numbered, bom)):
+                tally.add(number, 0 if error else 1, error, errors)
+        tally.lines += count
+        offset += len(complete)
+    return tally
+
+
+class _Counted:
+    """Numbered lines passed through, the last number kept (blank lines are numbered too, then dropped)."""
+
+    def __init__(self, numbered):
+        self.numbered, self.last = numbered, 0
+
+    def __iter__(self):
+        for number, raw in self.numbered:
+            self.last = number
+            yield number, raw
+
+
+def _halfway(fd: int, size: int) -> int | None:
+    """Where a helper's half of a large file starts: after the first newline past the middle; None when the file
+    is too small, no second core or fork is there, or no newline comes within LONG_LINE of the middle."""
+    if size < SPLIT_BYTES or worker_count(0) < 2 or not can_fork():
+        return None
+    position = size // 2
+    while position < min(size, size // 2 + LONG_LINE):
+        piece = os.pread(fd, 1 << 20, position)
+        if not piece:
+            return None
+        found = piece.find(b"\n")
+        if found >= 0:
+            cut = position + found + 1
+            return cut if cut < size else None
+        position += len(piece)
+    return None
+
+
+def _helper(parser, fd: int, cut: int) -> Forked | None:
+    """The forked helper validating from `cut` to the end; None where this process must not fork now (the
+    tool's own threads run: a seal beside the checks)."""
+    def tail() -> bytes:
+        return json.dumps(_Tally.kept(lambda into: _validate_range(parser, fd, cut, None, into, bom=False))).encode()
+
+    try:
+        return Forked(tail, raw=True)  # its answer is JSON, never a pickle: it read the package's bytes
+    except (ForkAfterThreads, OSError):
+        return None
+
+
+def _helper_result(helper: Forked) -> dict | None:
+    try:
+        return json.loads(helper.result())
+    except (ChildLost, ChildFailed):
+        return None
 
 
 _NEWLINE_TO_COMMA = bytes.maketrans(b"\n", b",")

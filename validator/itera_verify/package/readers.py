@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import READER_SCANS
-from .linerecords import LineErrors, csv_rows, non_blank_lines, parsed_lines, validated_lines
+from .linerecords import LineErrors, csv_rows, non_blank_lines, parsed_lines, validate_jsonl
 
 SAMPLE = 5  # how many ids a message shows
 
@@ -247,12 +247,7 @@ def _scan_generic(ctx, rel: str) -> GenericScan:
         scan.blank_only = width is None and scan.error_count == 0
         scan.header_only = width is not None and scan.records == 0 and scan.error_count == 0
         return scan
-    seen_line = False
-    for number, records, error in validated_lines(ctx, rel):
-        seen_line = True
-        if error:
-            scan.add_error(number, *error)
-        scan.records += records
+    scan.records, seen_line = validate_jsonl(ctx, rel, scan)
     scan.blank_only = not seen_line
     return scan
 
