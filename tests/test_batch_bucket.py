@@ -34,6 +34,7 @@ def bucket(seaweedfs, sealed):
     return "fleet"
 
 
+@pytest.mark.slow
 def test_a_bucket_prefix_is_audited_with_its_damaged_and_foreign_objects_said(seaweedfs, bucket, tmp_path):
     env = {**store_env(seaweedfs.endpoint), "TMPDIR": str(tmp_path)}
     result = run_cli("audit", f"s3://{bucket}/delivered/", "--jobs", "2", "--format", "jsonl", env=env, timeout=300)

@@ -56,6 +56,7 @@ def iv513(package: Path) -> list:
     return [f for f in static_findings(package) if f.code == "IV513"]
 
 
+@pytest.mark.slow
 def test_the_final_model_is_saved_with_the_trainers_tokenizer(recorded):
     assert (recorded / MODEL / "tokenizer.json").is_file()
     assert (recorded / "checkpoints/control/checkpoint-2/tokenizer.json").is_file()

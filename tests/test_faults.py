@@ -261,6 +261,7 @@ def read_only_run(built, tmp_path_factory):
             "tmp": cli.tmp, "left": tagged(tag)}
 
 
+@pytest.mark.slow
 def test_read_only_package_is_checked_reloaded_and_sealed_and_nothing_is_written_inside(read_only_run):
     run = read_only_run
     assert run["code"] == 0, run["out"][-3000:] + run["err"][-3000:]

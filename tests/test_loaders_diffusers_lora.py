@@ -30,6 +30,7 @@ def messages(findings, artifact) -> list[str]:
     return [f"{f.code} {f.message}" for f in findings if f.artifact == artifact]
 
 
+@pytest.mark.slow
 def test_lora_saved_by_save_lora_weights_attaches_to_its_base_and_denoises(reloaded):
     results, findings = reloaded
     result = results["lora"]

@@ -52,6 +52,7 @@ def reloaded(tmp_path_factory):
     return reload_package(root)
 
 
+@pytest.mark.slow
 def test_clean_gguf_is_read_dequantized_and_passes(reloaded):
     results, findings = reloaded
     result = results["gguf-clean"]

@@ -29,6 +29,7 @@ def reloaded(tmp_path_factory):
     return reload_package(root)
 
 
+@pytest.mark.slow
 def test_vit_runs_a_forward_pass_on_synthetic_pixel_values(reloaded):
     results, findings = reloaded
     assert results["vit"].ok, results["vit"].error

@@ -66,6 +66,7 @@ def reloaded(tmp_path_factory):
     return reload_package(root)
 
 
+@pytest.mark.slow
 def test_clean_stable_diffusion_pipeline_runs_one_denoising_step(reloaded):
     results, findings = reloaded
     result = results["sd"]

@@ -37,6 +37,7 @@ def reloaded(package):
     return reload_package(package)
 
 
+@pytest.mark.slow
 def test_4bit_model_reloads_with_its_weights_dequantized_and_finite(reloaded):
     results, findings = reloaded
     result = results["bnb4"]

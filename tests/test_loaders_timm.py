@@ -35,6 +35,7 @@ def reloaded(tmp_path_factory):
     return reload_package(root)
 
 
+@pytest.mark.slow
 def test_timm_model_loads_strictly_and_runs_on_its_configured_size(reloaded):
     results, findings = reloaded
     assert results["vit"].ok, results["vit"].error

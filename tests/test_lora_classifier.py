@@ -45,6 +45,7 @@ def drop_head(adapter_file: Path) -> list[str]:
     return head
 
 
+@pytest.mark.slow
 def test_lora_classification_campaign_passes_with_zero_findings(built_classifier):
     done = run_cli(built_classifier["package"], "--hf-cache", built_classifier["hf_cache"], "--no-seal",
                    "--format", "json", "--device", "cpu")

@@ -172,6 +172,7 @@ def _memo_indices_small(data: bytes) -> bool:
 @RUNS
 @given(st.one_of(pickle_streams(), typed_streams(_float_any), st.binary(max_size=64),
                  st.tuples(st.binary(max_size=12), typed_streams(_float_any)).map(b"".join)))
+@pytest.mark.slow
 def test_every_global_an_unpickler_asks_for_is_named(data):
     assume(_memo_indices_small(data))
     names = walked_names(data)

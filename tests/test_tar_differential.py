@@ -165,6 +165,7 @@ def test_names_the_writer_makes_through_pax_read_as_gnu_tar_reads_them(tmp_path)
 @pytest.mark.slow
 @settings(max_examples=400, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck))
+@pytest.mark.slow
 @given(tar_streams())
 def test_fuzzed_archives_the_audit_accepts_are_what_gnu_tar_extracts(data):
     differential_property(None, data)  # what `make fuzz` runs at 10,000 inputs
