@@ -96,6 +96,32 @@ def test_nothing_one_forked_child_changes_reaches_the_next(zygote, tmp_path):
     assert fresh["torch_rng"] == before["torch_rng"] and fresh["numpy_rng"] == before["numpy_rng"]
 
 
+def test_a_zygote_that_does_not_answer_a_fork_is_given_up_in_bounded_time(zygote, tmp_path, monkeypatch):
+    """Stopped (SIGSTOP here) or stuck, the zygote never answers: the fork gives it up after
+    FORK_ANSWER_SECONDS instead of holding the run forever, and it is dead to every later fork (the run's
+    children are spawned) and to the warm zygotes (never kept)."""
+    from itera_verify.reload import zygote_client
+    from itera_verify.reload.warm import alive
+
+    children, started = zygote
+    monkeypatch.setattr(zygote_client, "FORK_ANSWER_SECONDS", 1.0)
+    work = tmp_path / "unanswered"
+    work.mkdir()
+    os.kill(started.client.proc.pid, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        answer = started.client.fork({"entry": "tests.zygote_probe:probe",
+                                      "argv": ["probe", str(work / "probe.json"), "look"], "work": str(work),
+                                      "log": str(work / "log"), "env": {"TMPDIR": str(work)}, "title": ["probe"]})
+        assert answer == "the zygote did not answer a fork in 1 s", answer
+        assert time.monotonic() - began < 10
+        assert started.client.dead and not alive(started)
+        assert started.client.fork({"entry": "tests.zygote_probe:probe", "argv": [], "work": str(work),
+                                    "log": str(work / "log"), "env": {}, "title": ["probe"]}) == "the zygote is gone"
+    finally:
+        os.kill(started.client.proc.pid, signal.SIGCONT)
+
+
 def test_each_forked_child_reads_the_hub_cache_its_job_names_not_the_zygotes(zygote, tmp_path):
     """The zygote starts without any run's hub cache (so one warm zygote serves packages over different caches);
     huggingface_hub read its own empty one at import, and each child follows the one its job names, as a

@@ -15,12 +15,15 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
-from ..runtime.launcher import Exit, Launcher, wait_until
+from ..runtime.launcher import TIMED_OUT, Exit, Launcher, wait_until
 from .confine import scratch_variables
 from .preloads import BASE, Preloads, imports_for
 from .zygote import IMPORT, WITHOUT
 
 ZYGOTE_START_SECONDS = 300.0  # importing the libraries; far longer means a broken environment: spawn instead
+# A fork is answered in milliseconds (the zygote reads requests between reaps); one not answered in this long
+# means a zygote that is stopped or stuck: it is given up, and the run's children are spawned from then on.
+FORK_ANSWER_SECONDS = 60.0
 
 
 def _log_tail(log: Path, lines: int = 3) -> str:
@@ -142,14 +145,19 @@ class ZygoteClient:
 
     def fork(self, request: dict) -> ForkedChild | str:
         """A child running `request` (see zygote.py), or why none could start."""
+        if self.dead:
+            return "the zygote is gone"
         with self._lock:
             self.next_id += 1
             job_id = self.next_id
         self.send(dict(request, op="fork", id=job_id))
         answered = wait_until(lambda wait: self.message(job_id, "pid", wait=wait) is not None
                               or self.message(job_id, "error") is not None or self.dead,
-                              stop=self.children.stop, pause=0.05)
+                              timeout=FORK_ANSWER_SECONDS, stop=self.children.stop, pause=0.05)
         started = self.message(job_id, "pid")
+        if started is None and answered == TIMED_OUT:
+            self.dead = True  # never asked again: the next children are spawned, and no run keeps it warm
+            return f"the zygote did not answer a fork in {FORK_ANSWER_SECONDS:.0f} s"
         if started is not None:
             child = ForkedChild(self, job_id, started["pid"])
             if not self.children.adopt(child.pid):
