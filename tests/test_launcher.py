@@ -205,3 +205,28 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rindex(b")") + 2:].split()[0] != b"Z"
+
+
+def test_a_child_forked_by_a_forked_child_holds_none_of_its_result_pipe(tmp_path):
+    """The top process learns at once that its child died, though a grandchild that child forked still runs:
+    the grandchild closed the pipe its parent hands its result through."""
+    from itera_verify.runtime.launcher import ChildLost
+
+    marker = tmp_path / "grandchild"
+
+    def child():
+        Forked(lambda: (marker.write_text(str(os.getpid())), time.sleep(30), b"")[2], raw=True)
+        while not marker.exists() or not marker.read_text():
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    outer = Forked(child)
+    began = time.monotonic()
+    try:
+        with pytest.raises(ChildLost):
+            outer.result()
+        assert time.monotonic() - began < 15, "the grandchild held its parent's result pipe open"
+    finally:
+        if marker.exists() and marker.read_text():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(marker.read_text()), signal.SIGKILL)

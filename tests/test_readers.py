@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import tracemalloc
+from pathlib import Path
 
 import pytest
 
@@ -312,6 +313,69 @@ def test_a_helper_that_dies_leaves_its_half_to_this_process(tmp_path, monkeypatc
     content = b"\n".join([b'{"a": 1}'] * 30 + [b"{bad"] + [b"[2]"] * 30 + [b"oops", b""])
     assert _two_processes(tmp_path, content) == _one_process(tmp_path, monkeypatch, content) and forked
     assert [e.line for e in _two_processes(tmp_path, content)[3]] == [31, 62]
+
+
+def test_a_helper_gives_way_to_a_long_line_in_its_half(tmp_path, monkeypatch):
+    """json.loads of a line of LONG_LINE bytes or more takes many times its size: that belongs in the process
+    whose memory an audit watches, so the helper hands its half back and this process validates it."""
+    import os
+
+    monkeypatch.setattr(linerecords, "VALIDATE_BLOCK", 64)
+    monkeypatch.setattr(linerecords, "LONG_LINE", 256)
+    forked = _split_everywhere(monkeypatch)
+    here, real = [], linerecords._validate_range
+
+    def recorded(parser, fd, start, *args, **kwargs):
+        here.append((os.getpid(), start))  # the helper's own calls stay in its copy of the list
+        return real(parser, fd, start, *args, **kwargs)
+
+    monkeypatch.setattr(linerecords, "_validate_range", recorded)
+    good = b'{"id": "ex-0001", "tokens": ["a", "b", "c"]}'
+    content = b"\n".join([good] * 60 + [b"{bad"] + [good] * 30 + [b'"' + b"x" * 600 + b'"', b"[1,", good])
+    assert _two_processes(tmp_path, content) == _one_process(tmp_path, monkeypatch, content) and forked
+    assert any(pid == os.getpid() and start > 0 for pid, start in here), "the tail was not validated here"
+
+
+def test_a_helper_dies_with_the_check_that_forked_it_and_holds_none_of_its_pipes(tmp_path, monkeypatch):
+    """A check child killed (the kernel's out-of-memory killer, a cancel) takes its helper with it, and the
+    top process learns of the death at once: the helper does not hold the check child's result pipe open."""
+    import os
+    import signal
+    import time
+
+    from itera_verify.runtime.launcher import ChildLost, Forked
+
+    _split_everywhere(monkeypatch)
+    top, real, helper_pid = os.getpid(), linerecords._validate_range, tmp_path / "helper.pid"
+
+    def slow_helper_and_a_dying_check(parser, fd, start, *args, **kwargs):
+        if start > 0:  # the helper's half: a long one
+            helper_pid.write_text(str(os.getpid()))
+            time.sleep(30)
+        elif os.getpid() != top:  # the check child, once its helper runs
+            while not helper_pid.exists():
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(parser, fd, start, *args, **kwargs)
+
+    monkeypatch.setattr(linerecords, "_validate_range", slow_helper_and_a_dying_check)
+    package = _package(tmp_path, {"g.jsonl": b"[1]\n" * 1000})
+    check = Forked(lambda: readers.scan_generic(package, "g.jsonl").records)
+    began = time.monotonic()
+    with pytest.raises(ChildLost):
+        check.result()
+    assert time.monotonic() - began < 15, "the helper held the check child's result pipe open"
+    pid, deadline = int(helper_pid.read_text()), time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            break
+        if state == "Z":
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"the helper {pid} outlived the check that forked it")
 
 
 def test_where_no_helper_can_be_forked_this_process_validates_the_whole_file(tmp_path, monkeypatch):

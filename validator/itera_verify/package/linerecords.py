@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 from ..archive.writer import worker_count
 from ..model import UsageError
-from ..runtime.launcher import ChildFailed, ChildLost, Forked, ForkAfterThreads, can_fork
+from ..runtime.launcher import ChildFailed, ChildLost, Forked, ForkAfterThreads, can_fork, die_with_parent
 from .files import open_binary
 from .lineblocks import line_blocks
 
@@ -177,7 +177,7 @@ def validate_jsonl(ctx, rel: str, errors: LineErrors) -> tuple[int, bool]:
                 if helper is None:
                     return head.records, head.seen
                 tail = _helper_result(helper)
-                if tail is None:  # the helper could not finish: its half is done here
+                if tail is None:  # the helper could not finish, or gave way to a long line: its half is done here
                     tail = _Tally.kept(lambda into: _validate_range(parser, fd, cut, None, into, bom=False))
             finally:
                 if helper is not None:
@@ -229,17 +229,33 @@ class _Range(io.RawIOBase):
         size = len(buffer) if self.end is None else min(len(buffer), self.end - self.position)
         if size <= 0:
             return 0
-        done = os.preadv(self.fd, [memoryview(buffer)[:size]], self.position)
+        if _PREADV:
+            done = os.preadv(self.fd, [memoryview(buffer)[:size]], self.position)
+        else:  # pragma: no cover - a platform without preadv
+            data = os.pread(self.fd, size, self.position)
+            done = len(data)
+            buffer[:done] = data
         self.position += done
         return done
 
 
-def _validate_range(parser, fd: int, start: int, end: int | None, errors: LineErrors, *, bom: bool) -> _Tally:
-    """The lines from `start` (a line's first byte) to `end` (after a newline, or None), numbered from 1."""
+_PREADV = hasattr(os, "preadv")
+
+
+class _LongLine(Exception):
+    """The helper met a line of LONG_LINE bytes or more: parsing it whole belongs where the memory is watched."""
+
+
+def _validate_range(parser, fd: int, start: int, end: int | None, errors: LineErrors, *, bom: bool,
+                    long_lines: bool = True) -> _Tally:
+    """The lines from `start` (a line's first byte) to `end` (after a newline, or None), numbered from 1.
+    `long_lines` False (the helper): _LongLine at a line of LONG_LINE bytes or more instead of parsing it."""
     tally = _Tally()
     offset = start
     reader = io.BufferedReader(_Range(fd, start, end))
     for complete, whole in line_blocks(reader, VALIDATE_BLOCK, LONG_LINE):
+        if not whole and not long_lines:
+            raise _LongLine
         if not whole:  # a line of LONG_LINE bytes or more: the line-by-line path takes the rest
             rest = enumerate((line.rstrip(b"\r\n") for line in io.BufferedReader(_Range(fd, offset, end))),
                              tally.lines + 1)
@@ -292,9 +308,18 @@ def _halfway(fd: int, size: int) -> int | None:
 
 def _helper(parser, fd: int, cut: int) -> Forked | None:
     """The forked helper validating from `cut` to the end; None where this process must not fork now (the
-    tool's own threads run: a seal beside the checks)."""
+    tool's own threads run: a seal beside the checks). It dies with this process, and gives way to a line of
+    LONG_LINE bytes or more: json.loads of such a line takes many times its size, which belongs in this process,
+    whose memory the caller watches (an audit's limit), not in a helper nobody watches."""
+    parent = os.getpid()
+
     def tail() -> bytes:
-        return json.dumps(_Tally.kept(lambda into: _validate_range(parser, fd, cut, None, into, bom=False))).encode()
+        die_with_parent(parent)
+        try:
+            kept = _Tally.kept(lambda into: _validate_range(parser, fd, cut, None, into, bom=False, long_lines=False))
+        except _LongLine:
+            return b"null"
+        return json.dumps(kept).encode()
 
     try:
         return Forked(tail, raw=True)  # its answer is JSON, never a pickle: it read the package's bytes
@@ -303,10 +328,12 @@ def _helper(parser, fd: int, cut: int) -> Forked | None:
 
 
 def _helper_result(helper: Forked) -> dict | None:
+    """The helper's tally; None when it gave way, died, failed, or its answer was cut short."""
     try:
-        return json.loads(helper.result())
-    except (ChildLost, ChildFailed):
+        answer = json.loads(helper.result())
+    except (ChildLost, ChildFailed, ValueError):
         return None
+    return answer if isinstance(answer, dict) else None
 
 
 _NEWLINE_TO_COMMA = bytes.maketrans(b"\n", b",")

@@ -33,11 +33,11 @@ import tempfile
 import time
 import traceback
 
+from ..runtime.launcher import die_with_parent
 from .preloads import BASE, imports_for, keep_out
 
 # The command line's flags: what to import (preloads.py decides, per run), what to keep out.
 IMPORT, WITHOUT = "--import=", "--without="
-PR_SET_PDEATHSIG = 1
 MODEL_TYPE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 REAP_POLL_SECONDS = 0.02
 
@@ -128,16 +128,6 @@ def set_title(words: list[str]) -> None:
     ctypes.memmove(start, text.ljust(end - start, b"\0"), end - start)
 
 
-def _die_with_parent(parent: int) -> None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:  # the zygote died before the prctl took effect
-        os._exit(1)
-
-
 def follow_hub_cache() -> None:
     """huggingface_hub read HF_HUB_CACHE once, when the zygote imported it (the zygote's own empty cache): a
     forked child reads the hub cache its job names, as a spawned child does at its import. The loaders' readers
@@ -152,7 +142,7 @@ def _run_child(request: dict, parent: int) -> None:  # pragma: no cover - runs i
     code = 1
     try:
         os.setsid()  # its own session and process group: the runner's kill sweeps exactly it
-        _die_with_parent(parent)
+        die_with_parent(parent)
         for number in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
             signal.signal(number, signal.SIG_DFL)
         os.environ.update(request.get("env") or {})

@@ -19,6 +19,7 @@ One of each:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import pickle
 import select
@@ -177,6 +178,13 @@ class Forked:
                 raise
         if pid == 0:  # pragma: no cover - runs in the child, measured by the tests through its result
             os.close(read_fd)
+            global _result_fd
+            if _result_fd is not None:
+                # Forked from a Forked child: its parent's pipe is not this child's to hold open (the end of
+                # file the top process waits for would come only when this child ends too).
+                with contextlib.suppress(OSError):
+                    os.close(_result_fd)
+            _result_fd = write_fd
             _child(function, write_fd, held, raw)  # it lets the signals through inside its own try
         _restore(held)
         os.close(write_fd)
@@ -236,6 +244,24 @@ class Forked:
 def _restore(held) -> None:
     if held is not None:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+PR_SET_PDEATHSIG = 1  # prctl(2), Linux
+
+
+def die_with_parent(parent: int) -> None:
+    """In a forked child: SIGKILL when the thread that forked it ends (Linux), and an end at once when the parent is
+    gone already (it died before the prctl took effect). Only for a child whose forking thread waits for it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the parent's own cancel() is all there is
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+_result_fd: int | None = None  # in a Forked child: the write end of its own result pipe
 
 
 def _child(function: Callable[[], Any], write_fd: int, held=None, raw: bool = False) -> None:  # pragma: no cover
