@@ -230,6 +230,58 @@ def test_block_validation_agrees_with_json_loads_line_by_line(tmp_path, monkeypa
     agree()
 
 
+# Runs of lines that are not JSON alone but join into a valid array with as many values as lines: "[1", "2]",
+# "3, 4" is "[[1, 2], 3, 4]". Each line is what its consumer (a JSONL reader) parses, so each is judged alone.
+_STRADDLING = [(b"[1", b"2]", b"3, 4"), (b'{"a": 1', b'"b": 2}', b'{"h": 1}, {"i": 2}'),
+               (b'{"c": [1', b"2]}", b"3, 4"), (b'{"d": {"e": 1', b'"f": 2}}', b"[], {}"),
+               (b'[{"g": 1', b"{}]", b'"x", "y"'), (b"3, 4", b"[1", b"2]")]
+
+
+def _line_by_line(content: bytes):
+    """What a JSONL reader that parses each line alone finds: (records, blank_only, errors, values)."""
+    values, errors = [], []
+    for number, raw in enumerate(content.split(b"\n"), 1):
+        raw = raw.rstrip(b"\r")
+        if number == 1 and raw.startswith(linerecords.BOM):
+            raw = raw[3:]
+        if not raw.strip():
+            continue
+        value, error = linerecords._parse_json_line(raw)
+        if error:
+            errors.append((number, *error))
+        else:
+            values.append((number, value))
+    return len(values), not values and not errors, errors, values
+
+
+def test_every_line_is_judged_alone_even_where_the_lines_join_into_a_valid_array(tmp_path, monkeypatch):
+    """The block check (simdjson) and the json.loads batches parse many lines at once; a line that straddles
+    into the next (a value left open) must still be the error a line-by-line reader sees, and every value read
+    must be the one on its own line."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.lists(st.sampled_from([(line,) for line in _LINES] + _STRADDLING), max_size=16),
+           st.sampled_from([b"\n", b"\r\n"]))
+    def judged_alone(runs, newline):
+        content = newline.join(line for run in runs for line in run)
+        records, blank_only, errors, values = _line_by_line(content)
+        for validator in (_SIMDJSON, lambda: None):
+            monkeypatch.setattr(linerecords, "_validator", validator)
+            scan = readers.scan_generic(_package(tmp_path, {"g.jsonl": content}), "g.jsonl")
+            assert (scan.records, scan.blank_only, [(e.line, e.column, e.message) for e in scan.errors]) == \
+                (records, blank_only, errors), content
+        package = _package(tmp_path, {"p.jsonl": content})
+        parsed = list(linerecords.parsed_lines(package, "p.jsonl"))
+        assert [(n, v) for n, v, error in parsed if not error] == values, content
+        assert [(n, *error) for n, _, error in parsed if error] == errors, content
+
+    judged_alone()
+    monkeypatch.setattr(linerecords, "_validator", _SIMDJSON)
+    three = readers.scan_generic(_package(tmp_path, {"g.jsonl": b"[1\n2]\n3,4\n"}), "g.jsonl")
+    assert (three.records, [e.line for e in three.errors]) == (0, [1, 2, 3])
+
+
 def test_block_validation_across_block_boundaries_and_long_lines(tmp_path, monkeypatch):
     monkeypatch.setattr(linerecords, "VALIDATE_BLOCK", 64)
     monkeypatch.setattr(linerecords, "LONG_LINE", 256)

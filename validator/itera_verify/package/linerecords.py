@@ -9,6 +9,7 @@ import csv
 import io
 import json
 import os
+import secrets
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -87,7 +88,7 @@ def parsed_lines(ctx, rel: str) -> Iterator[tuple[int, Any, tuple[int | None, st
 
 def _parse_numbered(lines: Iterator[tuple[int, bytes]]) -> Iterator[tuple[int, Any, tuple[int | None, str] | None]]:
     """One json.loads over "[line,line,...]" per batch costs a fraction of one call per line; a batch that fails,
-    or whose element count differs from its line count (a line holding two values, or one value spread over
+    or whose lines are not one value each (_one_value_a_line: a line holding two values, or a value spread over
     two lines), is parsed again line by line, so every error keeps its own line and column."""
     batch: list[tuple[int, bytes]] = []
     batch_bytes = 0
@@ -106,7 +107,8 @@ def _parse_batch(batch: list[tuple[int, bytes]]) -> Iterator[tuple[int, Any, tup
         values = json.loads(b"[" + b",".join(raw for _, raw in batch) + b"]")
     except (ValueError, RecursionError):
         values = None
-    if isinstance(values, list) and len(values) == len(batch):
+    if isinstance(values, list) and len(values) == len(batch) and \
+            _one_value_a_line(_OPEN + _MEMBER.join(raw for _, raw in batch) + b"}", len(batch)):
         for (number, _), value in zip(batch, values):
             yield number, value, None
         return
@@ -152,10 +154,11 @@ def validate_jsonl(ctx, rel: str, errors: LineErrors) -> tuple[int, bool]:
     """parsed_lines without the values, for files whose values nobody needs (any other JSONL): the number of
     records and whether any line holds more than blanks; each invalid line goes to `errors`.
 
-    Whole blocks of complete lines are validated at once as one array ("[l1,l2,...]"). simdjson is strict
-    (RFC 8259): what it accepts, json.loads accepts too. A block it refuses (a blank line, NaN, a big integer, a
-    real error) is parsed line by line by json.loads, which alone decides and places every error; so the
-    outcome is exactly that of the line-by-line path, only faster on the common, clean case.
+    Whole blocks of complete lines are validated at once, as the members of one object ('{"K":l1,"K":l2,...}',
+    _one_value_a_line). simdjson is strict (RFC 8259): what it accepts, json.loads accepts too. A block it
+    refuses (a blank line, NaN, a big integer, a real error) is parsed line by line by json.loads, which alone
+    decides and places every error; so the outcome is exactly that of the line-by-line path, only faster on
+    the common, clean case.
 
     A file of SPLIT_BYTES or more is validated by two processes where a second core is there: a forked helper
     takes the lines after the first newline past the middle, this process the lines before; the helper's line
@@ -336,20 +339,37 @@ def _helper_result(helper: Forked) -> dict | None:
     return answer if isinstance(answer, dict) else None
 
 
-_NEWLINE_TO_COMMA = bytes.maketrans(b"\n", b",")
-
-
 def _block_is_valid(parser, complete: bytes, count: int, *, first: bool) -> bool:
-    """The block as one array, "[l1,l2,...]", built in two copies (the block, then its newlines turned into
-    commas), not the four that slicing, replace and concatenation cost: this is most of a large JSONL's check."""
-    array = bytearray(b"[")
-    array += memoryview(complete)[3 if first and complete.startswith(BOM) else 0:]
-    if array.endswith(b"\n"):
-        array[-1] = 0x5D  # "]" over the last newline
-    else:
-        array.append(0x5D)
+    """The block's lines as the members of one object (_one_value_a_line), built in two copies (the newlines
+    turned into separators, then the object around them): this is most of a large JSONL's check."""
+    start = 3 if first and complete.startswith(BOM) else 0
+    members = complete.replace(b"\n", _MEMBER)
+    end = len(members) - (len(_MEMBER) if complete.endswith(b"\n") else 0)
+    return _one_value_a_line(b"".join((_OPEN, memoryview(members)[start:end], b"}")), count, parser)
+
+
+# A key no line of a file written before this run can hold: every top-level member bearing it came from a
+# separator put between two lines, never from a line.
+_KEY = secrets.token_hex(8)  # 64 bits: no file can guess it; short, so the joined lines grow little
+_OPEN, _MEMBER = b'{"' + _KEY.encode() + b'":', b',"' + _KEY.encode() + b'":'
+
+
+def _one_value_a_line(members: bytes, count: int, parser=None) -> bool:
+    """Lines joined as '{"K":l1,"K":l2,...}' parse (simdjson) into `count` members, each under the key K: then
+    every separator stands between two values at the top (a line cannot make a member of key K, and `count` of
+    them are there), so every line is one value of its own. Counting values alone is not enough: "[1", "2]",
+    "3, 4" join into [[1, 2], 3, 4], three values, while no line parses alone. Where simdjson refuses for
+    another reason (NaN, a big integer), or is missing, the caller parses line by line."""
+    parser = parser or _validator()
+    if parser is None:  # pragma: no cover - a platform without a pysimdjson wheel
+        return False
     try:
-        return len(parser.parse(array.translate(_NEWLINE_TO_COMMA))) == count
-    except Exception:  # noqa: BLE001 - any refusal, whatever its kind, sends the block to json.loads
+        document = parser.parse(members)
+        return len(document) == count and all(key == _KEY for key in document.keys())
+    except Exception:  # noqa: BLE001 - any refusal sends the lines to json.loads one by one
+        return False
+    try:
+        return len(parser.parse(members)) == count
+    except Exception:  # noqa: BLE001 - any refusal sends the lines to json.loads one by one
         return False
 
