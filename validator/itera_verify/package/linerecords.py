@@ -368,8 +368,4 @@ def _one_value_a_line(members: bytes, count: int, parser=None) -> bool:
         return len(document) == count and all(key == _KEY for key in document.keys())
     except Exception:  # noqa: BLE001 - any refusal sends the lines to json.loads one by one
         return False
-    try:
-        return len(parser.parse(members)) == count
-    except Exception:  # noqa: BLE001 - any refusal sends the lines to json.loads one by one
-        return False
 
