@@ -303,17 +303,17 @@ def _split_everywhere(monkeypatch) -> list:
     return forked
 
 
-def _one_process(tmp_path, monkeypatch, content: bytes):
-    """(records, blank_only, errors) through json.loads line by line, in this process alone."""
-    with monkeypatch.context() as patched:
-        patched.setattr(linerecords, "_validator", lambda: None)
-        scan = readers.scan_generic(_package(tmp_path, {"g.jsonl": content}), "g.jsonl")
-    return scan.records, scan.blank_only, scan.error_count, scan.errors
-
-
 def _two_processes(tmp_path, content: bytes):
+    """(records, blank_only, error count, errors) of a generic JSONL, split where _split_everywhere says so."""
     scan = readers.scan_generic(_package(tmp_path, {"g.jsonl": content}), "g.jsonl")
     return scan.records, scan.blank_only, scan.error_count, scan.errors
+
+
+def _one_process(tmp_path, monkeypatch, content: bytes):
+    """The same through json.loads line by line, in this process alone (no simdjson, so no split)."""
+    with monkeypatch.context() as patched:
+        patched.setattr(linerecords, "_validator", lambda: None)
+        return _two_processes(tmp_path, content)
 
 
 def test_a_large_jsonl_split_over_two_processes_agrees_with_json_loads_line_by_line(tmp_path, monkeypatch):
