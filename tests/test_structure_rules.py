@@ -161,6 +161,14 @@ def test_broken_metrics_line_is_IV104_at_that_line(package_dir):
     assert [(f.path, f.line) for f in found] == [(rel, 3)]
 
 
+def test_jsonl_lines_that_only_join_into_json_are_each_IV104(package_dir):
+    """"[1", "2]", "3, 4" join into [[1, 2], 3, 4], as many values as lines, yet no line is JSON alone: each is
+    IV104 at its own line, as a JSONL reader sees it."""
+    write_text(package_dir, "analysis/traces.jsonl", '{"ok": 1}\n[1\n2]\n3, 4\n{"ok": 2}\n')
+    found = only(static_findings(package_dir), "IV104")
+    assert [(f.path, f.line) for f in found] == [("analysis/traces.jsonl", line) for line in (2, 3, 4)]
+
+
 def test_invalid_yaml_is_IV104(package_dir):
     write_text(package_dir, "analysis/config.yaml", "lr: [0.1, 0.2\nseed: 3\n")
     found = only(static_findings(package_dir), "IV104")
