@@ -222,11 +222,29 @@ def warm_reload_zygotes(tmp_path_factory):
         yield warm
 
 
+# The command line's runs in child processes (run_cli, the recorder's resume proofs) fork their reload children
+# from zygotes shared through ITERA_RELOAD_ZYGOTES (reload/shared.py): one import per environment and libraries
+# for the worker's whole session, not one per command. Removing the folder ends its servers.
+@pytest.fixture(scope="session", autouse=True)
+def shared_reload_zygotes():
+    from itera_verify.runtime.environment import RELOAD_ZYGOTES
+
+    folder = tempfile.mkdtemp(prefix="itera-shared-zygotes-")
+    os.environ[RELOAD_ZYGOTES] = folder
+    try:
+        yield folder
+    finally:
+        os.environ.pop(RELOAD_ZYGOTES, None)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
-def shared_zygote(request):
+def shared_zygote(request, monkeypatch):
     if request.node.get_closest_marker("own_zygote") is not None:
         from itera_verify.reload.warm import suspended
+        from itera_verify.runtime.environment import RELOAD_ZYGOTES
 
+        monkeypatch.delenv(RELOAD_ZYGOTES, raising=False)
         with suspended():
             yield
     else:

@@ -163,10 +163,12 @@ def suspended():
 
 
 def obtain(env: dict, preloads: Preloads, children: Launcher) -> Zygote:
-    """The run's zygote: a warm one, else a new one (kept warm after the run where warm_zygotes is active)."""
+    """The run's zygote: a warm one, else a new one (kept warm after the run where warm_zygotes is active); outside
+    warm_zygotes, a session of the shared server of ITERA_RELOAD_ZYGOTES where it is set (shared.py)."""
     warm = _active
     if warm is None:
-        return Zygote(children, env, preloads=preloads)
+        shared = children.environment.reload_zygotes if children.environment is not None else None
+        return Zygote(children, env, preloads=preloads, shared=shared)
     return warm.take(env, preloads, children) or warm.start(env, preloads, children)
 
 

@@ -17,17 +17,24 @@ Protocol, one JSON object per line over the socket FD:
                     {"id", "pid"} when a child started, {"id", "error"} when it could not;
                     {"id", "exit", "maxrss_kib"} once the child ended (its group swept, then reaped).
 End of file on the socket (the tool exited, or is stopping) ends every child and the zygote.
+
+`python -m itera_verify.reload.zygote listen=PATH ROOM ...` is a zygote shared by many runs (shared.py): it forks
+a session per connection, each the zygote of one run (after the run's hello: {"op": "hello", "token"}).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import hmac
 import importlib
 import json
 import os
 import re
+import secrets
 import select
 import signal
 import socket
+import struct
 import sys
 import tempfile
 import time
@@ -40,6 +47,9 @@ from .preloads import BASE, imports_for, keep_out
 IMPORT, WITHOUT = "--import=", "--without="
 MODEL_TYPE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 REAP_POLL_SECONDS = 0.02
+# A shared server's session (shared.py): the run's hello, a line with its token, within this long and this size.
+HELLO_SECONDS, HELLO_BYTES = 10.0, 4096
+LISTEN = "listen="  # instead of FD: a shared server (shared.py) listening on the socket at this path
 
 
 def thread_count() -> int:
@@ -264,16 +274,129 @@ class Zygote:
             self.reap()
 
 
+def _same_user(conn: socket.socket) -> bool:
+    """The peer of a shared server's connection runs as this process's user (SO_PEERCRED: pid, uid, gid)."""
+    try:
+        _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    except OSError:
+        return False
+    return uid == os.getuid()
+
+
+def _session(conn: socket.socket, token: bytes, ready: dict) -> None:  # pragma: no cover - a forked session
+    """One run's zygote, forked by the shared server already imported: the run's hello (its token) first, then the
+    protocol above, ending with the run's connection."""
+    conn.settimeout(HELLO_SECONDS)
+    received = b""
+    try:
+        while b"\n" not in received and len(received) < HELLO_BYTES:
+            data = conn.recv(HELLO_BYTES)
+            if not data:
+                os._exit(0)
+            received += data
+        line, _, rest = received.partition(b"\n")
+        hello = json.loads(line)
+        given = bytes.fromhex(hello["token"]) if hello.get("op") == "hello" else b""
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        os._exit(0)
+    if not hmac.compare_digest(given, token):
+        os._exit(0)
+    conn.settimeout(None)
+    zygote = Zygote(conn)
+    zygote.buffer = rest
+    zygote.send(ready)
+    try:
+        zygote.serve()
+    finally:
+        zygote.stop()
+        os._exit(0)
+
+
+def _ours(path: str, inode: int) -> bool:
+    try:
+        return os.lstat(path).st_ino == inode
+    except OSError:
+        return False
+
+
+def serve_shared(path: str, imports_and_types: list[str]) -> None:
+    """A zygote shared by many runs (shared.py): listen on `path`, then (detached: the starter's wait ends) import,
+    then fork a session per connection of this user's, and end when the folder or the socket is gone, or after
+    IDLE_SECONDS without a session."""
+    from .shared import IDLE_SECONDS, TOKEN_BYTES
+
+    token = secrets.token_bytes(TOKEN_BYTES)
+    token_path = path[: -len(".sock")] + ".token"
+    handle = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(handle, "wb") as out:
+        out.write(token)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    previous = os.umask(0o177)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(previous)
+    listener.listen(64)
+    inode = os.lstat(path).st_ino
+    if os.fork() != 0:
+        os._exit(0)  # the starter waited for this one: the server now has no parent to wait for it
+    ready = _preload_from_flags(imports_and_types)
+    server, sessions, idle_since = os.getpid(), set(), time.monotonic()
+    try:
+        while _ours(path, inode):
+            readable, _, _ = select.select([listener], [], [], 1.0)
+            if readable:
+                conn, _ = listener.accept()
+                threads = thread_count()
+                if _same_user(conn):
+                    pid = os.fork()
+                    if pid == 0:
+                        listener.close()
+                        die_with_parent(server)
+                        _session(conn, token, dict(ready, threads=threads))
+                    sessions.add(pid)
+                conn.close()
+            while sessions:
+                try:
+                    pid, _ = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    sessions.clear()
+                    break
+                if pid == 0:
+                    break
+                sessions.discard(pid)
+            if sessions:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > IDLE_SECONDS:
+                break
+    finally:
+        if _ours(path, inode):
+            for stale in (path, token_path):
+                with contextlib.suppress(OSError):
+                    os.unlink(stale)
+
+
+def _preload_from_flags(arguments: list[str]) -> dict:
+    flags = [a for a in arguments if a.startswith((IMPORT, WITHOUT))]
+    listed = {flag.split("=", 1)[0] + "=": [n for n in flag.split("=", 1)[1].split(",") if n] for flag in flags}
+    return preload([a for a in arguments if a not in flags], imports=listed.get(IMPORT),
+                   without=listed.get(WITHOUT, ()))
+
+
 def main(argv: list[str]) -> int:
     # The runner ends the zygote through the socket or by killing its group; Ctrl-C reaches the tool only.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if argv[1].startswith(LISTEN):
+        try:
+            serve_shared(argv[1][len(LISTEN):], argv[3:])
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(0)
     sock = socket.socket(fileno=int(argv[1]))
     zygote = Zygote(sock)
     try:
-        flags = [a for a in argv[3:] if a.startswith((IMPORT, WITHOUT))]
-        listed = {flag.split("=", 1)[0] + "=": [n for n in flag.split("=", 1)[1].split(",") if n] for flag in flags}
-        zygote.send(preload([a for a in argv[3:] if a not in flags], imports=listed.get(IMPORT),
-                            without=listed.get(WITHOUT, ())))
+        zygote.send(_preload_from_flags(argv[3:]))
         zygote.serve()
     finally:
         zygote.stop()

@@ -84,23 +84,33 @@ class ForkedChild:
         self.client.send({"op": "kill", "id": self.job_id})
 
 
+def flags(preloads: Preloads) -> list[str]:
+    """The zygote's command line after ROOM: what it imports, keeps out, and the architectures (zygote.py)."""
+    return [IMPORT + ",".join(preloads.imports), WITHOUT + ",".join(preloads.without), *preloads.model_types]
+
+
 class ZygoteClient:
     """The runner's end of the zygote: start it, fork children through it, read what it reports.
 
     Any thread may call it; one lock guards the socket and the messages read so far."""
 
-    def __init__(self, children: Launcher, env: dict, cwd: str, log, room: int, preloads: Preloads):
-        ours, theirs = socket.socketpair()
-        self.sock, self.dead, self.next_id = ours, False, 0
+    def __init__(self, children: Launcher, env: dict, cwd: str, log, room: int, preloads: Preloads, *,
+                 connected: socket.socket | None = None):
+        """The zygote spawned for this run, or (`connected`) a session of a shared server (shared.py): then `proc`
+        is None, and the session ends when this end closes."""
+        self.dead, self.next_id, self.children, self.shared = False, 0, children, connected is not None
         self._lock, self._buffer, self._messages = threading.Lock(), b"", {}
-        flags = [IMPORT + ",".join(preloads.imports), WITHOUT + ",".join(preloads.without)]
+        if connected is not None:
+            self.sock, self.proc = connected, None
+            return
+        ours, theirs = socket.socketpair()
+        self.sock = ours
         try:
             self.proc = children.spawn([sys.executable, "-m", "itera_verify.reload.zygote", str(theirs.fileno()),
-                                        "." * room, *flags, *preloads.model_types], pass_fds=(theirs.fileno(),),
+                                        "." * room, *flags(preloads)], pass_fds=(theirs.fileno(),),
                                        env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
         finally:
             theirs.close()
-        self.children = children
         if self.proc is None:
             self.dead = True
 
@@ -185,7 +195,7 @@ class Zygote:
     `model_types` do: torch alone, or the modelling libraries too. `folder`: where its own folder is made."""
 
     def __init__(self, children: Launcher, env: dict, model_types=(), light: bool = False, *,
-                 preloads: Preloads | None = None, folder: str | None = None):
+                 preloads: Preloads | None = None, folder: str | None = None, shared: str | None = None):
         if preloads is None:
             preloads = Preloads(BASE if light else imports_for(["peft"]), (), tuple(model_types))
         self.preloads, self.env = preloads, env
@@ -193,13 +203,20 @@ class Zygote:
         self.work = Path(tempfile.mkdtemp(prefix="itera-zygote-", dir=folder))
         self.light = preloads.light
         self.client, self.why, self.seconds = None, "", None
-        # Its caches in its own folder (huggingface_hub reads HF_HOME once, at import: the children keep it).
-        env = {**env, **scratch_variables(self.work, env.get("HF_HUB_CACHE")), "TMPDIR": str(self.work)}
+        self.children = children
         # Room in its command line for a child's title: `-m itera_verify.reload.child JOB RESULT` (zygote.py).
         room = 2 * len(tempfile.gettempdir()) + 256
+        connected = shared_zygote(shared, env, preloads, room) if shared else None
+        if connected is not None:
+            self._starting = ZygoteClient(children, env, "", None, room, preloads, connected=connected)
+            return
+        self._start_own(env, preloads, room)
+
+    def _start_own(self, env: dict, preloads: Preloads, room: int) -> None:
+        # Its caches in its own folder (huggingface_hub reads HF_HOME once, at import: the children keep it).
+        env = {**env, **scratch_variables(self.work, env.get("HF_HUB_CACHE")), "TMPDIR": str(self.work)}
         with open(self.work / "zygote.log", "wb") as log_handle:
-            self._starting = ZygoteClient(children, env, str(self.work), log_handle, room, preloads)
-        self.children = children
+            self._starting = ZygoteClient(self.children, env, str(self.work), log_handle, room, preloads)
 
     def wait_ready(self) -> None:
         """Wait for its imports; then `client` is set, or `why` says why it cannot be forked from."""
@@ -213,6 +230,10 @@ class Zygote:
             client.close(grace=0)
             shutil.rmtree(self.work, ignore_errors=True)
             raise
+        if ready is None and client.shared and not children.stop.is_set():
+            client.close()  # the shared server did not answer: this run imports its own
+            self._start_own(self.env, self.preloads, 2 * len(tempfile.gettempdir()) + 256)
+            return self.wait_ready()
         if ready is None:
             self.why = "the zygote did not start" + (f": {_log_tail(self.work / 'zygote.log')}" if not
                                                     children.stop.is_set() else "")
@@ -233,6 +254,21 @@ class Zygote:
         if self.client is not None:
             self.client.close()
         shutil.rmtree(self.work, ignore_errors=True)
+
+
+def shared_zygote(folder: str, env: dict, preloads: Preloads, room: int) -> socket.socket | None:
+    """A session of the shared server of this run's key (shared.py), else None: the run starts its own. A folder
+    that is not private is the user's mistake, said at once (exit 2), not a slower run."""
+    from .shared import UnsafeFolder, connect
+
+    try:
+        return connect(folder, env, preloads, flags(preloads), room)
+    except UnsafeFolder as exc:
+        from ..model import UsageError
+
+        raise UsageError(str(exc)) from None
+    except OSError:
+        return None
 
 
 def can_fork(isolation: str) -> bool:

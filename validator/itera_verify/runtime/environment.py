@@ -18,6 +18,7 @@ from typing import Mapping
 
 RELOAD_HOST_MEMORY = "ITERA_RELOAD_HOST_MEMORY"  # the host memory limit of every reload child (reload/limits.py)
 RELOAD_GPU_MEMORY = "ITERA_RELOAD_GPU_MEMORY"  # a cap on the GPU memory a placement counts (reload/placement.py)
+RELOAD_ZYGOTES = "ITERA_RELOAD_ZYGOTES"  # a private folder of zygotes shared by many runs (reload/shared.py)
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"  # which GPUs, in CUDA's order (reload/gpus.py)
 HF_HUB_CACHE, HF_HOME = "HF_HUB_CACHE", "HF_HOME"  # the hub cache (runtime/hfcache.py)
 TEMP_FOLDERS = ("TMPDIR", "TEMP", "TMP")  # a temporary folder the user chose (the audit's scratch, IV2xx paths)
@@ -28,8 +29,9 @@ RAY_ADDRESS = "RAY_ADDRESS"  # audit --engine ray: an existing Ray cluster (flow
 RESULTS_KEY = "ITERA_RESULTS_KEY"  # the reviewer's key file, as --results-key (runtime/reviewer_key.py)
 XDG_CONFIG_HOME = "XDG_CONFIG_HOME"  # where the reviewer's key file is by default
 
-SETTINGS = (RELOAD_HOST_MEMORY, RELOAD_GPU_MEMORY, CUDA_VISIBLE_DEVICES, HF_HUB_CACHE, HF_HOME, *TEMP_FOLDERS,
-            GITHUB_ACTIONS, GITHUB_WORKSPACE, NO_COLOR, *AWS_ENDPOINTS, RAY_ADDRESS, RESULTS_KEY, XDG_CONFIG_HOME)
+SETTINGS = (RELOAD_HOST_MEMORY, RELOAD_GPU_MEMORY, RELOAD_ZYGOTES, CUDA_VISIBLE_DEVICES, HF_HUB_CACHE, HF_HOME,
+            *TEMP_FOLDERS, GITHUB_ACTIONS, GITHUB_WORKSPACE, NO_COLOR, *AWS_ENDPOINTS, RAY_ADDRESS, RESULTS_KEY,
+            XDG_CONFIG_HOME)
 
 # What a child process (a reload child, the zygote, the resume proof) is handed of the environment; the caller
 # adds its own settings (reload/runner.py child_env: TMPDIR and the caches in the scratch folder, the hub cache,
@@ -47,9 +49,13 @@ CHILD_VARIABLES = (
 CHILD_PREFIXES = ("LC_", "CUDA_", "OMP_", "KMP_", "MKL_", "MALLOC_", "ITERA_")
 
 
+# Never handed down, whatever its prefix: the way to the shared zygotes' servers, which fork unconfined processes.
+NEVER_TO_CHILDREN = (RELOAD_ZYGOTES,)
+
+
 def handed_to_children(name: str) -> bool:
-    """A variable a child process is given (CHILD_VARIABLES, CHILD_PREFIXES)."""
-    return name in CHILD_VARIABLES or name.startswith(CHILD_PREFIXES)
+    """A variable a child process is given (CHILD_VARIABLES, CHILD_PREFIXES, not NEVER_TO_CHILDREN)."""
+    return (name in CHILD_VARIABLES or name.startswith(CHILD_PREFIXES)) and name not in NEVER_TO_CHILDREN
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,10 @@ class Environment:
     @property
     def reload_gpu_memory(self) -> str | None:
         return self.get(RELOAD_GPU_MEMORY)
+
+    @property
+    def reload_zygotes(self) -> str | None:
+        return self.get(RELOAD_ZYGOTES) or None
 
     @property
     def cuda_visible_devices(self) -> str | None:

@@ -1,0 +1,144 @@
+"""Zygotes shared by many runs through ITERA_RELOAD_ZYGOTES (reload/shared.py): the second command's reloads are
+forked by the first one's server; the folder must be private; a session serves only a peer that holds the token;
+the variable never reaches a reload child; removing the folder ends its servers."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from itera_verify.runtime.environment import RELOAD_ZYGOTES, Environment
+
+from tests.helpers import run_cli
+
+pytestmark = pytest.mark.own_zygote  # each test starts its own folder's servers, not the session's
+
+
+def servers(folder: Path) -> list[int]:
+    """The pids of the shared servers listening in `folder`, from their command lines."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                command = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if f"listen={folder}/".encode() in command:
+                found.append(int(entry))
+    return found
+
+
+def verify(package_dir, hf_cache, folder, **env) -> dict:
+    result = run_cli(package_dir, "--no-seal", "--hf-cache", hf_cache, "--format", "json",
+                     env={RELOAD_ZYGOTES: str(folder), **env})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+@pytest.fixture
+def folder(tmp_path):
+    made = tmp_path / "zygotes"
+    made.mkdir(mode=0o700)
+    yield made
+    import shutil
+
+    shutil.rmtree(made, ignore_errors=True)
+
+
+def test_a_second_command_forks_its_reloads_from_the_first_ones_server(package_dir, hf_cache, folder):
+    first = verify(package_dir, hf_cache, folder)
+    [server] = servers(folder)
+    second = verify(package_dir, hf_cache, folder)
+    assert servers(folder) == [server]  # the same server, still waiting for the next run
+    assert len(list(folder.glob("*.sock"))) == 1
+    for report in (first, second):
+        assert report["verdict"] == "pass", report["findings"]
+        assert [r["ok"] for r in report["reloads"]] == [True] * 4
+    # Each child names the import it was forked after: the server's one import, paid once for both commands.
+    imports = {r["facts"].get("zygote_import_seconds") for report in (first, second) for r in report["reloads"]}
+    assert len(imports) == 1 and None not in imports, imports
+    assert first["configuration"]["environment"][RELOAD_ZYGOTES] == str(folder)
+
+
+def test_another_environment_gets_its_own_server(package_dir, hf_cache, folder):
+    verify(package_dir, hf_cache, folder)
+    verify(package_dir, hf_cache, folder, OMP_NUM_THREADS="1")  # read by torch at import: not the same zygote
+    assert len(servers(folder)) == 2 and len(list(folder.glob("*.sock"))) == 2
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o770, 0o701])
+def test_a_folder_others_may_use_is_refused_in_one_line(package_dir, hf_cache, folder, mode):
+    folder.chmod(mode)
+    result = run_cli(package_dir, "--no-seal", "--hf-cache", hf_cache, env={RELOAD_ZYGOTES: str(folder)})
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip() == (f"itera-verify: error: {RELOAD_ZYGOTES}={folder}: must be yours and closed "
+                                     "to others (chmod 700)")
+    assert servers(folder) == [] and list(folder.iterdir()) == []
+
+
+def test_a_link_or_a_missing_folder_is_refused(package_dir, hf_cache, folder, tmp_path):
+    link = tmp_path / "link"
+    link.symlink_to(folder)
+    for named, words in ((link, "not a folder (a link is not taken)"), (tmp_path / "none", "No such file")):
+        result = run_cli(package_dir, "--no-seal", env={RELOAD_ZYGOTES: str(named)})
+        assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr
+
+
+def _hello(sock_path: Path, token_hex: str) -> bytes:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(60)
+        sock.connect(str(sock_path))
+        sock.sendall(json.dumps({"op": "hello", "token": token_hex}).encode() + b"\n")
+        received = b""
+        while b"\n" not in received:
+            data = sock.recv(4096)
+            if not data:
+                break
+            received += data
+        return received
+
+
+def test_a_session_is_served_only_to_a_peer_holding_the_token(package_dir, hf_cache, folder):
+    verify(package_dir, hf_cache, folder)
+    [sock_path] = folder.glob("*.sock")
+    token = sock_path.with_suffix(".token")
+    assert oct(token.stat().st_mode & 0o777) == "0o600" and oct(sock_path.stat().st_mode & 0o777) == "0o600"
+    assert _hello(sock_path, "00" * 32) == b""  # closed without a word
+    assert _hello(sock_path, "not hex") == b""
+    ready = json.loads(_hello(sock_path, token.read_bytes().hex()))
+    assert ready["ready"] is True and ready["threads"] == 1 and ready["cuda_initialised"] is False
+
+
+def test_the_variable_never_reaches_a_reload_child_but_reaches_the_tools_own(folder):
+    environment = Environment.read({RELOAD_ZYGOTES: str(folder), "ITERA_RELOAD_HOST_MEMORY": "4GiB"})
+    assert RELOAD_ZYGOTES not in environment.for_child()
+    assert environment.for_child()["ITERA_RELOAD_HOST_MEMORY"] == "4GiB"
+    assert environment.for_tool()[RELOAD_ZYGOTES] == str(folder)  # the resume proof runs the tool itself
+
+
+def test_removing_the_folder_ends_its_servers(package_dir, hf_cache, folder):
+    verify(package_dir, hf_cache, folder)
+    [server] = servers(folder)
+    import shutil
+
+    shutil.rmtree(folder)
+    deadline = time.monotonic() + 30
+    while servers(folder) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert servers(folder) == [], "the server outlived its folder"
+
+
+def test_a_server_that_is_gone_is_replaced(package_dir, hf_cache, folder):
+    verify(package_dir, hf_cache, folder)
+    [server] = servers(folder)
+    os.kill(server, 9)
+    deadline = time.monotonic() + 10
+    while servers(folder) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    report = verify(package_dir, hf_cache, folder)  # the stale socket is replaced by a new server
+    assert report["verdict"] == "pass"
+    [again] = servers(folder)
+    assert again != server

@@ -1,0 +1,121 @@
+"""Zygotes shared by the runs of many processes: ITERA_RELOAD_ZYGOTES names a private folder, and every run whose
+zygote would import the same libraries in the same environment forks its children from one server there.
+
+Why: a run's own zygote imports torch, transformers and peft (5 CPU-s and more) for reloads that take well under a
+second each. A CI job or a test suite that runs the command many times pays that import once per run; with the
+folder set, once per (environment, libraries) for as long as the folder exists.
+
+How: the server is the zygote itself (zygote.py) listening on `FOLDER/KEY.sock`, KEY the digest of what a zygote
+must share with a run to serve it (`key`). For each connection it forks a *session*: a copy of itself, already
+imported, that serves that one run exactly as a run's own zygote does and ends with the run's connection. The
+first run that finds no server for its key starts one, detached (it outlives that run), under a lock so that two
+runs start one server. A server ends when its folder is removed, when its socket is replaced, or after
+IDLE_SECONDS with no session.
+
+Trust: the folder must be the user's own and closed to others (the command refuses it otherwise); the server
+serves only its own user (the socket peer's uid) holding the token it wrote in the folder (`KEY.token`, 0600);
+the variable is never handed to a reload child (runtime/environment.py), and a confined child could neither read
+the folder (Landlock) nor open a socket (seccomp).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .preloads import Preloads
+from .zygote import LISTEN
+
+IDLE_SECONDS = 600.0  # a server with no session for this long ends (its imports hold ~0.5 GiB)
+START_SECONDS = 30.0  # a server binds its socket before its imports: far longer means it could not start
+TOKEN_BYTES = 32
+
+
+class UnsafeFolder(ValueError):
+    """ITERA_RELOAD_ZYGOTES names a folder others could write into, or no folder."""
+
+
+def check_folder(folder: str) -> Path:
+    """The folder, if it is a real folder of this user's that no one else may write to or list."""
+    path = Path(folder)
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        raise UnsafeFolder(f"ITERA_RELOAD_ZYGOTES={folder}: {exc.strerror or exc}") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise UnsafeFolder(f"ITERA_RELOAD_ZYGOTES={folder}: not a folder (a link is not taken)")
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise UnsafeFolder(f"ITERA_RELOAD_ZYGOTES={folder}: must be yours and closed to others (chmod 700)")
+    return path
+
+
+def key(env: dict, preloads: Preloads) -> str:
+    """What a server must share with a run to serve it: this interpreter and this copy of the tool, the zygote's
+    environment (its libraries read it at import), what it imports and keeps out, in order."""
+    from .. import __version__
+
+    facts = {"python": sys.executable, "tool": str(Path(__file__).resolve().parents[1]), "version": __version__,
+             "env": sorted(env.items()), "imports": list(preloads.imports), "without": list(preloads.without),
+             "model_types": list(preloads.model_types)}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _dial(path: Path) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def connect(folder: str, env: dict, preloads: Preloads, flags: list[str], room: int) -> socket.socket | None:
+    """A connection to the server of this key in `folder`, started first where there is none, the token sent;
+    None where none could be reached (the run then starts its own zygote)."""
+    base = check_folder(folder)
+    name = key(env, preloads)
+    sock_path, token_path = base / f"{name}.sock", base / f"{name}.token"
+    sock = _dial(sock_path)
+    if sock is None:
+        with open(base / f"{name}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one starter per key; the others find its server
+            sock = _dial(sock_path)
+            if sock is None:
+                with contextlib.suppress(FileNotFoundError):
+                    sock_path.unlink()  # a server that is gone
+                _start(sock_path, base / name, env, flags, room)
+                deadline = time.monotonic() + START_SECONDS
+                while sock is None and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                    sock = _dial(sock_path) if sock_path.exists() else None
+    if sock is None:
+        return None
+    try:
+        token = token_path.read_bytes()
+        sock.sendall(json.dumps({"op": "hello", "token": token.hex()}).encode() + b"\n")
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def _start(sock_path: Path, work: Path, env: dict, flags: list[str], room: int) -> None:
+    """The server, detached: its own session, its parent the init process once the starter's double fork ends."""
+    work.mkdir(mode=0o700, exist_ok=True)
+    from .confine import scratch_variables
+
+    env = {**env, **scratch_variables(str(work), env.get("HF_HUB_CACHE")), "TMPDIR": str(work)}
+    with open(work / "zygote.log", "ab") as log:
+        # The server binds its socket, forks once and its first process ends: run() returns with the socket bound.
+        subprocess.run([sys.executable, "-m", "itera_verify.reload.zygote", LISTEN + str(sock_path), "." * room,
+                        *flags], env=env, cwd=str(work), stdin=subprocess.DEVNULL, stdout=log,
+                       stderr=subprocess.STDOUT, start_new_session=True, check=False, timeout=START_SECONDS)
