@@ -60,7 +60,7 @@ def check_folder(folder: str) -> Path:
 def key(env: dict, preloads: Preloads) -> str:
     """What a server must share with a run to serve it: this interpreter and this copy of the tool, the zygote's
     environment (its libraries read it at import), what it imports and keeps out, in order."""
-    from .. import __version__
+    from ..version import __version__
 
     facts = {"python": sys.executable, "tool": str(Path(__file__).resolve().parents[1]), "version": __version__,
              "env": sorted(env.items()), "imports": list(preloads.imports), "without": list(preloads.without),
