@@ -253,7 +253,7 @@ def shared_zygote(request, monkeypatch):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "own_zygote: its reloads start and end their own zygote (not the warm one)")
+    config.addinivalue_line("markers", "own_zygote: its reloads start and end their own zygote (not the warm one, nor a shared one)")
 
 
 # `make test-fast` leaves out what builds or runs several training processes (the multi-GPU layouts written by

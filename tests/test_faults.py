@@ -497,6 +497,7 @@ SIGNAL_TO_A_WORKER_THREAD = textwrap.dedent("""
 
 
 @pytest.mark.slow
+@pytest.mark.own_zygote  # every process the run starts must end with it: no shared zygote (reload/shared.py)
 def test_sigterm_the_kernel_hands_to_a_worker_thread_still_ends_a_stalled_reload(built, tmp_path, tag):
     """The kernel may deliver a process-wide signal to any thread; Python runs the handler in the main thread
     only once that thread wakes. Waiting on the reloads without a bound, the tool hung with children stopped."""

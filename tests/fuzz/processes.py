@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from itera_verify.runtime.environment import RELOAD_ZYGOTES
+
 TAG_VARIABLE = "ITERA_FAULT_TAG"  # inherited by every process the command line starts: how /proc finds them
 RELOAD_CHILD = "itera_verify.reload.child"
 
@@ -95,7 +97,10 @@ class Cli:
         os.chmod(self.workdir, 0o777)
         os.chmod(self.tmp, 0o777)
         self.out, self.err = open(self.workdir / "stdout", "w+"), open(self.workdir / "stderr", "w+")
-        full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", TAG_VARIABLE: tag,
+        # A run on its own: every process it starts ends with it (a shared zygote, reload/shared.py, outlives the
+        # run by design, so the tests' shared folder is not handed on).
+        own = {k: v for k, v in os.environ.items() if k != RELOAD_ZYGOTES}
+        full_env = {**own, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", TAG_VARIABLE: tag,
                     "TMPDIR": str(self.tmp), **(env or {})}
         self.proc = subprocess.Popen([str(c) for c in command], stdout=self.out, stderr=self.err,
                                      stdin=subprocess.DEVNULL, env=full_env, cwd=self.workdir,
