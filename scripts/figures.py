@@ -99,6 +99,10 @@ def speed(results: Path) -> list[str]:
                      f"{seconds(demo['verify'])} | "
                      f"`python -c \"import {', '.join(demo['floor_libraries'])}\"`, {seconds(demo['floor'])} | "
                      f"{ratio(demo['verify'], demo['floor'])} |")
+        if "shared" in demo:  # ITERA_RELOAD_ZYGOTES: the run after the first, on a machine that verifies many
+            lines.append(f"| the same, its zygote shared with earlier runs (`ITERA_RELOAD_ZYGOTES`) | "
+                         f"{seconds(demo['shared'])} | the same import, {seconds(demo['floor'])} | "
+                         f"{ratio(demo['shared'], demo['floor'])} |")
     return lines
 
 
@@ -147,15 +151,19 @@ def floor_block(results: Path) -> list[str]:
     floor = latest("floor", results, required=False)
     if floor is None:
         return ["`floor_bench.py` has no result yet."]
+    # The runs whose zygote an earlier run started (ITERA_RELOAD_ZYGOTES), in results that measured them.
+    shared = all("shared" in package for package in floor["packages"].values())
     lines = [f"`floor_bench.py` ({link(floor)}, {floor['date']}) ran on {floor['machine']}, with "
              f"{load_words(floor)}. Each figure is the median of {floor['rounds']} alternating rounds.", "",
              "| package | the zygote's imports | `python -c \"import …\"` of the same | ratio | whole verify | "
-             "import floor | ratio |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "import floor | ratio |" + (" with a shared zygote | ratio |" if shared else ""),
+             "|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if shared else "")]
     for package in floor["packages"].values():
         lines.append(f"| {package['title']} | {seconds(package['zygote'])} | {seconds(package['zygote_floor'])} | "
                      f"{ratio(package['zygote'], package['zygote_floor'])} | {seconds(package['verify'])} | "
-                     f"{seconds(package['floor'])} | {ratio(package['verify'], package['floor'])} |")
+                     f"{seconds(package['floor'])} | {ratio(package['verify'], package['floor'])} |"
+                     + (f" {seconds(package['shared'])} | {ratio(package['shared'], package['floor'])} |"
+                        if shared else ""))
     lines += ["", "The import floor is `python -c \"import …\"` of the libraries each package's loaders need: "
               + "; ".join(f"{p['title']}: {', '.join(p['floor_libraries'])}" for p in floor["packages"].values())
               + "."]

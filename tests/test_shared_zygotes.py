@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -63,10 +65,18 @@ def test_a_second_command_forks_its_reloads_from_the_first_ones_server(package_d
     assert first["configuration"]["environment"][RELOAD_ZYGOTES] == str(folder)
 
 
-def test_another_environment_gets_its_own_server(package_dir, hf_cache, folder):
+@pytest.mark.slow  # three runs, three servers' imports
+def test_another_environment_or_priority_gets_its_own_server(package_dir, hf_cache, folder):
     verify(package_dir, hf_cache, folder)
     verify(package_dir, hf_cache, folder, OMP_NUM_THREADS="1")  # read by torch at import: not the same zygote
     assert len(servers(folder)) == 2 and len(list(folder.glob("*.sock"))) == 2
+    niced = subprocess.run(["nice", "-n", "5", sys.executable, "-m", "itera_verify", str(package_dir), "--no-seal",
+                            "--hf-cache", str(hf_cache), "-q"], capture_output=True, text=True, timeout=600,
+                           env={**os.environ, RELOAD_ZYGOTES: str(folder), "HF_HUB_OFFLINE": "1"})
+    assert niced.returncode == 0, niced.stderr[-2000:]
+    # A server a niced run started would hand its priority to every later run's children: it is its own.
+    priorities = sorted(os.getpriority(os.PRIO_PROCESS, pid) for pid in servers(folder))
+    assert len(priorities) == 3 and priorities.count(os.getpriority(os.PRIO_PROCESS, 0) + 5) == 1, priorities
 
 
 @pytest.mark.parametrize("mode", [0o755, 0o770, 0o701])

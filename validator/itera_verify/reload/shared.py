@@ -59,12 +59,14 @@ def check_folder(folder: str) -> Path:
 
 def key(env: dict, preloads: Preloads) -> str:
     """What a server must share with a run to serve it: this interpreter and this copy of the tool, the zygote's
-    environment (its libraries read it at import), what it imports and keeps out, in order."""
+    environment (its libraries read it at import), what it imports and keeps out, in order, and the priority its
+    children inherit (a server a niced run started, the resume proof's, must not serve a run at full priority).
+    Not the architectures whose modelling modules it imported besides: a child imports one it lacks itself."""
     from ..version import __version__
 
     facts = {"python": sys.executable, "tool": str(Path(__file__).resolve().parents[1]), "version": __version__,
              "env": sorted(env.items()), "imports": list(preloads.imports), "without": list(preloads.without),
-             "model_types": list(preloads.model_types)}
+             "nice": os.getpriority(os.PRIO_PROCESS, 0)}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
 
 

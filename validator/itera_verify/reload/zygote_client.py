@@ -267,7 +267,7 @@ def shared_zygote(folder: str, env: dict, preloads: Preloads, room: int) -> sock
         from ..model import UsageError
 
         raise UsageError(str(exc)) from None
-    except OSError:
+    except (OSError, subprocess.SubprocessError):  # no server could start or answer: the run imports its own
         return None
 
 
