@@ -208,23 +208,11 @@ def private_tmp(tmp_path, monkeypatch) -> Path:
     return folder
 
 
-# A warm reload zygote shared by the tests that reload in this process (reload/warm.py): its imports (5 CPU-s and
-# more) are paid once per worker and environment, not once per test; the session owns its life. A test that
-# watches a zygote's own start or end marks itself `own_zygote`: its runs start and end their own.
-@pytest.fixture(scope="session")
-def warm_reload_zygotes(tmp_path_factory):
-    from itera_verify.reload.warm import warm_zygotes
-
-    # Three kept: the runs of a worker keep out three sets of libraries in turn (text models, diffusers and
-    # other loaders, quantized models); the environment is the same for most.
-    with warm_zygotes(kept=3, folder=str(tmp_path_factory.mktemp("zygotes")),
-                      ignore={"PYTEST_CURRENT_TEST"}) as warm:
-        yield warm
-
-
-# The command line's runs in child processes (run_cli, the recorder's resume proofs) fork their reload children
-# from zygotes shared through ITERA_RELOAD_ZYGOTES (reload/shared.py): one import per environment and libraries
-# for the worker's whole session, not one per command. Removing the folder ends its servers.
+# Every reload of the session forks its children from zygotes shared through ITERA_RELOAD_ZYGOTES (reload/shared.py):
+# the tests' own runs in this process, and the command line's in child processes (run_cli, the recorder's resume
+# proofs). One import per environment and libraries for the worker's whole session, not one per run or per test;
+# removing the folder ends its servers. A test that watches a zygote's own start or end marks itself `own_zygote`:
+# its runs start and end their own.
 @pytest.fixture(scope="session", autouse=True)
 def shared_reload_zygotes():
     from itera_verify.runtime.environment import RELOAD_ZYGOTES
@@ -239,21 +227,16 @@ def shared_reload_zygotes():
 
 
 @pytest.fixture(autouse=True)
-def shared_zygote(request, monkeypatch):
+def own_zygote(request, monkeypatch):
     if request.node.get_closest_marker("own_zygote") is not None:
-        from itera_verify.reload.warm import suspended
         from itera_verify.runtime.environment import RELOAD_ZYGOTES
 
         monkeypatch.delenv(RELOAD_ZYGOTES, raising=False)
-        with suspended():
-            yield
-    else:
-        request.getfixturevalue("warm_reload_zygotes")
-        yield
+    yield
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "own_zygote: its reloads start and end their own zygote (not the warm one, nor a shared one)")
+    config.addinivalue_line("markers", "own_zygote: its reloads start and end their own zygote, not a shared one")
 
 
 # `make test-fast` leaves out what builds or runs several training processes (the multi-GPU layouts written by

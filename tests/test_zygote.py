@@ -171,6 +171,7 @@ THREAD_IN_THE_ZYGOTE = """
 """
 
 
+@pytest.mark.own_zygote  # its zygote runs the planted hook at its start: a shared one started earlier would not
 def test_a_zygote_with_a_second_thread_is_never_forked_from(package_dir, hf_cache, monkeypatch, tmp_path):
     with_hook(monkeypatch, tmp_path, THREAD_IN_THE_ZYGOTE)
     results, findings = reload(package_dir, hf_cache, "lora-r16-resume")
