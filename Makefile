@@ -7,7 +7,9 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 DEMO := demo-out
-JOBS ?= 2
+# One test worker more than the cores: about a tenth of a two-worker run waits (a reload's timeout, a server's
+# start, a child's exit) with a core idle (benchmarks/results/test-lanes-*.txt).
+JOBS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
 .PHONY: install demo test test-fast lint fuzz bench gpu-check clean system-tools
 
