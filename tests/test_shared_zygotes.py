@@ -152,3 +152,38 @@ def test_a_server_that_is_gone_is_replaced(package_dir, hf_cache, folder):
     assert report["verdict"] == "pass"
     [again] = servers(folder)
     assert again != server
+
+
+def test_a_server_that_hangs_up_leaves_the_run_its_own_zygote(folder):
+    """A socket of the run's key whose server closes every connection at once (a broken or foreign server): the
+    run imports its own zygote and forks from it."""
+    import threading
+
+    from itera_verify.reload.preloads import BASE, Preloads
+    from itera_verify.reload.shared import key
+    from itera_verify.reload.zygote_client import Zygote
+    from itera_verify.runtime.launcher import Launcher
+
+    preloads, env = Preloads(BASE), {"OPENBLAS_NUM_THREADS": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+    name = key(env, preloads)
+    (folder / f"{name}.token").write_bytes(b"\0" * 32)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(folder / f"{name}.sock"))
+    listener.listen(4)
+    hung_up = []
+
+    def hang_up():
+        conn, _ = listener.accept()
+        hung_up.append(True)
+        conn.close()
+
+    thread = threading.Thread(target=hang_up, daemon=True)
+    thread.start()
+    zygote = Zygote(Launcher(Environment.read({})), env, preloads=preloads, shared=str(folder))
+    try:
+        zygote.wait_ready()
+        assert hung_up == [True]
+        assert zygote.client is not None and not zygote.client.shared and zygote.client.proc is not None, zygote.why
+    finally:
+        zygote.close()
+        listener.close()

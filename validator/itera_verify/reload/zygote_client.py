@@ -84,6 +84,11 @@ class ForkedChild:
         self.client.send({"op": "kill", "id": self.job_id})
 
 
+def title_room() -> int:
+    """Room in a zygote's command line for a child's title: `-m itera_verify.reload.child JOB RESULT` (zygote.py)."""
+    return 2 * len(tempfile.gettempdir()) + 256
+
+
 def flags(preloads: Preloads) -> list[str]:
     """The zygote's command line after ROOM: what it imports, keeps out, and the architectures (zygote.py)."""
     return [IMPORT + ",".join(preloads.imports), WITHOUT + ",".join(preloads.without), *preloads.model_types]
@@ -204,19 +209,17 @@ class Zygote:
         self.light = preloads.light
         self.client, self.why, self.seconds = None, "", None
         self.children = children
-        # Room in its command line for a child's title: `-m itera_verify.reload.child JOB RESULT` (zygote.py).
-        room = 2 * len(tempfile.gettempdir()) + 256
-        connected = shared_zygote(shared, env, preloads, room) if shared else None
+        connected = shared_zygote(shared, env, preloads, title_room()) if shared else None
         if connected is not None:
-            self._starting = ZygoteClient(children, env, "", None, room, preloads, connected=connected)
+            self._starting = ZygoteClient(children, env, "", None, title_room(), preloads, connected=connected)
             return
-        self._start_own(env, preloads, room)
+        self._start_own(env, preloads)
 
-    def _start_own(self, env: dict, preloads: Preloads, room: int) -> None:
+    def _start_own(self, env: dict, preloads: Preloads) -> None:
         # Its caches in its own folder (huggingface_hub reads HF_HOME once, at import: the children keep it).
         env = {**env, **scratch_variables(self.work, env.get("HF_HUB_CACHE")), "TMPDIR": str(self.work)}
         with open(self.work / "zygote.log", "wb") as log_handle:
-            self._starting = ZygoteClient(self.children, env, str(self.work), log_handle, room, preloads)
+            self._starting = ZygoteClient(self.children, env, str(self.work), log_handle, title_room(), preloads)
 
     def wait_ready(self) -> None:
         """Wait for its imports; then `client` is set, or `why` says why it cannot be forked from."""
@@ -232,7 +235,7 @@ class Zygote:
             raise
         if ready is None and client.shared and not children.stop.is_set():
             client.close()  # the shared server did not answer: this run imports its own
-            self._start_own(self.env, self.preloads, 2 * len(tempfile.gettempdir()) + 256)
+            self._start_own(self.env, self.preloads)
             return self.wait_ready()
         if ready is None:
             self.why = "the zygote did not start" + (f": {_log_tail(self.work / 'zygote.log')}" if not
