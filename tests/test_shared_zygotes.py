@@ -42,8 +42,11 @@ def verify(package_dir, hf_cache, folder, **env) -> dict:
 
 @pytest.fixture
 def folder(tmp_path):
-    made = tmp_path / "zygotes"
-    made.mkdir(mode=0o700)
+    """Deep enough that its sockets' paths pass the 108 bytes of a socket address (reached through the folder's
+    descriptor: shared.reachable); the session's own folder, short, takes the plain path."""
+    made = tmp_path / ("deep-" * 12) / "zygotes"
+    made.mkdir(mode=0o700, parents=True)
+    assert len(str(made / ("0" * 32 + ".sock"))) > 108
     yield made
     import shutil
 
@@ -98,9 +101,11 @@ def test_a_link_or_a_missing_folder_is_refused(package_dir, hf_cache, folder, tm
 
 
 def _hello(sock_path: Path, token_hex: str) -> bytes:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+    from itera_verify.reload.shared import reachable
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock, reachable(sock_path) as name:
         sock.settimeout(60)
-        sock.connect(str(sock_path))
+        sock.connect(name)
         sock.sendall(json.dumps({"op": "hello", "token": token_hex}).encode() + b"\n")
         received = b""
         while b"\n" not in received:
@@ -141,6 +146,7 @@ def test_removing_the_folder_ends_its_servers(package_dir, hf_cache, folder):
     assert servers(folder) == [], "the server outlived its folder"
 
 
+@pytest.mark.slow  # two servers' imports
 def test_a_server_that_is_gone_is_replaced(package_dir, hf_cache, folder):
     verify(package_dir, hf_cache, folder)
     [server] = servers(folder)
@@ -160,7 +166,7 @@ def test_a_server_that_hangs_up_leaves_the_run_its_own_zygote(folder):
     import threading
 
     from itera_verify.reload.preloads import BASE, Preloads
-    from itera_verify.reload.shared import key
+    from itera_verify.reload.shared import key, reachable
     from itera_verify.reload.zygote_client import Zygote
     from itera_verify.runtime.launcher import Launcher
 
@@ -168,7 +174,8 @@ def test_a_server_that_hangs_up_leaves_the_run_its_own_zygote(folder):
     name = key(env, preloads)
     (folder / f"{name}.token").write_bytes(b"\0" * 32)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(folder / f"{name}.sock"))
+    with reachable(folder / f"{name}.sock") as reachable_name:
+        listener.bind(reachable_name)
     listener.listen(4)
     hung_up = []
 

@@ -323,7 +323,9 @@ def serve_shared(path: str, imports_and_types: list[str]) -> None:
     """A zygote shared by many runs (shared.py): listen on `path`, then (detached: the starter's wait ends) import,
     then fork a session per connection of this user's, and end when the folder or the socket is gone, or after
     IDLE_SECONDS without a session."""
-    from .shared import IDLE_SECONDS, TOKEN_BYTES
+    from pathlib import Path
+
+    from .shared import IDLE_SECONDS, TOKEN_BYTES, reachable
 
     token = secrets.token_bytes(TOKEN_BYTES)
     token_path = path[: -len(".sock")] + ".token"
@@ -333,7 +335,8 @@ def serve_shared(path: str, imports_and_types: list[str]) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     previous = os.umask(0o177)
     try:
-        listener.bind(path)
+        with reachable(Path(path)) as name:
+            listener.bind(name)
     finally:
         os.umask(previous)
     listener.listen(64)
