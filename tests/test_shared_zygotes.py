@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from itera_verify.reload.shared import token_of
 from itera_verify.runtime.environment import RELOAD_ZYGOTES, Environment
 
 from tests.helpers import run_cli
@@ -119,7 +120,7 @@ def _hello(sock_path: Path, token_hex: str) -> bytes:
 def test_a_session_is_served_only_to_a_peer_holding_the_token(package_dir, hf_cache, folder):
     verify(package_dir, hf_cache, folder)
     [sock_path] = folder.glob("*.sock")
-    token = sock_path.with_suffix(".token")
+    token = token_of(sock_path)
     assert oct(token.stat().st_mode & 0o777) == "0o600" and oct(sock_path.stat().st_mode & 0o777) == "0o600"
     assert _hello(sock_path, "00" * 32) == b""  # closed without a word
     assert _hello(sock_path, "not hex") == b""

@@ -28,7 +28,6 @@ import socket
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from .preloads import Preloads
@@ -71,6 +70,11 @@ def key(env: dict, preloads: Preloads) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
 
 
+def token_of(sock_path: Path) -> Path:
+    """The token a server writes beside its socket, `KEY.token` (0600), and a run sends in its hello."""
+    return sock_path.with_suffix(".token")
+
+
 @contextlib.contextmanager
 def reachable(path: Path):
     """A name of the socket at `path` that fits a socket address (108 bytes with its NUL): the path itself, or,
@@ -101,7 +105,7 @@ def connect(folder: str, env: dict, preloads: Preloads, flags: list[str], room: 
     None where none could be reached (the run then starts its own zygote)."""
     base = check_folder(folder)
     name = key(env, preloads)
-    sock_path, token_path = base / f"{name}.sock", base / f"{name}.token"
+    sock_path = base / f"{name}.sock"
     sock = _dial(sock_path)
     if sock is None:
         with open(base / f"{name}.lock", "a") as lock:
@@ -110,15 +114,12 @@ def connect(folder: str, env: dict, preloads: Preloads, flags: list[str], room: 
             if sock is None:
                 with contextlib.suppress(FileNotFoundError):
                     sock_path.unlink()  # a server that is gone
-                _start(sock_path, base / name, env, flags, room)
-                deadline = time.monotonic() + START_SECONDS
-                while sock is None and time.monotonic() < deadline:
-                    time.sleep(0.02)
-                    sock = _dial(sock_path) if sock_path.exists() else None
+                if _start(sock_path, base / name, env, flags, room):
+                    sock = _dial(sock_path)
     if sock is None:
         return None
     try:
-        token = token_path.read_bytes()
+        token = token_of(sock_path).read_bytes()
         sock.sendall(json.dumps({"op": "hello", "token": token.hex()}).encode() + b"\n")
     except OSError:
         sock.close()
@@ -126,14 +127,15 @@ def connect(folder: str, env: dict, preloads: Preloads, flags: list[str], room: 
     return sock
 
 
-def _start(sock_path: Path, work: Path, env: dict, flags: list[str], room: int) -> None:
-    """The server, detached: its own session, its parent the init process once the starter's double fork ends."""
+def _start(sock_path: Path, work: Path, env: dict, flags: list[str], room: int) -> bool:
+    """The server, detached: its own session; its first process binds the socket, forks the server and ends, so
+    the server's parent is the init process. True when the socket is bound (the first process ended well)."""
     work.mkdir(mode=0o700, exist_ok=True)
     from .confine import scratch_variables
 
     env = {**env, **scratch_variables(str(work), env.get("HF_HUB_CACHE")), "TMPDIR": str(work)}
     with open(work / "zygote.log", "ab") as log:
-        # The server binds its socket, forks once and its first process ends: run() returns with the socket bound.
-        subprocess.run([sys.executable, "-m", "itera_verify.reload.zygote", LISTEN + str(sock_path), "." * room,
-                        *flags], env=env, cwd=str(work), stdin=subprocess.DEVNULL, stdout=log,
-                       stderr=subprocess.STDOUT, start_new_session=True, check=False, timeout=START_SECONDS)
+        first = subprocess.run([sys.executable, "-m", "itera_verify.reload.zygote", LISTEN + str(sock_path),
+                                "." * room, *flags], env=env, cwd=str(work), stdin=subprocess.DEVNULL, stdout=log,
+                               stderr=subprocess.STDOUT, start_new_session=True, check=False, timeout=START_SECONDS)
+    return first.returncode == 0

@@ -325,10 +325,10 @@ def serve_shared(path: str, imports_and_types: list[str]) -> None:
     IDLE_SECONDS without a session."""
     from pathlib import Path
 
-    from .shared import IDLE_SECONDS, TOKEN_BYTES, reachable
+    from .shared import IDLE_SECONDS, TOKEN_BYTES, reachable, token_of
 
     token = secrets.token_bytes(TOKEN_BYTES)
-    token_path = path[: -len(".sock")] + ".token"
+    token_path = str(token_of(Path(path)))
     handle = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(handle, "wb") as out:
         out.write(token)
