@@ -195,3 +195,21 @@ def test_a_server_that_hangs_up_leaves_the_run_its_own_zygote(folder):
     finally:
         zygote.close()
         listener.close()
+
+
+def test_a_server_without_a_run_for_its_idle_time_ends_and_takes_its_socket(folder):
+    """IDLE_SECONDS (10 minutes) set to 1 in the server's own process: it ends, its socket and token with it."""
+    sock_path = folder / ("0" * 32 + ".sock")
+    start = ("import sys, itera_verify.reload.shared as shared; shared.IDLE_SECONDS = 1.0; "
+             "from itera_verify.reload import zygote; zygote.main(sys.argv)")
+    log = folder.parent / "server.log"  # not a pipe: the server would hold it open, and run() wait for its end
+    with open(log, "wb") as out:
+        first = subprocess.run([sys.executable, "-c", start, f"listen={sock_path}", ".", "--import=", "--without="],
+                               stdout=out, stderr=subprocess.STDOUT, timeout=60, start_new_session=True)
+    assert first.returncode == 0, log.read_text()[-2000:]
+    [server] = servers(folder)
+    assert sock_path.exists() and token_of(sock_path).exists()
+    deadline = time.monotonic() + 60  # its imports (torch), then one idle second
+    while servers(folder) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert servers(folder) == [] and not sock_path.exists() and not token_of(sock_path).exists()
