@@ -209,21 +209,20 @@ def private_tmp(tmp_path, monkeypatch) -> Path:
 
 
 # Every reload of the session forks its children from zygotes shared through ITERA_RELOAD_ZYGOTES (reload/shared.py):
-# the tests' own runs in this process, and the command line's in child processes (run_cli, the recorder's resume
-# proofs). One import per environment and libraries for the worker's whole session, not one per run or per test;
-# removing the folder ends its servers. A test that watches a zygote's own start or end marks itself `own_zygote`:
-# its runs start and end their own.
-@pytest.fixture(scope="session", autouse=True)
-def shared_reload_zygotes():
+# the tests' own runs, and the command line's in child processes (run_cli, the recorder's resume proofs). One folder
+# for the whole session: the first process (the xdist controller, or the only one) makes it before any worker starts,
+# so every worker inherits it and one import serves each environment and set of libraries in all of them; removing
+# it at the session's end ends its servers. A test that watches a zygote's own start or end marks itself
+# `own_zygote`: its runs start and end their own.
+if "PYTEST_XDIST_WORKER" not in os.environ:
     from itera_verify.runtime.environment import RELOAD_ZYGOTES
 
-    folder = tempfile.mkdtemp(prefix="itera-shared-zygotes-")
-    os.environ[RELOAD_ZYGOTES] = folder
-    try:
-        yield folder
-    finally:
-        os.environ.pop(RELOAD_ZYGOTES, None)
-        shutil.rmtree(folder, ignore_errors=True)
+    os.environ[RELOAD_ZYGOTES] = tempfile.mkdtemp(prefix="itera-shared-zygotes-")
+    atexit.register(shutil.rmtree, os.environ[RELOAD_ZYGOTES], True)
+# scikit-learn (imported with sentence-transformers) sets these two at its import, with setdefault: set first, every
+# run of the session hands its zygote one environment, before that import and after it.
+os.environ.setdefault("KMP_DUPLICATE_LIB_OK", "True")
+os.environ.setdefault("KMP_INIT_AT_FORK", "FALSE")
 
 
 @pytest.fixture(autouse=True)

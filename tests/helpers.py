@@ -38,12 +38,15 @@ def run_cli(*args, cwd=None, env=None, timeout=600) -> subprocess.CompletedProce
 
 def torchrun_two(script: str, cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
     """`torchrun --nproc_per_node 2 SCRIPT` from the venv, on a free port (other test sessions may run torchrun
-    too), its output captured; the caller checks the return code."""
+    too), its output captured; the caller checks the return code. Its temporary folder (torchelastic's log folder)
+    is under `cwd`, removed with the test's."""
     import socket
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = str(probe.getsockname()[1])
     torchrun = Path(__file__).resolve().parents[1] / ".venv/bin/torchrun"
+    scratch = Path(cwd) / ".torchrun-tmp"
+    scratch.mkdir(exist_ok=True)
     return subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_port", port, script], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=timeout, check=False)
+                          env={**env, "TMPDIR": str(scratch)}, capture_output=True, text=True, timeout=timeout, check=False)

@@ -117,7 +117,7 @@ def _start_seaweedfs(folder: Path) -> Store:
          "actions": ["Read", "List"]}]}))
     ports = {name: free_port() for name in ("master", "volume", "filer", "s3")}
     grpc = {name: free_port() for name in ports}
-    command = [str(BIN / "weed"), "server", f"-dir={folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+    command = [str(BIN / "weed"), f"-logdir={folder}", "server", f"-dir={folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                "-master.telemetry=false", "-s3", f"-s3.config={config}", "-master.volumeSizeLimitMB=64",
                "-volume.max=0", "-volume.preStopSeconds=0", "-s3.port.iceberg=0", "-s3.port.lance=0", f"-metricsPort={free_port()}",
                f"-debug.port={free_port()}"]
@@ -250,11 +250,16 @@ class FaultProxy:
         self._server.listen(64)
         self.endpoint = f"http://127.0.0.1:{self._server.getsockname()[1]}"
         self._closed = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._accepting = threading.Thread(target=self._accept, daemon=True)
+        self._accepting.start()
 
     def close(self) -> None:
         self._closed.set()
+        # Closing a socket does not wake a thread blocked in its accept() (the port would stay open, the thread
+        # alive, for the rest of the session); shutting it down does.
+        self._server.shutdown(socket.SHUT_RDWR)
         self._server.close()
+        self._accepting.join(timeout=10)
 
     def _accept(self) -> None:
         while not self._closed.is_set():

@@ -18,6 +18,8 @@ import pytest
 from itera_verify.archive import ArchiveError, ArchiveReader, Corrupt, Truncated
 from itera_verify.archive import direct, parallel
 from itera_verify.archive.direct import ALIGN, DirectWriter, open_direct
+from itera_verify.archive.follow import FollowedFrames, Stopped
+from itera_verify.archive.output import WrittenBytes
 from itera_verify.archive.parallel import FrameParallelExpanded
 from itera_verify.archive.publish import ReadBackMismatch, read_back
 from tests.test_archive_format import MEMBERS, read_file, sha, small_frames, write_file  # noqa: F401 (fixture)
@@ -432,6 +434,46 @@ def test_a_file_cut_inside_a_frame_is_an_error_not_a_hang(tmp_path, small_frames
     with pytest.raises((Corrupt, Truncated)) as raised:
         within(10, read)
     assert isinstance(raised.value, ArchiveError)
+
+
+class _AbandonedAsAWorkerStarts(FollowedFrames):
+    """A seal's writing abandoned at the worst moment for its read-back: after the consumer has seen that frame 0
+    is in the file, before a frame's worker asks for it (a worker leaves without a word then, as it must)."""
+
+    def __init__(self, frames, written, *stops, consumer_saw: threading.Event):
+        super().__init__(frames, written, *stops)
+        self.consumer_saw = consumer_saw
+
+    def also_stopped_by(self, stop):
+        return _AbandonedAsAWorkerStarts(self.frames, self.written, *self.stops, stop,
+                                         consumer_saw=self.consumer_saw)
+
+    def frame(self, index):
+        name = threading.current_thread().name
+        if name.startswith("archive-frames-"):
+            assert self.consumer_saw.wait(10)
+            self.stops[0].set()  # the seal's cancel(), exactly now
+        found = super().frame(index)
+        if name != "archive-read":
+            self.consumer_saw.set()
+        return found
+
+
+def test_a_read_back_whose_writing_is_abandoned_stops_instead_of_waiting_for_a_worker(tmp_path, small_frames):
+    """The hang of a cancelled seal (its read-back waited forever for frame 0 from a worker that had left; the
+    cancel joined the read-back): every wait of the consumer ends when the writing is abandoned."""
+    path = tmp_path / "a.tar.zst"
+    frames = write_file(path, MEMBERS)
+    written = WrittenBytes()
+    written.finish(path.stat().st_size)
+    follow = _AbandonedAsAWorkerStarts(frames, written, threading.Event(), consumer_saw=threading.Event())
+    with open(path, "rb", buffering=0) as source:
+        stage = FrameParallelExpanded(source.fileno(), frames, limit=None, follow=follow)
+        try:
+            with pytest.raises(Stopped):
+                within(10, stage.next_view)
+        finally:
+            within(10, stage.close)
 
 
 def test_a_frame_cut_short_is_Corrupt_at_the_frame_stage(tmp_path, small_frames):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from itera_verify.reload.shared import token_of
-from itera_verify.runtime.environment import RELOAD_ZYGOTES, Environment
+from itera_verify.runtime.environment import RELOAD_ZYGOTES, RESULTS_KEY, TOOL_FOLDER, Environment, tool_first
 
 from tests.helpers import run_cli
 
@@ -57,7 +57,10 @@ def folder(tmp_path):
 def test_a_second_command_forks_its_reloads_from_the_first_ones_server(package_dir, hf_cache, folder):
     first = verify(package_dir, hf_cache, folder)
     [server] = servers(folder)
-    second = verify(package_dir, hf_cache, folder)
+    # The second names the tool's folder on its PYTHONPATH already, as a command another run starts does: its
+    # zygote's path is the first one's (runtime/environment.tool_first), and so is its server.
+    pythonpath = os.pathsep.join(filter(None, [TOOL_FOLDER, os.environ.get("PYTHONPATH")]))
+    second = verify(package_dir, hf_cache, folder, PYTHONPATH=pythonpath)
     assert servers(folder) == [server]  # the same server, still waiting for the next run
     assert len(list(folder.glob("*.sock"))) == 1
     for report in (first, second):
@@ -128,11 +131,21 @@ def test_a_session_is_served_only_to_a_peer_holding_the_token(package_dir, hf_ca
     assert ready["ready"] is True and ready["threads"] == 1 and ready["cuda_initialised"] is False
 
 
-def test_the_variable_never_reaches_a_reload_child_but_reaches_the_tools_own(folder):
-    environment = Environment.read({RELOAD_ZYGOTES: str(folder), "ITERA_RELOAD_HOST_MEMORY": "4GiB"})
-    assert RELOAD_ZYGOTES not in environment.for_child()
+def test_the_variable_never_reaches_a_reload_child_but_reaches_the_tools_own(folder, tmp_path):
+    key = str(tmp_path / "reviewer.key")
+    environment = Environment.read({RELOAD_ZYGOTES: str(folder), "ITERA_RELOAD_HOST_MEMORY": "4GiB",
+                                    RESULTS_KEY: key})
+    assert RELOAD_ZYGOTES not in environment.for_child() and RESULTS_KEY not in environment.for_child()
     assert environment.for_child()["ITERA_RELOAD_HOST_MEMORY"] == "4GiB"
-    assert environment.for_tool()[RELOAD_ZYGOTES] == str(folder)  # the resume proof runs the tool itself
+    # The resume proof runs the tool itself.
+    assert environment.for_tool()[RELOAD_ZYGOTES] == str(folder) and environment.for_tool()[RESULTS_KEY] == key
+
+
+def test_the_tools_folder_is_first_on_a_childs_path_once():
+    assert tool_first(None) == tool_first("") == TOOL_FOLDER
+    joined = os.pathsep.join
+    assert tool_first(joined(["/a", TOOL_FOLDER, "", "/b"])) == joined([TOOL_FOLDER, "/a", "", "/b"])
+    assert tool_first(tool_first("/a")) == tool_first(joined([TOOL_FOLDER, TOOL_FOLDER, "/a"])) == tool_first("/a")
 
 
 def test_removing_the_folder_ends_its_servers(package_dir, hf_cache, folder):

@@ -90,6 +90,10 @@ class FollowedFrames:
         self.until(end)
         return start, end
 
+    def stopped(self) -> bool:
+        """The writing was abandoned (one of `stops` set, or the writer failed): every wait here raises Stopped."""
+        return any(stop.is_set() for stop in self.stops) or self.written.failed
+
     def until(self, end: int | None) -> int | None:
         """Wait until the file holds every aligned block up to `end` (None: until the file is finished); the
         final size once known, else None."""
@@ -101,7 +105,7 @@ class FollowedFrames:
 
     def _wait(self, count: int) -> tuple[int, int | None]:
         while True:
-            if any(stop.is_set() for stop in self.stops):
+            if self.stopped():
                 raise Stopped()
             available, final, failed = self.written.wait_for(count, timeout=self.PAUSE)
             if failed:

@@ -169,12 +169,15 @@ class FrameParallelExpanded:
         raise _Stopped()
 
     def _get(self, key: tuple[str, int]):
+        """The next item of a channel. Every wait ends when the reading stops: close(), or, for a followed file,
+        the writing abandoned (its frames' workers leave then without a word, and a consumer waiting for one of
+        them would wait forever)."""
         channel = self._channel(key)
         while True:
             try:
                 return channel.get(timeout=0.1)
             except queue.Empty:
-                if self._stop.is_set():
+                if self._stop.is_set() or (self._follow is not None and self._follow.stopped()):
                     raise _Stopped() from None
 
     def _done_with(self, key: tuple[str, int]) -> None:
@@ -321,7 +324,7 @@ class FrameParallelExpanded:
     def next_view(self) -> memoryview | None:
         while self._frame(self._current) is not None:
             key = ("out", self._current)
-            item = self._channel(key).get()
+            item = self._get(key)
             if item is _END:
                 self._done_with(key)
                 self._current += 1

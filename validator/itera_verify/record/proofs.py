@@ -24,7 +24,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..runtime.environment import Environment
+from ..runtime.environment import Environment, tool_first
 from ..runtime.launcher import kill_tree
 from .checkpoints import set_proof
 from .errors import RecordError
@@ -36,7 +36,6 @@ from .handle import RunRecord
 
 
 PROOF_MODULE = "itera_verify.flows.proof"
-VALIDATOR_DIR = str(Path(__file__).resolve().parents[2])  # the folder holding the itera_verify package
 MODES = ("first", "every", False)
 DEFAULT_TIMEOUT = 1800.0  # seconds for the whole proof: start-up, scan and reload
 # Past its timeout the proof process is killed: its reload ended at the timeout, and writing the result takes
@@ -77,7 +76,7 @@ def proof_env(device: str, environment: Environment) -> dict[str, str]:
     """The proof process's variables: the tool's settings and what its libraries need, never the training's
     secrets (runtime/environment.py `for_tool`)."""
     env = environment.for_tool()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (VALIDATOR_DIR, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = tool_first(env.get("PYTHONPATH"))
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # the GPU is training: the proof never touches it
     return env

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..package.jsonread import read_json_file
-from ..runtime.environment import Environment
+from ..runtime.environment import Environment, tool_first
 from ..runtime.launcher import Exit, Launcher, termination_unwinds, wait_until
 from ..format import loaders as loader_table
 from ..model import ReloadResult
@@ -38,7 +38,6 @@ from .placement import cap_from_environment
 from .warm import obtain, release, start_zygote
 from .zygote_client import ForkedChild, Zygote, can_fork
 
-VALIDATOR_DIR = str(Path(__file__).resolve().parents[2])  # the folder holding the itera_verify package
 LOG_TAIL_LINES = 3
 IMPORTS, IMPORTS_LIGHT = "torch, transformers, peft…", "torch…"  # what the zygote preloads (zygote.py)
 ISOLATIONS = ("auto", "fork", "spawn")  # auto: fork through the zygote where that is possible and safe
@@ -59,7 +58,7 @@ def child_env(job: dict, work: str, environment: Environment) -> dict:
         env.pop("HF_HUB_CACHE", None)  # none given: the child reads no other (its own empty one)
     if job.get("threads"):
         env["OMP_NUM_THREADS"] = str(job["threads"])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (VALIDATOR_DIR, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = tool_first(env.get("PYTHONPATH"))
     return env
 
 

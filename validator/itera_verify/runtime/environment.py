@@ -49,8 +49,19 @@ CHILD_VARIABLES = (
 CHILD_PREFIXES = ("LC_", "CUDA_", "OMP_", "KMP_", "MKL_", "MALLOC_", "ITERA_")
 
 
-# Never handed down, whatever its prefix: the way to the shared zygotes' servers, which fork unconfined processes.
-NEVER_TO_CHILDREN = (RELOAD_ZYGOTES,)
+# Never handed down, whatever its prefix: the way to the shared zygotes' servers, which fork unconfined processes;
+# the reviewer's key file, which no reload has a use for.
+NEVER_TO_CHILDREN = (RELOAD_ZYGOTES, RESULTS_KEY)
+
+TOOL_FOLDER = str(Path(__file__).resolve().parents[2])  # the folder holding this copy of the itera_verify package
+
+
+def tool_first(pythonpath: str | None) -> str:
+    """PYTHONPATH for a child that imports this copy of the tool: its folder first, and only there. Once, so that a
+    run started by another run (a command a test or a script runs, the recorder's proof) hands its zygote the path
+    its parent would: the same zygote (reload/shared.py keys a server by its environment)."""
+    rest = [entry for entry in pythonpath.split(os.pathsep) if entry != TOOL_FOLDER] if pythonpath else []
+    return os.pathsep.join([TOOL_FOLDER, *rest])
 
 
 def handed_to_children(name: str) -> bool:
