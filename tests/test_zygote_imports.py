@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from itera_verify.reload import run_reloads, warm_zygotes
-from itera_verify.reload.preloads import plan
+from itera_verify.reload.preloads import imports_for, plan
 from itera_verify.reload.runner import package_preloads, zygote_env
 from itera_verify.reload.warm import suspended
 from itera_verify.reload.zygote_client import Zygote
@@ -157,3 +157,12 @@ def test_a_torch_built_with_cuda_or_rocm_is_not_taken_for_a_cpu_build():
     assert not built_for_cpu_alone(cpu.replace("cuda: Optional[str] = None", "cuda: Optional[str] = '12.8'"))
     assert not built_for_cpu_alone(cpu.replace("hip: Optional[str] = None", "hip: Optional[str] = '6.2.41133'"))
     assert not built_for_cpu_alone("__version__ = '3.0'\n")  # a file that no longer says: torch is asked
+
+
+def test_one_set_of_loaders_is_one_zygote_whatever_the_packages_order():
+    """A shared server is keyed by its imports in order (reload/shared.py): two packages with the same loaders,
+    declared in another order, share one."""
+    one = imports_for(["sentence-transformers", "diffusers", "peft", "safetensors"])
+    other = imports_for(["safetensors", "peft", "diffusers", "sentence-transformers", "peft", "no-such-loader"])
+    assert one == other and len(set(one)) == len(one)
+    assert {"peft", "diffusers", "sentence_transformers"} <= set(one)

@@ -69,10 +69,12 @@ class Preloads:
 
 
 def imports_for(loaders) -> tuple[str, ...]:
-    """BASE, then each loader's libraries, once each, in order; an unknown loader adds nothing (its child fails)."""
+    """BASE, then each loader's libraries, once each, the loaders in IMPORTS' order, not the package's: one set of
+    loaders, one zygote (a shared server's key names its imports in order, reload/shared.py). An unknown loader
+    adds nothing (its child fails)."""
     names = list(BASE)
-    for loader in loaders:
-        names += [name for name in IMPORTS.get(loader, ()) if name not in names]
+    for loader in (known for known in IMPORTS if known in set(loaders)):
+        names += [name for name in IMPORTS[loader] if name not in names]
     return tuple(names)
 
 
