@@ -108,6 +108,14 @@ def test_clean_onnx_export_runs_in_onnxruntime(reloaded):
         assert not messages(findings, artifact)
 
 
+def test_every_reload_of_the_gguf_and_onnx_package_is_forked_from_its_zygote(reloaded):
+    """onnxruntime starts threads at its import: the zygote leaves it to the children, and forks (a zygote that
+    imported it could not, and every child would start a fresh interpreter)."""
+    results, _ = reloaded
+    assert {artifact: result.facts.get("isolation") for artifact, result in results.items()} == \
+        {artifact: "fork" for artifact in results}
+
+
 def test_onnx_with_a_nan_weight_is_IV504(reloaded):
     _, findings = reloaded
     [message] = messages(findings, "onnx-nan")

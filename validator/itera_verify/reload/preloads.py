@@ -39,8 +39,10 @@ IMPORTS = {
     "accelerate-state": HF,
     "diffusers": (*HF, "diffusers"), "diffusers-lora": (*HF, "peft", "diffusers"),
     "sentence-transformers": (*HF, "sentence_transformers"),
-    "timm": ("timm",), "gguf": ("gguf",), "onnx": ("onnx", "onnxruntime"),
+    "timm": ("timm",), "gguf": ("gguf",), "onnx": ("onnx",),
 }
+# Not onnxruntime: its import starts native threads (two here), and a zygote with more than one thread cannot fork
+# safely; every child of the run would then start a fresh interpreter. Each onnx child imports it (0.15 s).
 # Loaders whose children load Hugging Face models and checkpoints and nothing else: scipy and torchvision reach
 # them only through an architecture's modelling file.
 TEXT_LOADERS = frozenset({"safetensors", "torch-resume", "lightning-checkpoint", "deepspeed-checkpoint",
