@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import functools
 import json
 import math
 import re
@@ -40,8 +41,10 @@ numbers = st.one_of(st.sampled_from(INTERESTING_NUMBERS), st.integers(), st.floa
 scalars = st.one_of(st.none(), st.booleans(), numbers, text)
 
 
+@functools.lru_cache(maxsize=None)
 def json_values(max_leaves: int = 20):
-    """Arbitrary JSON values, NaN and Infinity included (Python writes them as bare tokens)."""
+    """Arbitrary JSON values, NaN and Infinity included (Python writes them as bare tokens). One strategy per size,
+    built once: a composite that builds it again at every draw spends a third of its example on that."""
     return st.recursive(scalars, lambda inner: st.one_of(
         st.lists(inner, max_size=5), st.dictionaries(text, inner, max_size=5)), max_leaves=max_leaves)
 
