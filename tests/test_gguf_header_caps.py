@@ -50,9 +50,28 @@ def _string_length_at(path: Path, key: bytes) -> int:
 
 
 # form -> (builder(folder) -> path, the key the finding names)
+def _empty_strings(path: Path, counts: dict[str, int]) -> Path:
+    """GGUFWriter's file with arrays of `counts[key]` empty strings: written with WRITTEN strings each, then grown
+    in place (each more one 8-byte zero length): the bytes GGUFWriter writes itself, without its Python call per
+    string (seconds for millions). The growth is a multiple of 32 bytes: the tensor data stays aligned."""
+    _write(path, lambda w: [w.add_array(key, [b""] * WRITTEN) for key in counts])
+    data = path.read_bytes()
+    for key, count in counts.items():
+        head = struct.pack("<Q", len(key)) + key.encode() + struct.pack("<II", GGUF_ARRAY, GGUF_STRING)
+        at = data.index(head + struct.pack("<Q", WRITTEN)) + len(head)
+        grown = (count - WRITTEN) * 8
+        assert grown % 32 == 0, count
+        data = data[:at] + struct.pack("<Q", count) + bytes(grown) + data[at + 8:]
+    path.write_bytes(data)
+    return path
+
+
+WRITTEN, GGUF_STRING, GGUF_ARRAY = 4, 8, 9
+
+
 def _four_million_strings(folder: Path) -> Path:
     # The issue's file: 4,000,000 empty strings are 32 MB; gguf.GGUFReader took the reload child to its limit.
-    return _write(folder / "four-million.gguf", lambda w: w.add_array("tokenizer.ggml.tokens", [b""] * 4_000_000))
+    return _empty_strings(folder / "four-million.gguf", {"tokenizer.ggml.tokens": 4_000_000})
 
 
 def _huge_kv_count(folder: Path) -> Path:
@@ -75,10 +94,15 @@ def _nested_arrays(folder: Path) -> Path:
 def _over_the_memory_limit(folder: Path) -> Path:
     # Within the caps (three arrays of a million empty strings, 24 MB), but gguf.GGUFReader would hold ~4 GiB of
     # views: twice what a reload of a 24 MB file is given (2 GiB for the libraries + 4 x the file).
-    def add(writer):
-        for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.added_tokens"):
-            writer.add_array(key, [b""] * 1_000_000)
-    return _write(folder / "memory.gguf", add)
+    keys = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.added_tokens")
+    return _empty_strings(folder / "memory.gguf", dict.fromkeys(keys, 1_000_000))
+
+
+def test_the_grown_arrays_are_the_bytes_gguf_writer_writes(tmp_path):
+    keys = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")
+    grown = _empty_strings(tmp_path / "grown.gguf", dict.fromkeys(keys, 1_000))
+    written = _write(tmp_path / "written.gguf", lambda w: [w.add_array(key, [b""] * 1_000) for key in keys])
+    assert grown.read_bytes() == written.read_bytes()
 
 
 FORMS = {
@@ -97,9 +121,9 @@ def _large_forms(folder: Path) -> dict:
 
 @pytest.fixture(scope="session")
 def large_forms(tmp_path_factory) -> dict:
-    """The two files GGUFWriter takes seconds to write (millions of strings): written once for every worker.
+    """The two files of millions of strings (32 and 24 MB): written once for every worker.
     Read only: a module copies them."""
-    return built_once(tmp_path_factory, "itera-gguf-large-forms", _large_forms, version="1")[1]
+    return built_once(tmp_path_factory, "itera-gguf-large-forms", _large_forms, version="2")[1]
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +141,7 @@ def hostile(tmp_path_factory, request):
     return form
 
 
-# Writing 4,000,000 strings takes GGUFWriter about 6 s.
+# Walking 4,000,000 strings to the cap takes seconds.
 STATIC = [pytest.param(name, marks=[pytest.mark.slow] if name == "four_million_string_array" else [])
           for name in FORMS]
 
