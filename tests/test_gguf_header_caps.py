@@ -49,7 +49,9 @@ def _string_length_at(path: Path, key: bytes) -> int:
     return at + 4
 
 
-# form -> (builder(folder) -> path, the key the finding names)
+WRITTEN, GGUF_STRING, GGUF_ARRAY = 4, 8, 9
+
+
 def _empty_strings(path: Path, counts: dict[str, int]) -> Path:
     """GGUFWriter's file with arrays of `counts[key]` empty strings: written with WRITTEN strings each, then grown
     in place (each more one 8-byte zero length): the bytes GGUFWriter writes itself, without its Python call per
@@ -66,9 +68,7 @@ def _empty_strings(path: Path, counts: dict[str, int]) -> Path:
     return path
 
 
-WRITTEN, GGUF_STRING, GGUF_ARRAY = 4, 8, 9
-
-
+# form -> (builder(folder) -> path, the key the finding names)
 def _four_million_strings(folder: Path) -> Path:
     # The issue's file: 4,000,000 empty strings are 32 MB; gguf.GGUFReader took the reload child to its limit.
     return _empty_strings(folder / "four-million.gguf", {"tokenizer.ggml.tokens": 4_000_000})

@@ -185,10 +185,10 @@ def test_a_server_that_hangs_up_leaves_the_run_its_own_zygote(folder):
     from itera_verify.runtime.launcher import Launcher
 
     preloads, env = Preloads(BASE), {"OPENBLAS_NUM_THREADS": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
-    name = key(env, preloads)
-    (folder / f"{name}.token").write_bytes(b"\0" * 32)
+    sock_path = folder / f"{key(env, preloads)}.sock"
+    token_of(sock_path).write_bytes(b"\0" * 32)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    with reachable(folder / f"{name}.sock") as reachable_name:
+    with reachable(sock_path) as reachable_name:
         listener.bind(reachable_name)
     listener.listen(4)
     hung_up = []

@@ -74,8 +74,8 @@ def imports_for(loaders) -> tuple[str, ...]:
     """BASE, then each loader's libraries, once each, the loaders in IMPORTS' order, not the package's: one set of
     loaders, one zygote (a shared server's key names its imports in order, reload/shared.py). An unknown loader
     adds nothing (its child fails)."""
-    names = list(BASE)
-    for loader in (known for known in IMPORTS if known in set(loaders)):
+    names, wanted = list(BASE), set(loaders)
+    for loader in (known for known in IMPORTS if known in wanted):
         names += [name for name in IMPORTS[loader] if name not in names]
     return tuple(names)
 

@@ -30,6 +30,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..runtime.environment import TOOL_FOLDER
 from .preloads import Preloads
 from .zygote import LISTEN
 
@@ -64,7 +65,7 @@ def key(env: dict, preloads: Preloads) -> str:
     Not the architectures whose modelling modules it imported besides: a child imports one it lacks itself."""
     from ..version import __version__
 
-    facts = {"python": sys.executable, "tool": str(Path(__file__).resolve().parents[1]), "version": __version__,
+    facts = {"python": sys.executable, "tool": TOOL_FOLDER, "version": __version__,
              "env": sorted(env.items()), "imports": list(preloads.imports), "without": list(preloads.without),
              "nice": os.getpriority(os.PRIO_PROCESS, 0)}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
