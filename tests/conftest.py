@@ -208,6 +208,20 @@ def private_tmp(tmp_path, monkeypatch) -> Path:
     return folder
 
 
+@pytest.fixture
+def socket_folder(tmp_path) -> Path:
+    """Where a test binds a unix socket of its own: its folder, or a private one in /tmp (removed after) where a
+    deep --basetemp would pass the 108 bytes of a socket address (runtime/sockets.py)."""
+    from itera_verify.runtime.sockets import SHORT_FOLDER, fits
+
+    if fits(tmp_path / "agent.sock.12345678"):
+        yield tmp_path
+        return
+    folder = Path(tempfile.mkdtemp(prefix="itera-test-sock-", dir=SHORT_FOLDER))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 # Every reload of the session forks its children from zygotes shared through ITERA_RELOAD_ZYGOTES (reload/shared.py):
 # the tests' own runs, and the command line's in child processes (run_cli, the recorder's resume proofs). One folder
 # for the whole session: the first process (the xdist controller, or the only one) makes it before any worker starts,

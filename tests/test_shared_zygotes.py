@@ -44,7 +44,7 @@ def verify(package_dir, hf_cache, folder, **env) -> dict:
 @pytest.fixture
 def folder(tmp_path):
     """Deep enough that its sockets' paths pass the 108 bytes of a socket address (reached through the folder's
-    descriptor: shared.reachable); the session's own folder, short, takes the plain path."""
+    descriptor: runtime/sockets.reachable); the session's own folder, short, takes the plain path."""
     made = tmp_path / ("deep-" * 12) / "zygotes"
     made.mkdir(mode=0o700, parents=True)
     assert len(str(made / ("0" * 32 + ".sock"))) > 108
@@ -105,7 +105,7 @@ def test_a_link_or_a_missing_folder_is_refused(package_dir, hf_cache, folder, tm
 
 
 def _hello(sock_path: Path, token_hex: str) -> bytes:
-    from itera_verify.reload.shared import reachable
+    from itera_verify.runtime.sockets import reachable
 
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock, reachable(sock_path) as name:
         sock.settimeout(60)
@@ -174,13 +174,36 @@ def test_a_server_that_is_gone_is_replaced(package_dir, hf_cache, folder):
     assert again != server
 
 
+def test_a_run_a_server_serves_makes_no_folder_of_its_own(folder, tmp_path, monkeypatch):
+    """Its own zygote's folder (log, caches) is made only where it starts its own: a run served by a shared server
+    that is then killed (SIGKILL: no close) leaves nothing in the temporary folder."""
+    import tempfile
+
+    from itera_verify.reload.preloads import BASE, Preloads
+    from itera_verify.reload.zygote_client import Zygote
+    from itera_verify.runtime.launcher import Launcher
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    zygote = Zygote(Launcher(Environment.read({})), {"OPENBLAS_NUM_THREADS": "1"}, preloads=Preloads(BASE),
+                    shared=str(folder))
+    try:
+        zygote.wait_ready()
+        assert zygote.client is not None and zygote.client.shared, zygote.why
+        assert zygote.work is None and list(scratch.iterdir()) == []
+    finally:
+        zygote.close()
+
+
 def test_a_server_that_hangs_up_leaves_the_run_its_own_zygote(folder):
     """A socket of the run's key whose server closes every connection at once (a broken or foreign server): the
     run imports its own zygote and forks from it."""
     import threading
 
     from itera_verify.reload.preloads import BASE, Preloads
-    from itera_verify.reload.shared import key, reachable
+    from itera_verify.reload.shared import key
+    from itera_verify.runtime.sockets import reachable
     from itera_verify.reload.zygote_client import Zygote
     from itera_verify.runtime.launcher import Launcher
 
@@ -205,9 +228,11 @@ def test_a_server_that_hangs_up_leaves_the_run_its_own_zygote(folder):
         zygote.wait_ready()
         assert hung_up == [True]
         assert zygote.client is not None and not zygote.client.shared and zygote.client.proc is not None, zygote.why
+        assert zygote.work is not None and (zygote.work / "zygote.log").exists()  # its own zygote, its own folder
     finally:
         zygote.close()
         listener.close()
+    assert not zygote.work.exists()
 
 
 def test_a_server_without_a_run_for_its_idle_time_ends_and_takes_its_socket(folder):

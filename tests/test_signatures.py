@@ -216,6 +216,27 @@ def test_private_key_file_signs_and_never_enters_the_archive(built, tmp_path):
     assert signature_codes(audit(archive, settle(reviewer=True, allowed_signers=allowed))) == []
 
 
+def test_a_private_key_file_signs_under_a_temporary_folder_too_deep_for_a_socket(tmp_path, monkeypatch):
+    """The temporary agent's socket would pass the 108 bytes of a socket address under this TMPDIR: its private
+    folder goes to /tmp instead, the key loads, and the folder is gone after close."""
+    import tempfile
+
+    from itera_verify.runtime.sockets import fits
+    from itera_verify.seal.agent import TemporaryAgent
+
+    deep = tmp_path / ("deep-" * 16)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    assert not fits(deep / "itera-sign-abcdefgh" / "agent.sock")
+    agent = TemporaryAgent(keygen(tmp_path, "frank"))
+    try:
+        assert fits(agent.agent.socket_path) and os.path.dirname(agent.folder) == "/tmp"
+        assert len(agent.agent.identities()) == 1
+    finally:
+        agent.close()
+    assert not os.path.exists(agent.folder) and list(deep.iterdir()) == []
+
+
 def test_private_key_inside_the_package_is_refused(built, tmp_path):
     shutil.copytree(built["package"], tmp_path / "pkg", symlinks=True)
     key = keygen(tmp_path / "pkg", "inside")

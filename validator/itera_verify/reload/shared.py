@@ -31,13 +31,13 @@ import sys
 from pathlib import Path
 
 from ..runtime.environment import TOOL_FOLDER
+from ..runtime.sockets import reachable
 from .preloads import Preloads
 from .zygote import LISTEN
 
 IDLE_SECONDS = 600.0  # a server with no session for this long ends (its imports hold ~0.5 GiB)
 START_SECONDS = 30.0  # a server binds its socket before its imports: far longer means it could not start
 TOKEN_BYTES = 32
-SOCKET_PATH_BYTES = 100  # sun_path holds 108 bytes: a longer path is reached through its folder (`reachable`)
 
 
 class UnsafeFolder(ValueError):
@@ -74,20 +74,6 @@ def key(env: dict, preloads: Preloads) -> str:
 def token_of(sock_path: Path) -> Path:
     """The token a server writes beside its socket, `KEY.token` (0600), and a run sends in its hello."""
     return sock_path.with_suffix(".token")
-
-
-@contextlib.contextmanager
-def reachable(path: Path):
-    """A name of the socket at `path` that fits a socket address (108 bytes with its NUL): the path itself, or,
-    for a deeper folder, the path through the folder's descriptor (/proc/self/fd/N/NAME)."""
-    if len(os.fsencode(str(path))) < SOCKET_PATH_BYTES:
-        yield str(path)
-        return
-    folder = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
-    try:
-        yield f"/proc/self/fd/{folder}/{path.name}"
-    finally:
-        os.close(folder)
 
 
 def _dial(path: Path) -> socket.socket | None:

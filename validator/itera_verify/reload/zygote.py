@@ -325,7 +325,8 @@ def serve_shared(path: str, imports_and_types: list[str]) -> None:
     IDLE_SECONDS without a session."""
     from pathlib import Path
 
-    from .shared import IDLE_SECONDS, TOKEN_BYTES, reachable, token_of
+    from ..runtime.sockets import reachable
+    from .shared import IDLE_SECONDS, TOKEN_BYTES, token_of
 
     token = secrets.token_bytes(TOKEN_BYTES)
     token_path = str(token_of(Path(path)))

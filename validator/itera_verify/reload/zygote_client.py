@@ -205,7 +205,10 @@ class Zygote:
             preloads = Preloads(BASE if light else imports_for(["peft"]), (), tuple(model_types))
         self.preloads, self.env = preloads, env
         self.warm_key: tuple | None = None  # set when it is kept warm across runs (warm.py)
-        self.work = Path(tempfile.mkdtemp(prefix="itera-zygote-", dir=folder))
+        # Its own folder (log, caches), made only where it starts its own: a session of a shared server has none
+        # to leave behind when the run is killed.
+        self.work: Path | None = None
+        self._folder = folder
         self.light = preloads.light
         self.client, self.why, self.seconds = None, "", None
         self.children = children
@@ -217,6 +220,8 @@ class Zygote:
 
     def _start_own(self, env: dict, preloads: Preloads) -> None:
         # Its caches in its own folder (huggingface_hub reads HF_HOME once, at import: the children keep it).
+        if self.work is None:
+            self.work = Path(tempfile.mkdtemp(prefix="itera-zygote-", dir=self._folder))
         env = {**env, **scratch_variables(self.work, env.get("HF_HUB_CACHE")), "TMPDIR": str(self.work)}
         with open(self.work / "zygote.log", "wb") as log_handle:
             self._starting = ZygoteClient(self.children, env, str(self.work), log_handle, title_room(), preloads)
@@ -231,15 +236,15 @@ class Zygote:
             ready = client.ready(ZYGOTE_START_SECONDS)
         except BaseException:  # Ctrl-C while it imports: it goes, and its folder with it
             client.close(grace=0)
-            shutil.rmtree(self.work, ignore_errors=True)
+            self._remove_work()
             raise
         if ready is None and client.shared and not children.stop.is_set():
             client.close()  # the shared server did not answer: this run imports its own
             self._start_own(self.env, self.preloads)
             return self.wait_ready()
         if ready is None:
-            self.why = "the zygote did not start" + (f": {_log_tail(self.work / 'zygote.log')}" if not
-                                                    children.stop.is_set() else "")
+            self.why = "the zygote did not start" + (f": {_log_tail(self.work / 'zygote.log')}" if
+                                                    self.work and not children.stop.is_set() else "")
         elif ready.get("threads") != 1:
             self.why = f"the zygote has {ready.get('threads')} threads after its imports: fork is not safe"
         elif ready.get("cuda_initialised"):
@@ -256,7 +261,11 @@ class Zygote:
             self._starting = None
         if self.client is not None:
             self.client.close()
-        shutil.rmtree(self.work, ignore_errors=True)
+        self._remove_work()
+
+    def _remove_work(self) -> None:
+        if self.work is not None:
+            shutil.rmtree(self.work, ignore_errors=True)
 
 
 def shared_zygote(folder: str, env: dict, preloads: Preloads, room: int) -> socket.socket | None:

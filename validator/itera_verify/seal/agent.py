@@ -12,12 +12,12 @@ import shutil
 import socket
 import struct
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 from ..format.sshsig import string
 from ..model import UsageError
+from ..runtime.sockets import socket_folder
 
 REQUEST_IDENTITIES, IDENTITIES_ANSWER = 11, 12
 SIGN_REQUEST, SIGN_RESPONSE = 13, 14
@@ -115,7 +115,7 @@ class TemporaryAgent:
             if shutil.which(tool) is None:
                 raise UsageError(f"--sign ssh:{key_file}: signing with a private key file needs OpenSSH's {tool}, "
                                  "which is not installed (or load the key into your ssh-agent and give KEY.pub)")
-        self.folder = tempfile.mkdtemp(prefix="itera-sign-")  # 0700
+        self.folder = socket_folder("itera-sign-", "agent.sock")  # 0700
         self.agent = Agent(os.path.join(self.folder, "agent.sock"))
         self.process = subprocess.Popen(["ssh-agent", "-D", "-a", self.agent.socket_path],
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
