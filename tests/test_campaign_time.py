@@ -120,6 +120,9 @@ def campaign(tmp_path_factory) -> dict:
         out["running_at_train_end"] = bool(control.proofs.running())
         out["control_times"] = times.times
         write_predictions(control, trainer.model)
+        # The campaign's clock counts seconds: a control that starts and ends within one (a fast machine, its proof
+        # forked from a warm shared zygote) would have no duration to price its saves against, nor to overlap.
+        time.sleep(1.0)
         control.complete()  # waits for the proof
 
         sabotaged = campaign.run("sabotaged", "variant", params={"sabotage": "optimizer.pt cut in half"})
