@@ -90,7 +90,7 @@ def write_archive(path: Path, top: str, listed: list[Member], *, sums: bool = Tr
                        if m.kind == "file" and m.name != SUMS)
         text = "".join(f"{digest}  {name}\n" for name, digest in files).encode()
         listed = [m for m in listed if m.name != SUMS] + [Member(SUMS, "file", text)]
-    path.write_bytes(zstandard.ZstdCompressor(level=19).compress(tar_bytes(top, listed)))
+    path.write_bytes(zstandard.ZstdCompressor(level=3).compress(tar_bytes(top, listed)))
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     path.with_name(path.name + ".sha256").write_text(f"{digest}  {path.name}\n")
     return path
