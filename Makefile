@@ -52,6 +52,11 @@ lint: install
 	$(VENV)/bin/ruff check validator tests fixtures benchmarks scripts
 	$(VENV)/bin/lint-imports
 
+# Bytecode is written even where the environment says not to (PYTHONDONTWRITEBYTECODE): otherwise every pytest
+# worker rewrites the asserts of all the test modules again (~5 CPU-s each) and every command a test runs compiles
+# what it imports from source. The caches go to __pycache__ folders git ignores.
+test test-fast: export PYTHONDONTWRITEBYTECODE :=
+
 test: lint
 	$(PY) -m pytest -n $(JOBS) -q
 

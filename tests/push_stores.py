@@ -7,6 +7,7 @@ forever (the push is then killed), cuts connections. No S3 mock: every answer co
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -73,8 +74,8 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 class Store:
-    def __init__(self, endpoint: str, process: subprocess.Popen, folder: Path):
-        self.endpoint, self.process, self.folder = endpoint, process, folder
+    def __init__(self, endpoint: str, process: subprocess.Popen, folder: Path, sockets: tuple[str, ...] = ()):
+        self.endpoint, self.process, self.folder, self.sockets = endpoint, process, folder, sockets
 
     def client(self, access: str = ACCESS, secret: str = SECRET):
         import boto3
@@ -88,6 +89,23 @@ class Store:
 
     def stop(self) -> None:
         _stop(self.process)
+        _remove_sockets(self.sockets)
+
+
+def _weed_sockets(ports: dict[str, int], grpc: dict[str, int]) -> tuple[str, ...]:
+    """The unix sockets `weed server` binds in /tmp whatever its folder (its gRPC services' and S3's local ones,
+    named by port): a store killed leaves them behind."""
+    return (*(f"/tmp/seaweedfs-{name}-grpc-{port}.sock" for name, port in grpc.items()),
+            f"/tmp/seaweedfs-s3-{ports['s3']}.sock")
+
+
+def _remove_sockets(paths) -> None:
+    import stat
+
+    for path in paths:
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)
 
 
 class StoreExited(RuntimeError):
@@ -128,10 +146,11 @@ def _start_seaweedfs(folder: Path) -> Store:
                                cwd=folder)
     try:
         _wait_port(ports["s3"], process, log)
-        store = Store(f"http://127.0.0.1:{ports['s3']}", process, folder)
+        store = Store(f"http://127.0.0.1:{ports['s3']}", process, folder, _weed_sockets(ports, grpc))
         _wait_ready(store)
     except BaseException:
         _stop(process)
+        _remove_sockets(_weed_sockets(ports, grpc))
         raise
     return store
 
