@@ -16,10 +16,10 @@
 #
 # On a real GPU the whole output is kept as benchmarks/results/gpu-check-<date>.txt. GPU_CHECK_TESTS=0 skips the
 # pytest GPU tests, GPU_CHECK_MIDSIZE=0 the mid-size model, GPU_CHECK_MULTIGPU=0 the multi-GPU fixtures,
-# GPU_CHECK_LOADERS=0 the diffusers and GGUF loaders, GPU_CHECK_ISOLATIONS="auto" section 1's --isolation spawn pass
-# (the same command with another flag: the rehearsal leaves out its four fresh imports). GPU_CHECK_PACKAGE=DIR with GPU_CHECK_HF_CACHE=DIR: a package
-# and hub cache `python -m fixtures.build` already made, checked in place instead of building them (the test suite's
-# rehearsal reuses the ones its session built).
+# GPU_CHECK_LOADERS=0 the diffusers and GGUF loaders. GPU_CHECK_ISOLATIONS: section 1's passes (default "auto
+# spawn"; the suite's rehearsal gives "auto": the spawn pass is the same command, with four fresh imports).
+# GPU_CHECK_PACKAGE=DIR with GPU_CHECK_HF_CACHE=DIR: a package and hub cache `python -m fixtures.build` already
+# made, checked in place instead of building them (the test suite's rehearsal reuses the ones its session built).
 # GPU_CHECK_DEVICE=cpu rehearses it without a GPU (sections 1, 2 and 4 on the CPU; 3, 4b and 5 need CUDA and are
 # skipped; nothing kept): the device time a lent GPU has is short, so the plumbing is proven before it is spent.
 set -euo pipefail
@@ -71,8 +71,10 @@ run() {
     fi
 
     local status=0
-    echo "== 1. the example package on $DEVICE: zygote and forked children (default), then --isolation spawn"
-    for isolation in ${GPU_CHECK_ISOLATIONS:-auto spawn}; do
+    local isolations="${GPU_CHECK_ISOLATIONS:-auto spawn}"
+    echo "== 1. the example package on $DEVICE, --isolation ${isolations// / then }" \
+         "(auto: a zygote and forked children; spawn: a fresh interpreter each)"
+    for isolation in $isolations; do
         local t0=$SECONDS
         "$PY" -m itera_verify "$PACKAGE" --device "$DEVICE" --no-seal --hf-cache "$HF_CACHE" \
             --isolation "$isolation" --format json >"$WORK/report-$isolation.json" 2>"$WORK/err-$isolation.log" \

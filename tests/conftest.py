@@ -209,12 +209,12 @@ def private_tmp(tmp_path, monkeypatch) -> Path:
 
 
 @pytest.fixture
-def socket_folder(tmp_path) -> Path:
-    """Where a test binds a unix socket of its own: its folder, or a private one in /tmp (removed after) where a
-    deep --basetemp would pass the 108 bytes of a socket address (runtime/sockets.py)."""
+def socket_home(tmp_path) -> Path:
+    """Where a test binds a unix socket of its own, `agent.sock`: its folder, or a private one in /tmp (removed
+    after) where a deep --basetemp would pass the 108 bytes of a socket address (runtime/sockets.py)."""
     from itera_verify.runtime.sockets import SHORT_FOLDER, fits
 
-    if fits(tmp_path / "agent.sock.12345678"):
+    if fits(tmp_path / "agent.sock"):
         yield tmp_path
         return
     folder = Path(tempfile.mkdtemp(prefix="itera-test-sock-", dir=SHORT_FOLDER))

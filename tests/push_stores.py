@@ -93,18 +93,20 @@ class Store:
 
 
 def _weed_sockets(ports: dict[str, int], grpc: dict[str, int]) -> tuple[str, ...]:
-    """The unix sockets `weed server` binds in /tmp whatever its folder (its gRPC services' and S3's local ones,
-    named by port): a store killed leaves them behind."""
+    """The unix sockets `weed server` binds in /tmp whatever its folder, named by port (its gRPC services', the
+    filer's and S3's local ones): it removes them on a clean stop, a store killed leaves them behind."""
     return (*(f"/tmp/seaweedfs-{name}-grpc-{port}.sock" for name, port in grpc.items()),
-            f"/tmp/seaweedfs-s3-{ports['s3']}.sock")
+            f"/tmp/seaweedfs-filer-{ports['filer']}.sock", f"/tmp/seaweedfs-s3-{ports['s3']}.sock")
 
 
 def _remove_sockets(paths) -> None:
+    """Those of them that are still there, sockets, and this user's."""
     import stat
 
     for path in paths:
         with contextlib.suppress(OSError):
-            if stat.S_ISSOCK(os.lstat(path).st_mode):
+            info = os.lstat(path)
+            if stat.S_ISSOCK(info.st_mode) and info.st_uid == os.geteuid():
                 os.unlink(path)
 
 

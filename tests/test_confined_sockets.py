@@ -81,9 +81,9 @@ def test_a_child_the_zygote_forks_holds_none_of_the_reviewers_secrets(monkeypatc
 # --- the sockets ---------------------------------------------------------------------------------------------
 
 @pytest.fixture
-def unix_listener(socket_folder):
+def unix_listener(socket_home):
     """A unix socket with a path, listening, that this test owns (an agent's stand-in)."""
-    path = socket_folder / "agent.sock"
+    path = socket_home / "agent.sock"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
         server.bind(str(path))
         server.listen(4)

@@ -92,6 +92,10 @@ def reloaded(package):
     return (*reload_package(root), offload)
 
 
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def found(findings, artifact) -> list[str]:
     return [f"{f.code} {f.path} {f.message}" for f in findings if f.artifact == artifact]
 
@@ -103,13 +107,13 @@ def test_the_library_save_beside_them_reloads(reloaded):
 
 
 def test_a_sentence_bert_config_offload_folder_is_refused_before_loading_and_nothing_is_written(reloaded):
-    from itera_verify.reload.loaders._admit import shown
+    from itera_verify.reload.loaders._admit import SHOWN
 
     _, findings, offload = reloaded
     messages = found(findings, "st-offload")
     assert len(messages) == 3, messages
     for key, value in (("device_map", '"auto"'), ("max_memory", '{"cpu": 1000}'),
-                       ("offload_folder", shown(str(offload)))):  # a deep test folder's path is shown cut
+                       ("offload_folder", _cut(json.dumps(str(offload)), SHOWN))):  # a deep folder's path: cut
         assert any(m.startswith("IV504 artifacts/st-offload/sentence_bert_config.json ")
                    and f"model_args.{key} = {value} is not admitted" in m for m in messages), (key, messages)
     assert not offload.exists()

@@ -36,13 +36,13 @@ def test_a_reload_child_is_not_handed_the_reviewers_secrets(tmp_path):
 
 
 @pytest.fixture
-def agent(tmp_path, socket_folder):
+def agent(tmp_path, socket_home):
     """A real ssh-agent on a socket of this test, holding the reviewer's key; stopped by its pid."""
     key = tmp_path / "keys" / "reviewer"
     key.parent.mkdir()
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "reviewer@example.com", "-f", str(key)],
                    check=True)
-    sock = socket_folder / "agent.sock"
+    sock = socket_home / "agent.sock"
     started = subprocess.run(["ssh-agent", "-a", str(sock), "-s"], check=True, capture_output=True, text=True)
     pid = int(started.stdout.split("SSH_AGENT_PID=", 1)[1].split(";", 1)[0])
     try:

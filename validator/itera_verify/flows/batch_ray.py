@@ -20,7 +20,6 @@ import secrets
 import shutil
 import socket
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from types import MappingProxyType
@@ -31,6 +30,7 @@ from ..options import RunOptions
 from ..package.jsonread import read_json
 from ..report.batch import AuditRow
 from ..runtime.progress import Progress
+from ..runtime.sockets import socket_folder
 from .batch_entry import PROGRESS_KEY, audit_entry, failed_row
 from .batch_local import ROW_MAX, audit_seconds
 from .batch_results import ResultStore
@@ -139,14 +139,15 @@ def run_ray(ray, entries: list[Entry], options: RunOptions, store: ResultStore |
 LOCAL_SETTINGS = ("RAY_USAGE_STATS_ENABLED", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
 
 
-SOCKET_ROOM = 40  # Ray's socket paths add about 70 bytes to its folder, and AF_UNIX allows 107
+# How far Ray's socket paths run past the temporary folder (this folder's name, Ray's session folder, its socket
+# names), measured: a temporary folder of at most 40 bytes leaves them room in a socket address.
+RAY_SOCKET_ROOM = 58
 
 
 def _scratch(options: RunOptions) -> str:
     """A private folder for the local Ray's sessions, sockets and logs, removed when it stops: under the temporary
     folder when its path leaves room for Ray's socket names, else under /tmp."""
-    base = options.environment.tmpdir or tempfile.gettempdir()
-    return tempfile.mkdtemp(prefix="itera-ray-", dir=base if len(base) <= SOCKET_ROOM else "/tmp")
+    return socket_folder("itera-ray-", RAY_SOCKET_ROOM, options.environment.tmpdir)
 
 
 def _gpus(ray, options: RunOptions) -> int:
