@@ -3,9 +3,9 @@ copy of the example package. Every form must be IV506 — through the static che
 command line, reloads included — and its payload must never run: each one creates a marker file when
 unpickled, and the marker must never appear.
 
-`test_every_form_is_a_live_payload` proves the corpus is real: a throwaway child process unpickles each form
-(with `weights_only=False` for torch files) and the marker does appear there. A corpus of dead payloads
-could not fail.
+`test_every_form_is_a_live_payload` proves the corpus is real: a throwaway child process (forked from one that
+imported torch) unpickles each form (with `weights_only=False` for torch files) and the marker does appear
+there. A corpus of dead payloads could not fail.
 """
 from __future__ import annotations
 
@@ -451,8 +451,56 @@ HOW = {"seven_zip_torch_checkpoint": "7z", "zip_member_named_with_dotdot": "memb
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# One process imports torch once (it starts no thread doing so) and forks a throwaway child per form: each form
+# still runs in a process of its own, in its test's folder, with nothing another form did, and none pays the
+# import (~2 CPU-s each). A child that hangs is ended by its alarm.
+LIVE_SERVER = """
+import json, os, signal, sys
+import torch
+for line in sys.stdin:
+    request = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            signal.alarm(120)
+            quiet = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(quiet, 1)
+            os.dup2(quiet, 2)
+            os.chdir(request["cwd"])
+            sys.argv = ["-c", request["path"], request["how"], request["root"]]
+            exec(compile(request["loader"], "<live loader>", "exec"), {"__name__": "__main__"})
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    print("done", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def live_loader():
+    server = subprocess.Popen([sys.executable, "-c", LIVE_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
+    yield server
+    server.stdin.close()
+    try:
+        server.wait(30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
+def _load_in_a_child(server: subprocess.Popen, payload: Path, how: str, cwd: Path) -> None:
+    import select
+
+    server.stdin.write(json.dumps({"path": str(payload), "how": how, "root": str(ROOT), "cwd": str(cwd),
+                                   "loader": LIVE_LOADER}) + "\n")
+    server.stdin.flush()
+    assert select.select([server.stdout], [], [], 150)[0], "the live loader did not answer"
+    assert server.stdout.readline() == "done\n", "the live loader ended"
+
+
 @pytest.mark.parametrize("name", [n for n in FORMS if n not in NOT_LIVE])
-def test_every_form_is_a_live_payload(name, tmp_path):
+def test_every_form_is_a_live_payload(name, tmp_path, live_loader):
     """In a throwaway child, unpickling the form really creates its marker: the corpus is not dead code."""
     rel, build, _ = FORMS[name]
     marker = tmp_path / "live.marker"
@@ -460,8 +508,7 @@ def test_every_form_is_a_live_payload(name, tmp_path):
     payload.write_bytes(build(marker))
     if name == "torch_load":  # the loader form loads a second, real payload file
         Path(str(marker) + ".inner.pt").write_bytes(_zip_torch(marker))
-    subprocess.run([sys.executable, "-c", LIVE_LOADER, str(payload), HOW.get(name, "auto"), str(ROOT)],
-                   cwd=tmp_path, capture_output=True, timeout=120)
+    _load_in_a_child(live_loader, payload, HOW.get(name, "auto"), tmp_path)
     deadline = time.monotonic() + 10  # subprocess.Popen's `touch` outlives the loader by a moment
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
