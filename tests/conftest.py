@@ -210,14 +210,11 @@ def private_tmp(tmp_path, monkeypatch) -> Path:
 
 @pytest.fixture
 def socket_home(tmp_path) -> Path:
-    """Where a test binds a unix socket of its own, `agent.sock`: its folder, or a private one in /tmp (removed
-    after) where a deep --basetemp would pass the 108 bytes of a socket address (runtime/sockets.py)."""
-    from itera_verify.runtime.sockets import SHORT_FOLDER, fits
+    """Where a test binds a unix socket of its own, `agent.sock`: a private folder in the test's, or in /tmp where
+    a deep --basetemp would pass the 108 bytes of a socket address (runtime/sockets.py); removed after."""
+    from itera_verify.runtime.sockets import socket_folder
 
-    if fits(tmp_path / "agent.sock"):
-        yield tmp_path
-        return
-    folder = Path(tempfile.mkdtemp(prefix="itera-test-sock-", dir=SHORT_FOLDER))
+    folder = Path(socket_folder("sock-", len("agent.sock"), str(tmp_path)))
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
 

@@ -146,13 +146,14 @@ def _start_seaweedfs(folder: Path) -> Store:
     log = folder / "weed.log"
     process = subprocess.Popen(command, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True,
                                cwd=folder)
+    sockets = _weed_sockets(ports, grpc)
     try:
         _wait_port(ports["s3"], process, log)
-        store = Store(f"http://127.0.0.1:{ports['s3']}", process, folder, _weed_sockets(ports, grpc))
+        store = Store(f"http://127.0.0.1:{ports['s3']}", process, folder, sockets)
         _wait_ready(store)
     except BaseException:
         _stop(process)
-        _remove_sockets(_weed_sockets(ports, grpc))
+        _remove_sockets(sockets)
         raise
     return store
 

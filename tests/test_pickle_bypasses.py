@@ -457,6 +457,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LIVE_SERVER = """
 import json, os, signal, sys
 import torch
+loader = compile(sys.argv[1], "<live loader>", "exec")
 for line in sys.stdin:
     request = json.loads(line)
     pid = os.fork()
@@ -468,7 +469,7 @@ for line in sys.stdin:
             os.dup2(quiet, 2)
             os.chdir(request["cwd"])
             sys.argv = ["-c", request["path"], request["how"], request["root"]]
-            exec(compile(request["loader"], "<live loader>", "exec"), {"__name__": "__main__"})
+            exec(loader, {"__name__": "__main__"})
         finally:
             os._exit(0)
     os.waitpid(pid, 0)
@@ -478,8 +479,8 @@ for line in sys.stdin:
 
 @pytest.fixture(scope="module")
 def live_loader():
-    server = subprocess.Popen([sys.executable, "-c", LIVE_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True)
+    server = subprocess.Popen([sys.executable, "-c", LIVE_SERVER, LIVE_LOADER], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     yield server
     server.stdin.close()
     try:
@@ -492,8 +493,7 @@ def live_loader():
 def _load_in_a_child(server: subprocess.Popen, payload: Path, how: str, cwd: Path) -> None:
     import select
 
-    server.stdin.write(json.dumps({"path": str(payload), "how": how, "root": str(ROOT), "cwd": str(cwd),
-                                   "loader": LIVE_LOADER}) + "\n")
+    server.stdin.write(json.dumps({"path": str(payload), "how": how, "root": str(ROOT), "cwd": str(cwd)}) + "\n")
     server.stdin.flush()
     assert select.select([server.stdout], [], [], 150)[0], "the live loader did not answer"
     assert server.stdout.readline() == "done\n", "the live loader ended"

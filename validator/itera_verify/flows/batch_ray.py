@@ -139,15 +139,15 @@ def run_ray(ray, entries: list[Entry], options: RunOptions, store: ResultStore |
 LOCAL_SETTINGS = ("RAY_USAGE_STATS_ENABLED", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
 
 
-# How far Ray's socket paths run past the temporary folder (this folder's name, Ray's session folder, its socket
-# names), measured: a temporary folder of at most 40 bytes leaves them room in a socket address.
-RAY_SOCKET_ROOM = 58
+# How long Ray's socket paths are inside this folder (its session folder, its socket names), measured: with this
+# folder's own name, a temporary folder of at most 40 bytes leaves them room in a socket address.
+RAY_SOCKET_NAMES = 39
 
 
 def _scratch(options: RunOptions) -> str:
     """A private folder for the local Ray's sessions, sockets and logs, removed when it stops: under the temporary
     folder when its path leaves room for Ray's socket names, else under /tmp."""
-    return socket_folder("itera-ray-", RAY_SOCKET_ROOM, options.environment.tmpdir)
+    return socket_folder("itera-ray-", RAY_SOCKET_NAMES, options.environment.tmpdir)
 
 
 def _gpus(ray, options: RunOptions) -> int:

@@ -9,20 +9,20 @@ from pathlib import Path
 
 SOCKET_PATH_BYTES = 100  # sun_path holds 108 bytes; kept under it with room for a name's growth
 SHORT_FOLDER = "/tmp"  # where a socket goes when the temporary folder is too deep for one
-MKDTEMP_RANDOM = 8  # characters tempfile.mkdtemp puts after a prefix
+_MKDTEMP_RANDOM = 8  # characters tempfile.mkdtemp puts after a prefix
 
 
 def fits(path: str | os.PathLike) -> bool:
     return len(os.fsencode(os.fspath(path))) < SOCKET_PATH_BYTES
 
 
-def socket_folder(prefix: str, room: int, base: str | None = None) -> str:
+def socket_folder(prefix: str, names: int, base: str | None = None) -> str:
     """A new private folder (0700) for sockets that another program binds (ssh-agent closes every descriptor it
-    inherits, Ray names its own), whose paths run `room` bytes past `base` (the folder's own name included):
-    under `base` (default: the temporary folder) where they fit a socket address, else under /tmp. The caller
-    removes it."""
+    inherits, Ray names its own), their paths inside it at most `names` bytes long: under `base` (default: the
+    temporary folder) where they fit a socket address there, else under /tmp. The caller removes it."""
     base = base or tempfile.gettempdir()
-    return tempfile.mkdtemp(prefix=prefix, dir=base if fits(os.path.join(base, "x" * room)) else SHORT_FOLDER)
+    deepest = os.path.join(base, prefix + "x" * _MKDTEMP_RANDOM, "x" * names)
+    return tempfile.mkdtemp(prefix=prefix, dir=base if fits(deepest) else SHORT_FOLDER)
 
 
 @contextlib.contextmanager

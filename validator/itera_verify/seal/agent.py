@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..format.sshsig import string
 from ..model import UsageError
-from ..runtime.sockets import MKDTEMP_RANDOM, socket_folder
+from ..runtime.sockets import socket_folder
 
 REQUEST_IDENTITIES, IDENTITIES_ANSWER = 11, 12
 SIGN_REQUEST, SIGN_RESPONSE = 13, 14
@@ -26,7 +26,7 @@ RSA_SHA2_512 = 4  # the flag asking an RSA key for rsa-sha2-512, as ssh-keygen -
 MAX_MESSAGE = 256 << 10
 KEY_LIFETIME = 86400  # seconds
 AGENT_TIMEOUT = 120.0  # seconds: an agent may ask its user to confirm (ssh-add -c)
-AGENT_PREFIX = "itera-sign-"  # the temporary agent's private folder
+AGENT_PREFIX, AGENT_SOCKET = "itera-sign-", "agent.sock"  # the temporary agent's private folder and its socket
 
 
 class AgentError(UsageError):
@@ -116,8 +116,8 @@ class TemporaryAgent:
             if shutil.which(tool) is None:
                 raise UsageError(f"--sign ssh:{key_file}: signing with a private key file needs OpenSSH's {tool}, "
                                  "which is not installed (or load the key into your ssh-agent and give KEY.pub)")
-        self.folder = socket_folder(AGENT_PREFIX, len(AGENT_PREFIX) + MKDTEMP_RANDOM + len("/agent.sock"))
-        self.agent = Agent(os.path.join(self.folder, "agent.sock"))
+        self.folder = socket_folder(AGENT_PREFIX, len(AGENT_SOCKET))
+        self.agent = Agent(os.path.join(self.folder, AGENT_SOCKET))
         self.process = subprocess.Popen(["ssh-agent", "-D", "-a", self.agent.socket_path],
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, start_new_session=True)
