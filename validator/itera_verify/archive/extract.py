@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
+import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -52,6 +54,9 @@ MEMBER_BYTES = 32 << 10
 MIN_MEMBERS = 4096
 # A package's links are aliases (checkpoints/best -> checkpoint-400): a few, thousands at the very most.
 MAX_LINKS = 10_000
+# A piece of a member at least this large is hashed on a helper thread while this one writes it; a smaller one is
+# not worth the two hand-offs.
+HASH_BESIDE_MIN = 256 << 10
 
 
 def member_limit(max_expanded: int | None) -> int | None:
@@ -167,6 +172,47 @@ def _write_all(fd: int, data: memoryview) -> None:
         data = data[os.write(fd, data):]
 
 
+class _HashBeside:
+    """A helper thread that hashes a piece while the extracting thread writes it. SHA-256 and write() both
+    release the GIL: on two cores they overlap, where one after the other they made the extracting thread the
+    audit's critical path. The caller waits for the digest before it asks for the next piece, so the piece stays
+    valid while it is hashed (ArchiveReader.data's contract) and the digest sees the pieces in order."""
+
+    def __init__(self):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def update_writing(self, digest, piece: memoryview, fd: int) -> None:
+        """digest.update(piece) on the helper, _write_all(fd, piece) here; both done when this returns."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="extract-digest", daemon=True)
+            self._thread.start()
+        self._jobs.put((digest, piece))
+        try:
+            _write_all(fd, piece)
+        finally:
+            error = self._done.get()
+        if error is not None:
+            raise error
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            digest, piece = job
+            try:
+                digest.update(piece)
+            except BaseException as exc:  # noqa: BLE001 - raised in the extracting thread
+                self._done.put(exc)
+            else:
+                self._done.put(None)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
+
+
 class _Extractor:
     def __init__(self, root: str, result: Extraction, on_bytes: Callable[[int], None],
                  seal_side: str | None = None, reserved: Reserved | None = None):
@@ -181,6 +227,7 @@ class _Extractor:
         self.seen_folders: set[str] = set()  # the folders of the names in `folded`, as spelt
         self.symlinks: list[list[str]] = []
         self.refused_links: set[str] = set()  # a member beneath one would go where the link pointed
+        self.hasher = _HashBeside()
 
     def refuse(self, member: Member, why: str) -> None:
         self.result.refused.append((member.name, why))
@@ -243,8 +290,11 @@ class _Extractor:
         digest = hashlib.sha256()
         try:
             for piece in reader.data(member):
-                digest.update(piece)
-                _write_all(fd, piece)
+                if len(piece) >= HASH_BESIDE_MIN:
+                    self.hasher.update_writing(digest, piece, fd)
+                else:
+                    digest.update(piece)
+                    _write_all(fd, piece)
                 self.on_bytes(len(piece))
         finally:
             os.close(fd)
@@ -353,6 +403,7 @@ def safe_extract(fileobj, root: str, *, max_expanded: int | None,
         result.error = exc
     finally:
         extractor.tree.close()
+        extractor.hasher.close()
         if reader is not None:
             reader.close()
             result.expanded_bytes = reader.expanded_bytes
