@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -106,10 +107,15 @@ def names_reading(folder: Path, trainer: bool) -> list[str]:
                                                                trainer=trainer)]
 
 
-def test_the_reading_agrees_with_deepspeeds_own_resume(built_multigpu, tmp_path):
+def test_the_reading_agrees_with_deepspeeds_own_resume(built_multigpu, tmp_path, monkeypatch):
     """Every planted form, resumed by DeepSpeed 0.19.8 (engine.load_checkpoint) and by the Trainer's
     deepspeed_load_checkpoint on 2 gloo processes: the tool finds a requirement unmet exactly where they do not
-    resume (DeepSpeed alone resumes a tag that is not global_step<N>; the Trainer does not)."""
+    resume (DeepSpeed alone resumes a tag that is not global_step<N>; the Trainer does not). The launch leaves
+    nothing in the temporary folder (torchelastic's log folders went there)."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     clean = Path(built_multigpu["package"]) / ARTIFACTS["zero2-checkpoint"][1]
     plants = [no_latest, empty_latest, latest_names_a_missing_folder, no_model_states, tag_without_global_step,
               latest_with_a_newline, lambda folder: None]
@@ -122,6 +128,7 @@ def test_the_reading_agrees_with_deepspeeds_own_resume(built_multigpu, tmp_path)
     out = tmp_path / "resumed.json"
     two_ranks(["fixtures.deepspeed_resume", str(clean), str(out), *variants], tmp_path / "resume.log",
               Path(__file__).resolve().parents[1])
+    assert list(temporary.iterdir()) == []
     resumed = json.loads(out.read_text())
     for variant in variants:
         trainer = variant.startswith("trainer:")
