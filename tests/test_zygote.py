@@ -51,22 +51,36 @@ def with_hook(monkeypatch, tmp_path, code: str) -> None:
 
 # --- the zygote itself, with a probe for an entry ---------------------------------------------------------
 
-@pytest.fixture
-def zygote(monkeypatch, tmp_path):
+def _started_zygote(folder: Path):
+    """A zygote of its own under `folder`; closed after, its folder gone and its process ended."""
     import tempfile
 
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    temp = tmp_path / "tmp"
+    temp = folder / "tmp"
     temp.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(temp))
-    children = ChildProcesses(Environment.read())
-    started = Zygote(children, zygote_env(1, children.environment))
-    started.wait_ready()
+    with pytest.MonkeyPatch.context() as patch:  # while it starts: it takes its folder and environment then
+        patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        patch.setattr(tempfile, "tempdir", str(temp))
+        children = ChildProcesses(Environment.read())
+        started = Zygote(children, zygote_env(1, children.environment))
+        started.wait_ready()
     assert started.client is not None, started.why
     yield children, started
     started.close()
     assert list(temp.iterdir()) == [], "the zygote's folder was left behind"
     assert started.client.proc.returncode is not None, "the zygote still runs"
+
+
+@pytest.fixture(scope="module")
+def zygote(tmp_path_factory):
+    """One zygote for the tests that only fork probes from it: a child changes nothing in its zygote (the first
+    test below shows it), and each start imports torch and the modelling libraries again (5-8 s)."""
+    yield from _started_zygote(tmp_path_factory.mktemp("zygote"))
+
+
+@pytest.fixture
+def own_started_zygote(tmp_path):
+    """A zygote for a test that stops it."""
+    yield from _started_zygote(tmp_path)
 
 
 def probe(children: ChildProcesses, zygote: Zygote, work: Path, action: str, env: dict | None = None) -> dict:
@@ -96,14 +110,15 @@ def test_nothing_one_forked_child_changes_reaches_the_next(zygote, tmp_path):
     assert fresh["torch_rng"] == before["torch_rng"] and fresh["numpy_rng"] == before["numpy_rng"]
 
 
-def test_a_zygote_that_does_not_answer_a_fork_is_given_up_in_bounded_time(zygote, tmp_path, monkeypatch):
+def test_a_zygote_that_does_not_answer_a_fork_is_given_up_in_bounded_time(own_started_zygote, tmp_path,
+                                                                          monkeypatch):
     """Stopped (SIGSTOP here) or stuck, the zygote never answers: the fork gives it up after
     FORK_ANSWER_SECONDS instead of holding the run forever, and it is dead to every later fork (the run's
     children are spawned) and to the warm zygotes (never kept)."""
     from itera_verify.reload import zygote_client
     from itera_verify.reload.warm import alive
 
-    children, started = zygote
+    children, started = own_started_zygote
     monkeypatch.setattr(zygote_client, "FORK_ANSWER_SECONDS", 1.0)
     work = tmp_path / "unanswered"
     work.mkdir()
