@@ -243,18 +243,46 @@ def test_a_zygote_killed_mid_reload_takes_its_child_and_the_next_artifact_still_
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(") ")[1][:1]
 
 
+def light_package(root: Path) -> Path:
+    """A hand-made campaign whose two artifacts need only torch and safetensors: a spawned child imports those
+    alone (~1.5 s), where one of the example package's imports transformers, peft and the Trainer (~4 s)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from fixtures.extra_loaders import write_package
+
+    (root / "checkpoints").mkdir(parents=True)
+    (root / "artifacts").mkdir()
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "rng": {"torch": torch.get_rng_state()}, "step": 2, "data_state": {"seen": 8}},
+               root / "checkpoints/base.pt")
+    save_file({"weight": torch.randn(4, 4)}, root / "artifacts/weights.safetensors")
+    write_package(root, [("base-resume", "resume-checkpoint", "checkpoints/base.pt", {"loader": "torch-resume"}),
+                         ("weights", "safetensors", "artifacts/weights.safetensors", {"loader": "safetensors"})])
+    manifest = json.loads((root / "manifest.json").read_text())
+    for artifact in manifest["artifacts"]:  # each accepted run delivers one (IV509)
+        artifact["run"] = {"base-resume": "base", "weights": "small"}[artifact["id"]]
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return root
+
+
 @pytest.mark.slow
-def test_the_command_line_takes_isolation_spawn_and_fork(package_dir, hf_cache):
+def test_the_command_line_takes_isolation_spawn_and_fork(tmp_path):
+    """The option reaches the runner (test_fork_and_spawn_prove_the_same_of_every_artifact compares the two on
+    the example package)."""
     from tests.helpers import run_cli
 
+    package = light_package(tmp_path / "light")
     for isolation in ("spawn", "fork"):
-        result = run_cli(package_dir, "--no-seal", "--hf-cache", hf_cache, "--format", "json", "--isolation",
-                         isolation)
+        result = run_cli(package, "--no-seal", "--format", "json", "--isolation", isolation)
         assert result.returncode == 0, result.stderr[-2000:]
         reloads = json.loads(result.stdout)["reloads"]
-        assert len(reloads) == 4 and all(r["ok"] for r in reloads)
+        assert len(reloads) == 2 and all(r["ok"] for r in reloads)
         assert {r["facts"]["isolation"] for r in reloads} == {isolation}
-    result = run_cli(package_dir, "--no-seal", "--isolation", "clone")
+    result = run_cli(package, "--no-seal", "--isolation", "clone")
     assert result.returncode == 2 and "Traceback" not in result.stderr
 
 
