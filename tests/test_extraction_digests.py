@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from itera_verify.archive import ArchiveWriter
+from itera_verify.archive import extract as extract_module
 from itera_verify.archive.extract import HASH_BESIDE_MIN, safe_extract
 from tests.redteam4_forms import Member, write_archive
 
@@ -54,15 +55,37 @@ def write_framed(path: Path, files: dict[str, bytes]) -> int:
     return len(writer.frames)
 
 
-def test_many_frame_archive_members_are_hashed_and_written_whole(tmp_path):
+def test_many_frame_archive_members_are_hashed_and_written_whole(tmp_path, monkeypatch):
     files = contents()
     assert write_framed(tmp_path / "many.tar.zst", files) > 1
+    beside = []  # the pieces hashed on the helper thread: the large members' (at least 256 KiB each)
+    real = extract_module._HashBeside.update_writing
+    monkeypatch.setattr(extract_module._HashBeside, "update_writing",
+                        lambda self, digest, piece, fd: beside.append(len(piece)) or real(self, digest, piece, fd))
     assert_extracted(extract(tmp_path / "many.tar.zst", tmp_path / "x"), tmp_path / "x", files)
+    assert beside and min(beside) >= HASH_BESIDE_MIN and sum(beside) >= SIZES["large.bin"] + SIZES["tail.bin"]
 
 
 CHILD = """
-import json, resource, signal, sys
-from itera_verify.archive.extract import safe_extract
+import hashlib, json, resource, signal, sys, time, types
+from itera_verify.archive import extract
+from itera_verify.archive.extract import HASH_BESIDE_MIN, safe_extract
+
+
+class SlowDigest:  # a helper that hashes slower than the write: a digest read before its piece is in shows
+    def __init__(self, *data):
+        self.real = hashlib.sha256(*data)
+
+    def update(self, data):
+        if len(data) >= HASH_BESIDE_MIN:
+            time.sleep(0.05)
+        self.real.update(data)
+
+    def hexdigest(self):
+        return self.real.hexdigest()
+
+
+extract.hashlib = types.SimpleNamespace(sha256=SlowDigest)
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing us
 resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
 with open(sys.argv[1], "rb") as source:
@@ -73,7 +96,8 @@ print(json.dumps({"files": result.files, "refused": result.refused, "error": str
 
 def test_a_write_failing_mid_member_refuses_it_and_the_next_member_is_still_hashed_right(tmp_path):
     """Files of at most 1 MiB may be written (RLIMIT_FSIZE): large.bin fails on its first piece past it, after
-    pieces hashed beside their writes; tail.bin, after it, must get its own digest, not a stale one."""
+    pieces hashed beside their writes; tail.bin, after it, must get its own digest, not a stale one (the helper
+    hashes slower than the writes here, so a digest read before its last piece is in would differ)."""
     files = contents()
     write_framed(tmp_path / "many.tar.zst", files)
     (tmp_path / "x").mkdir()
@@ -90,3 +114,19 @@ def test_a_write_failing_mid_member_refuses_it_and_the_next_member_is_still_hash
     assert result["files"] == {name: hashlib.sha256(data).hexdigest()
                                for name, data in files.items() if name != "large.bin"}
     assert (tmp_path / "x" / "top" / "tail.bin").read_bytes() == files["tail.bin"]
+
+
+def test_where_no_thread_can_be_started_the_extracting_thread_hashes_alone(tmp_path, monkeypatch):
+    """A process at its thread limit ("can't start new thread"): the pieces are hashed where they are written,
+    one after the other, and the extraction is the same."""
+    import threading
+    import types
+
+    class NoThread(threading.Thread):
+        def start(self):
+            raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(extract_module, "threading", types.SimpleNamespace(Thread=NoThread))
+    files = contents()
+    write_framed(tmp_path / "many.tar.zst", files)
+    assert_extracted(extract(tmp_path / "many.tar.zst", tmp_path / "x"), tmp_path / "x", files)

@@ -182,12 +182,23 @@ class _HashBeside:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._done: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._alone = False  # no thread could be started: hash here, one after the other
 
     def update_writing(self, digest, piece: memoryview, fd: int) -> None:
         """digest.update(piece) on the helper, _write_all(fd, piece) here; both done when this returns."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="extract-digest", daemon=True)
-            self._thread.start()
+        if self._thread is None and not self._alone:
+            # "archive-": a fork refuses to run beside it (runtime/launcher.py TOOL_THREADS)
+            thread = threading.Thread(target=self._run, name="archive-extract-digest", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:  # "can't start new thread" (a process limit)
+                self._alone = True
+            else:
+                self._thread = thread
+        if self._alone:
+            digest.update(piece)
+            _write_all(fd, piece)
+            return
         self._jobs.put((digest, piece))
         try:
             _write_all(fd, piece)
@@ -402,10 +413,14 @@ def safe_extract(fileobj, root: str, *, max_expanded: int | None,
     except ArchiveError as exc:
         result.error = exc
     finally:
-        extractor.tree.close()
-        extractor.hasher.close()
-        if reader is not None:
-            reader.close()
-            result.expanded_bytes = reader.expanded_bytes
+        try:
+            extractor.tree.close()
+        finally:
+            try:
+                extractor.hasher.close()
+            finally:
+                if reader is not None:  # its threads end even when a close above raised
+                    reader.close()
+                    result.expanded_bytes = reader.expanded_bytes
     extractor.check_symlinks()
     return result
