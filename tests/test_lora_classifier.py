@@ -145,3 +145,20 @@ def test_num_labels_that_is_not_a_positive_integer_is_a_schema_finding(classifie
     done = run_cli(classifier_dir, "--no-reload", "--no-seal", "--format", "json")
     findings = json.loads(done.stdout)["findings"]
     assert [(f["code"], f["path"]) for f in findings] == [("IV105", "reload.json")], findings
+
+
+@pytest.mark.parametrize("added, stale", [(["pre_classifier"], False), (["dense"], True)])
+def test_task_heads_peft_adds_itself_are_not_a_stale_modules_to_save(built_classifier, tmp_path, added, stale):
+    """PEFT adds a classification task's heads to modules_to_save by itself: classifier and score, and since PEFT
+    0.22 pre_classifier (DistilBERT's head), so adapter_config.json lists more than the params declared. Those are
+    not a stale declaration (IV514); a module the params left out that PEFT never adds is."""
+    import shutil
+
+    from tests.helpers import static_findings
+
+    package = Path(shutil.copytree(built_classifier["package"], tmp_path / "package", symlinks=True))
+    edit_json(package, f"{ADAPTER}/adapter_config.json",
+              lambda config: config.update(modules_to_save=list(config["modules_to_save"] or []) + added))
+    findings = [f for f in static_findings(package, select=("IV514",)) if f.code == "IV514"]
+    assert [(f.path, f.pointer, "dense" in f.message) for f in findings] == \
+        ([("params/lora-r8.json", "/modules_to_save", True)] if stale else []), [f.message for f in findings]

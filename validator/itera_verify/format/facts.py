@@ -71,8 +71,10 @@ class Fact:
 
 
 # The heads PEFT itself adds to modules_to_save for a task (PeftModelForSequenceClassification and the like): the
-# reload builds the base with them, and IV514 leaves them out of the declared modules_to_save.
-PEFT_TASK_HEADS_BY_TASK = {"SEQ_CLS": ("classifier", "score"), "TOKEN_CLS": ("classifier", "score"),
+# reload builds the base with them, and IV514 leaves them out of the declared modules_to_save. PEFT 0.22 added
+# `pre_classifier` (DistilBERT's head) to the classification ones; earlier versions add classifier and score.
+PEFT_CLASSIFIER_HEADS = ("classifier", "score", "pre_classifier")
+PEFT_TASK_HEADS_BY_TASK = {"SEQ_CLS": PEFT_CLASSIFIER_HEADS, "TOKEN_CLS": PEFT_CLASSIFIER_HEADS,
                            "QUESTION_ANS": ("qa_outputs",)}
 PEFT_TASK_HEADS = tuple(dict.fromkeys(head for heads in PEFT_TASK_HEADS_BY_TASK.values() for head in heads))
 TRAINING_ARGS = "training_args.bin"  # a pickled TrainingArguments: read from its opcodes, never unpickled
@@ -128,7 +130,8 @@ PARAMS_FACTS: tuple[Fact, ...] = (
          NUMERIC, "IV514", tolerance=1e-9),
     Fact("LoRA target modules", PARAMS, ("target_modules", "lora_target_modules", "peft.*.target_modules"),
          (Record(ADAPTER_CONFIG, "target_modules"),), SAME_SET, "IV514", shapes_training=True),
-    # PEFT adds its task's head to modules_to_save by itself (SEQ_CLS: classifier and score), sometimes twice.
+    # PEFT adds its task's head to modules_to_save by itself (SEQ_CLS: classifier, score and, since PEFT 0.22,
+    # pre_classifier), sometimes twice.
     Fact("modules saved whole", PARAMS, ("modules_to_save", "peft.*.modules_to_save"),
          (Record(ADAPTER_CONFIG, "modules_to_save"),), SAME_SET, "IV514", ignored=PEFT_TASK_HEADS),
     # Not the recorder's `model_name_or_path`: that is the string the model was loaded with (a hub alias, an
