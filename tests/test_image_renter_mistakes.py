@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fixtures.extra_loaders import reload_package, write_package, write_diffusers_pipeline
+from fixtures.extra_loaders import reload_package, resume_state, write_package, write_diffusers_pipeline
 from tests.handmade import write_tiny_package
 from tests.helpers import run_cli, static_findings
 
@@ -110,14 +110,6 @@ def ema_package(root: Path, state: dict) -> Path:
     params = json.loads((root / "params/base.json").read_text())
     (root / "params/base.json").write_text(json.dumps({**params, "use_ema": True}))
     return root
-
-
-def resume_state(**extra) -> dict:
-    model = torch.nn.Linear(4, 2)
-    optimizer = torch.optim.AdamW(model.parameters())
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "rng": {"torch": torch.get_rng_state()}, "step": 2, "data_state": {"seen": 8}, **extra}
 
 
 def test_an_ema_run_whose_checkpoint_lacks_the_ema_state_is_IV507(tmp_path):

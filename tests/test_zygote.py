@@ -249,16 +249,11 @@ def light_package(root: Path) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    from fixtures.extra_loaders import write_package
+    from fixtures.extra_loaders import resume_state, write_package
 
     (root / "checkpoints").mkdir(parents=True)
     (root / "artifacts").mkdir()
-    model = torch.nn.Linear(4, 2)
-    optimizer = torch.optim.AdamW(model.parameters())
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "rng": {"torch": torch.get_rng_state()}, "step": 2, "data_state": {"seen": 8}},
-               root / "checkpoints/base.pt")
+    torch.save(resume_state(), root / "checkpoints/base.pt")
     save_file({"weight": torch.randn(4, 4)}, root / "artifacts/weights.safetensors")
     write_package(root, [("base-resume", "resume-checkpoint", "checkpoints/base.pt", {"loader": "torch-resume"}),
                          ("weights", "safetensors", "artifacts/weights.safetensors", {"loader": "safetensors"})])
