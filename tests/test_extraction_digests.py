@@ -59,8 +59,8 @@ def test_many_frame_archive_members_are_hashed_and_written_whole(tmp_path, monke
     files = contents()
     assert write_framed(tmp_path / "many.tar.zst", files) > 1
     beside = []  # the pieces hashed on the helper thread: the large members' (at least 256 KiB each)
-    real = extract_module._HashBeside.update_writing
-    monkeypatch.setattr(extract_module._HashBeside, "update_writing",
+    real = extract_module._HashBeside._beside
+    monkeypatch.setattr(extract_module._HashBeside, "_beside",
                         lambda self, digest, piece, fd: beside.append(len(piece)) or real(self, digest, piece, fd))
     assert_extracted(extract(tmp_path / "many.tar.zst", tmp_path / "x"), tmp_path / "x", files)
     assert beside and min(beside) >= HASH_BESIDE_MIN and sum(beside) >= SIZES["large.bin"] + SIZES["tail.bin"]

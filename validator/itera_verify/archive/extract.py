@@ -182,23 +182,31 @@ class _HashBeside:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._done: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        self._alone = False  # no thread could be started: hash here, one after the other
+        self._alone = False  # no thread could be started
 
     def update_writing(self, digest, piece: memoryview, fd: int) -> None:
-        """digest.update(piece) on the helper, _write_all(fd, piece) here; both done when this returns."""
+        """digest.update(piece) and _write_all(fd, piece), side by side for a piece of HASH_BESIDE_MIN bytes or
+        more; both done when this returns."""
+        if len(piece) >= HASH_BESIDE_MIN and self._started():
+            self._beside(digest, piece, fd)
+        else:
+            digest.update(piece)
+            _write_all(fd, piece)
+
+    def _started(self) -> bool:
+        """Whether the helper runs (started at its first piece); False where no thread can be started."""
         if self._thread is None and not self._alone:
             # "archive-": a fork refuses to run beside it (runtime/launcher.py TOOL_THREADS)
             thread = threading.Thread(target=self._run, name="archive-extract-digest", daemon=True)
             try:
                 thread.start()
-            except RuntimeError:  # "can't start new thread" (a process limit)
+            except RuntimeError:  # "can't start new thread" (a process limit): hash here, one after the other
                 self._alone = True
             else:
                 self._thread = thread
-        if self._alone:
-            digest.update(piece)
-            _write_all(fd, piece)
-            return
+        return self._thread is not None
+
+    def _beside(self, digest, piece: memoryview, fd: int) -> None:
         self._jobs.put((digest, piece))
         try:
             _write_all(fd, piece)
@@ -301,11 +309,7 @@ class _Extractor:
         digest = hashlib.sha256()
         try:
             for piece in reader.data(member):
-                if len(piece) >= HASH_BESIDE_MIN:
-                    self.hasher.update_writing(digest, piece, fd)
-                else:
-                    digest.update(piece)
-                    _write_all(fd, piece)
+                self.hasher.update_writing(digest, piece, fd)
                 self.on_bytes(len(piece))
         finally:
             os.close(fd)
