@@ -79,7 +79,7 @@ ctx = RunContext(discover(sys.argv[1]), settle(Config(), hf_cache=sys.argv[2]))
 wanted = package_preloads(ctx)
 children = Launcher(Environment.read())
 begun = time.monotonic()
-zygote = Zygote(children, zygote_env(0, children.environment), preloads=wanted)
+zygote = Zygote(children, zygote_env(children.environment), preloads=wanted)
 zygote.wait_ready()
 ready = time.monotonic()
 assert zygote.client is not None, zygote.why

@@ -43,7 +43,7 @@ NEEDED = {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "LD_LIBRARY_PATH": "/usr/local
 def test_a_reload_child_the_zygote_and_the_resume_proof_get_what_the_libraries_need_and_no_secret():
     environment = Environment.read({**SECRETS, **NEEDED, "HF_HOME": "/srv/hf", "TMPDIR": "/srv/tmp"})
     child = child_env({"hf_cache": "/cache", "threads": 2}, "/work", environment)
-    zygote = zygote_env(2, environment)
+    zygote = zygote_env(environment)
     proof = proof_env("cpu", environment)
     for handed in (child, zygote, proof):
         assert not set(SECRETS) & set(handed), sorted(set(SECRETS) & set(handed))
@@ -54,6 +54,9 @@ def test_a_reload_child_the_zygote_and_the_resume_proof_get_what_the_libraries_n
     # The reload child's own: offline, its caches and temporary files in its scratch folder, the given hub cache.
     assert child["HF_HUB_OFFLINE"] == "1" and child["TMPDIR"] == "/work" and child["HF_HUB_CACHE"] == "/cache"
     assert child["HF_HOME"].startswith("/work/") and child["OMP_NUM_THREADS"] == "2"
+    # The zygote keeps the user's thread count, read at import, not a run's: a forked child sets its job's own.
+    assert zygote["OMP_NUM_THREADS"] == "4"
+    assert "OMP_NUM_THREADS" not in zygote_env(Environment.read({k: v for k, v in NEEDED.items() if k != "OMP_NUM_THREADS"}))
     assert child["CUDA_VISIBLE_DEVICES"] == "1"
     # The proof runs the tool itself: it reads the settings (hub cache, temporary folder), on the CPU.
     assert proof["HF_HOME"] == "/srv/hf" and proof["TMPDIR"] == "/srv/tmp" and proof["CUDA_VISIBLE_DEVICES"] == ""
@@ -67,7 +70,7 @@ def test_a_child_the_zygote_forks_holds_none_of_the_reviewers_secrets(monkeypatc
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     children = ChildProcesses(Environment.read({**os.environ, **SECRETS}))
-    started = Zygote(children, zygote_env(1, children.environment), light=True)
+    started = Zygote(children, zygote_env(children.environment), light=True)
     try:
         started.wait_ready()
         assert started.client is not None, started.why

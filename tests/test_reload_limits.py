@@ -169,7 +169,7 @@ def zygote(monkeypatch, tmp_path):
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     children = ChildProcesses(Environment.read())
-    started = Zygote(children, zygote_env(1, children.environment), light=True)
+    started = Zygote(children, zygote_env(children.environment), light=True)
     started.wait_ready()
     assert started.client is not None, started.why
     yield children, started

@@ -34,8 +34,8 @@ def servers(folder: Path) -> list[int]:
     return found
 
 
-def verify(package_dir, hf_cache, folder, **env) -> dict:
-    result = run_cli(package_dir, "--no-seal", "--hf-cache", hf_cache, "--format", "json",
+def verify(package_dir, hf_cache, folder, *args, **env) -> dict:
+    result = run_cli(package_dir, "--no-seal", "--hf-cache", hf_cache, "--format", "json", *args,
                      env={RELOAD_ZYGOTES: str(folder), **env})
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout)
@@ -58,9 +58,10 @@ def test_a_second_command_forks_its_reloads_from_the_first_ones_server(package_d
     first = verify(package_dir, hf_cache, folder)
     [server] = servers(folder)
     # The second names the tool's folder on its PYTHONPATH already, as a command another run starts does: its
-    # zygote's path is the first one's (runtime/environment.tool_first), and so is its server.
+    # zygote's path is the first one's (runtime/environment.tool_first), and so is its server. It reloads two at a
+    # time, one thread each: each forked child sets its job's threads (child.py), so that is the same server too.
     pythonpath = os.pathsep.join(filter(None, [TOOL_FOLDER, os.environ.get("PYTHONPATH")]))
-    second = verify(package_dir, hf_cache, folder, PYTHONPATH=pythonpath)
+    second = verify(package_dir, hf_cache, folder, "--jobs", "2", PYTHONPATH=pythonpath)
     assert servers(folder) == [server]  # the same server, still waiting for the next run
     assert len(list(folder.glob("*.sock"))) == 1
     for report in (first, second):

@@ -61,7 +61,7 @@ def _started_zygote(folder: Path):
         patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
         patch.setattr(tempfile, "tempdir", str(temp))
         children = ChildProcesses(Environment.read())
-        started = Zygote(children, zygote_env(1, children.environment))
+        started = Zygote(children, zygote_env(children.environment))
         started.wait_ready()
     assert started.client is not None, started.why
     yield children, started
@@ -142,7 +142,7 @@ def test_each_forked_child_reads_the_hub_cache_its_job_names_not_the_zygotes(zyg
     huggingface_hub read its own empty one at import, and each child follows the one its job names, as a
     spawned child would."""
     children, started = zygote
-    assert "HF_HUB_CACHE" not in zygote_env(1, children.environment)
+    assert "HF_HUB_CACHE" not in zygote_env(children.environment)
     at_import = probe(children, started, tmp_path / "plain", "look")["at_start"]["hub_cache"]
     assert at_import.startswith(str(started.work)), at_import
     seen = [probe(children, started, tmp_path / name, "look", {"HF_HUB_CACHE": str(tmp_path / f"hub-{name}")})
@@ -328,7 +328,7 @@ def test_a_light_zygote_preloads_no_modelling_library_and_a_full_one_does(monkey
     seen = {}
     for light in (True, False):
         children = ChildProcesses(Environment.read())
-        started = Zygote(children, zygote_env(1, children.environment), light=light)
+        started = Zygote(children, zygote_env(children.environment), light=light)
         started.wait_ready()
         assert started.client is not None, started.why
         try:

@@ -41,7 +41,7 @@ def test_the_example_package_zygote_imports_transformers_and_peft_and_keeps_thei
     assert sorted(wanted.without) == KEPT_OUT and "diffusers" not in wanted.imports
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     children = Launcher(Environment.read())
-    started = Zygote(children, zygote_env(1, children.environment), preloads=wanted)
+    started = Zygote(children, zygote_env(children.environment), preloads=wanted)
     started.wait_ready()
     assert started.client is not None, started.why
     try:

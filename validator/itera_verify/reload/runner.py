@@ -117,13 +117,15 @@ def light(loaders) -> bool:
     return loader_table.light(loaders)
 
 
-def zygote_env(threads: int, environment: Environment) -> dict:
+def zygote_env(environment: Environment) -> dict:
     """The zygote's environment: what every child shares (the libraries read it at import), plus fork safety.
     numpy's BLAS starts a worker thread at import, and a process with threads must not fork; numpy only reads
     RNG states here. The NVML check keeps torch.cuda.is_available() from initialising CUDA before a fork. No
     hub cache: its imports read none, and each forked child follows its own job's (zygote.py), so one zygote
-    serves runs over different hub caches (warm.py)."""
-    env = child_env({"threads": threads}, "", environment)  # TMPDIR: the zygote's own
+    serves runs over different hub caches (warm.py). No thread count of the run's either: a forked child sets
+    its job's own (child.py), so runs with different --jobs share one zygote (reload/shared.py); the user's
+    OMP_NUM_THREADS, read at import, stays in."""
+    env = child_env({}, "", environment)  # TMPDIR: the zygote's own
     env.update(OPENBLAS_NUM_THREADS="1", PYTORCH_NVML_BASED_CUDA_CHECK="1")
     return env
 
@@ -300,9 +302,8 @@ def prestart(ctx: RunContext, *, device: str, jobs: int, isolation: str = "auto"
     """Start the run's zygote now; run_reloads(prestarted=...) uses it, close() ends it if it never is."""
     if not can_fork(isolation) or not ctx.documents.artifacts():
         return None
-    _, threads = _parallel(device, jobs, visible_gpus() if device == "cuda" else [])
     children = Launcher(ctx.environment)
-    zygote = obtain(zygote_env(threads, children.environment), package_preloads(ctx), children)
+    zygote = obtain(zygote_env(children.environment), package_preloads(ctx), children)
     return Prestarted(children, zygote, isolation)
 
 
@@ -375,7 +376,7 @@ def run_reloads(ctx: RunContext, *, device: str, timeout: float, jobs: int, prog
                 # the zygote's imports: 8-12 s where nothing else is said (none for a warm one, ready already)
                 progress.waiting("reload", f"importing {IMPORTS_LIGHT if wanted.light else IMPORTS} once, for the "
                                            "reload processes")
-            zygote = start_zygote(isolation, children, zygote_env(first.get("threads") or 0, children.environment),
+            zygote = start_zygote(isolation, children, zygote_env(children.environment),
                                   bool(pending), started=started, preloads=wanted)
             progress.waiting("reload", None)
             if zygote is None and prefetch and parallel == 1 and len(gpus) <= 1:
