@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-from itera_verify.reload.shared import token_of
+from itera_verify.reload.shared import facts, serves, token_of
 from itera_verify.runtime.environment import RELOAD_ZYGOTES, RESULTS_KEY, TOOL_FOLDER, Environment, tool_first
 
 from tests.helpers import run_cli
+from tests.test_zygote import light_package
 
 pytestmark = pytest.mark.own_zygote  # each test starts its own folder's servers, not the session's
 
@@ -54,7 +55,7 @@ def folder(tmp_path):
     shutil.rmtree(made, ignore_errors=True)
 
 
-def test_a_second_command_forks_its_reloads_from_the_first_ones_server(package_dir, hf_cache, folder):
+def test_a_second_command_forks_its_reloads_from_the_first_ones_server(package_dir, hf_cache, folder, tmp_path):
     first = verify(package_dir, hf_cache, folder)
     [server] = servers(folder)
     # The second names the tool's folder on its PYTHONPATH already, as a command another run starts does: its
@@ -67,10 +68,28 @@ def test_a_second_command_forks_its_reloads_from_the_first_ones_server(package_d
     for report in (first, second):
         assert report["verdict"] == "pass", report["findings"]
         assert [r["ok"] for r in report["reloads"]] == [True] * 4
-    # Each child names the import it was forked after: the server's one import, paid once for both commands.
-    imports = {r["facts"].get("zygote_import_seconds") for report in (first, second) for r in report["reloads"]}
+    # A package of safetensors and a torch-resume file needs torch alone: the server that also imports
+    # transformers and peft serves it (reload/shared.serves) instead of a light one of its own.
+    light = run_cli(light_package(tmp_path / "light"), "--no-seal", "--format", "json",
+                    env={RELOAD_ZYGOTES: str(folder), "PYTHONPATH": pythonpath})
+    assert light.returncode == 0, light.stderr[-3000:]
+    third = json.loads(light.stdout)
+    assert servers(folder) == [server] and [r["ok"] for r in third["reloads"]] == [True, True]
+    # Each child names the import it was forked after: the server's one import, paid once for all three commands.
+    imports = {r["facts"].get("zygote_import_seconds") for report in (first, second, third) for r in report["reloads"]}
     assert len(imports) == 1 and None not in imports, imports
     assert first["configuration"]["environment"][RELOAD_ZYGOTES] == str(folder)
+
+
+def test_a_server_serves_a_run_of_the_same_facts_whose_imports_it_covers():
+    from itera_verify.reload.preloads import Preloads
+
+    light, full = Preloads(("numpy", "torch"), ("scipy",)), Preloads(("numpy", "torch", "transformers"), ("scipy",))
+    env = {"HOME": "/root"}
+    assert serves(facts(env, full), facts(env, light)) and serves(facts(env, light), facts(env, light))
+    assert not serves(facts(env, light), facts(env, full))  # fewer imports
+    assert not serves(facts({"HOME": "/srv"}, full), facts(env, light))  # another environment
+    assert not serves(facts(env, Preloads(full.imports, ())), facts(env, light))  # scipy not kept out
 
 
 @pytest.mark.slow  # three runs, three servers' imports

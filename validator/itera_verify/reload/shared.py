@@ -7,9 +7,10 @@ folder set, once per (environment, libraries) for as long as the folder exists.
 
 How: the server is the zygote itself (zygote.py) listening on `FOLDER/KEY.sock`, KEY the digest of what a zygote
 must share with a run to serve it (`key`). For each connection it forks a *session*: a copy of itself, already
-imported, that serves that one run exactly as a run's own zygote does and ends with the run's connection. The
-first run that finds no server for its key starts one, detached (it outlives that run), under a lock so that two
-runs start one server. A server ends when its folder is removed, when its socket is replaced, or after
+imported, that serves that one run exactly as a run's own zygote does and ends with the run's connection. A run
+that finds no server of its key takes one that imports more in the same environment, if one is there (`serves`:
+its facts are in `KEY.json`); else it starts one of its own key, detached (it outlives that run), under a lock so
+that two runs start one server. A server ends when its folder is removed, when its socket is replaced, or after
 IDLE_SECONDS with no session.
 
 Trust: the folder must be the user's own and closed to others (the command refuses it otherwise); the server
@@ -58,17 +59,38 @@ def check_folder(folder: str) -> Path:
     return path
 
 
-def key(env: dict, preloads: Preloads) -> str:
-    """What a server must share with a run to serve it: this interpreter and this copy of the tool, the zygote's
+def facts(env: dict, preloads: Preloads) -> dict:
+    """What a server shares with the runs it serves: this interpreter and this copy of the tool, the zygote's
     environment (its libraries read it at import), what it imports and keeps out, in order, and the priority its
     children inherit (a server a niced run started, the resume proof's, must not serve a run at full priority).
     Not the architectures whose modelling modules it imported besides: a child imports one it lacks itself."""
     from ..version import __version__
 
-    facts = {"python": sys.executable, "tool": TOOL_FOLDER, "version": __version__,
-             "env": sorted(env.items()), "imports": list(preloads.imports), "without": list(preloads.without),
-             "nice": os.getpriority(os.PRIO_PROCESS, 0)}
-    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
+    return {"python": sys.executable, "tool": TOOL_FOLDER, "version": __version__,
+            "env": [list(item) for item in sorted(env.items())], "imports": list(preloads.imports),
+            "without": list(preloads.without), "nice": os.getpriority(os.PRIO_PROCESS, 0)}
+
+
+def key(env: dict, preloads: Preloads) -> str:
+    """The name of the server started for a run: the digest of its facts."""
+    return _name(facts(env, preloads))
+
+
+def _name(server: dict) -> str:
+    return hashlib.sha256(json.dumps(server, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def serves(server: dict, run: dict) -> bool:
+    """A server of these facts serves this run: every fact the same but the imports, and the server's cover the
+    run's (as a warm zygote's do, warm.covers). A run of safetensors alone is served by the server a run of the
+    example package started; the libraries kept out stay the same."""
+    return {k: v for k, v in server.items() if k != "imports"} == {k: v for k, v in run.items() if k != "imports"} \
+        and set(run["imports"]) <= set(server.get("imports") or ())
+
+
+def facts_of(sock_path: Path) -> Path:
+    """The facts a server's starter writes beside its socket, `KEY.json`, for runs of another key to read."""
+    return sock_path.with_suffix(".json")
 
 
 def token_of(sock_path: Path) -> Path:
@@ -91,9 +113,12 @@ def connect(folder: str, env: dict, preloads: Preloads, flags: list[str], room: 
     """A connection to the server of this key in `folder`, started first where there is none, the token sent;
     None where none could be reached (the run then starts its own zygote)."""
     base = check_folder(folder)
-    name = key(env, preloads)
+    wanted = facts(env, preloads)
+    name = _name(wanted)
     sock_path = base / f"{name}.sock"
-    sock = _dial(sock_path)
+    sock, sock_path = _dial(sock_path), sock_path
+    if sock is None:
+        sock, sock_path = _covering(base, wanted, sock_path)
     if sock is None:
         with open(base / f"{name}.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one starter per key; the others find its server
@@ -102,6 +127,7 @@ def connect(folder: str, env: dict, preloads: Preloads, flags: list[str], room: 
                 with contextlib.suppress(FileNotFoundError):
                     sock_path.unlink()  # a server that is gone
                 if _start(sock_path, base / name, env, flags, room):
+                    _write_facts(facts_of(sock_path), wanted)
                     sock = _dial(sock_path)
     if sock is None:
         return None
@@ -112,6 +138,28 @@ def connect(folder: str, env: dict, preloads: Preloads, flags: list[str], room: 
         sock.close()
         return None
     return sock
+
+
+def _covering(base: Path, wanted: dict, own: Path) -> tuple[socket.socket | None, Path]:
+    """A live server of another key that serves this run (`serves`), and its socket's path; else (None, own)."""
+    for written in sorted(base.glob("*.json")):
+        try:
+            server = json.loads(written.read_text())
+        except (OSError, ValueError):
+            continue  # being written, or not a server's
+        if isinstance(server, dict) and serves(server, wanted):
+            sock_path = written.with_suffix(".sock")
+            sock = _dial(sock_path)
+            if sock is not None:
+                return sock, sock_path
+    return None, own
+
+
+def _write_facts(path: Path, server: dict) -> None:
+    """Whole or not at all: a reader never sees half of it."""
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(server, sort_keys=True))
+    os.replace(partial, path)
 
 
 def _start(sock_path: Path, work: Path, env: dict, flags: list[str], room: int) -> bool:
