@@ -1,13 +1,15 @@
-"""Shared test harness: the real example package is built once per test session (shared by xdist workers
-under a file lock); each test gets its own copy and plants one defect."""
+"""Shared test harness: the real example package is built once per checkout (shared by xdist workers under a file
+lock, kept for later sessions: FIXTURES); each test gets its own copy and plants one defect."""
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import json
 import os
 import shutil
 import socket
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -97,17 +99,68 @@ def _sources_digest() -> str:
 SOURCES_DIGEST = _sources_digest()
 
 
+@functools.cache
+def _libraries_digest() -> str:
+    """The interpreter and every installed distribution's version: a fixture saved by another transformers or peft
+    (a format that changed) is rebuilt."""
+    from importlib import metadata
+
+    installed = sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions())
+    return hashlib.sha256("\n".join([sys.version, *installed]).encode()).hexdigest()[:16]
+
+
+def _fixtures_folder() -> Path:
+    """Where built_once keeps the shared fixtures from one session to the next: one folder per user and checkout
+    in the temporary folder (a test reads the example's hub cache as a path under it, IV201), made private; one
+    that is not (a link, another user's, open to others) is refused rather than trusted."""
+    folder = Path(os.environ.get("ITERA_TEST_FIXTURES") or Path(tempfile.gettempdir()) /
+                  f"itera-test-fixtures-{os.getuid()}-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:8]}")
+    folder.mkdir(mode=0o700, exist_ok=True)
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise RuntimeError(f"{folder}: not a private folder of this user's; remove it, or set ITERA_TEST_FIXTURES")
+    return folder
+
+
+# The shared fixtures of built_once, kept from one session to the next: built once per clean clone, so
+# `make test-fast` after `make test` builds none of them again.
+FIXTURES = _fixtures_folder()
+
+
+def _tree_digest(folder: Path) -> str:
+    """Every file's path and bytes and every link's target under `folder` (its info.json aside): a shared fixture
+    that a test changed by mistake is rebuilt, never handed to the next session."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder).as_posix()
+        if rel == "info.json":
+            continue
+        if path.is_symlink():
+            digest.update(b"L" + rel.encode() + b"\0" + os.readlink(path).encode() + b"\0")
+        elif path.is_file():
+            digest.update(b"F" + rel.encode() + b"\0")
+            with open(path, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+        else:
+            digest.update(b"D" + rel.encode() + b"\0")
+    return digest.hexdigest()
+
+
 def built_once(tmp_path_factory, name: str, build, version: str | None = None) -> tuple[Path, dict]:
-    """(the shared folder, the info `build(folder)` returned): built once for all xdist workers of a session,
-    under a file lock, in a folder of its own beside the session's; rebuilt when `version` changed."""
-    shared = tmp_path_factory.getbasetemp().parent / name
-    shared.mkdir(exist_ok=True)
-    version = f"{version or ''}@{SOURCES_DIGEST}"
+    """(the shared folder, the info `build(folder)` returned): built once for all xdist workers and all later
+    sessions of this checkout, under a file lock, in FIXTURES; rebuilt, from an empty folder, when `version`, the
+    builders' sources or the installed libraries changed, or when its files are not those it was built with."""
+    shared = FIXTURES / name
+    version = f"{version or ''}@{SOURCES_DIGEST}@{_libraries_digest()}@{ROOT}"
     with FileLock(str(shared) + ".lock"):
         info_file = shared / "info.json"
-        if not info_file.exists() or json.loads(info_file.read_text()).get("built_by") != version:
+        info = json.loads(info_file.read_text()) if info_file.exists() else {}
+        if info.get("built_by") != version or info.get("tree") != _tree_digest(shared):
+            shutil.rmtree(shared, ignore_errors=True)
+            shared.mkdir()
             info = build(shared)
-            info_file.write_text(json.dumps({**info, "built_by": version}, default=str))
+            info_file.write_text(json.dumps({**info, "built_by": version, "tree": _tree_digest(shared)}, default=str))
     return shared, json.loads(info_file.read_text())
 
 
