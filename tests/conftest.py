@@ -150,9 +150,11 @@ def _tree_digest(folder: Path) -> str:
 def built_once(tmp_path_factory, name: str, build, version: str | None = None) -> tuple[Path, dict]:
     """(the shared folder, the info `build(folder)` returned): built once for all xdist workers and all later
     sessions of this checkout, under a file lock, in FIXTURES; rebuilt, from an empty folder, when `version`, the
-    builders' sources or the installed libraries changed, or when its files are not those it was built with."""
+    builders' sources (fixtures/ and the file that defines `build`, a test module's own builder included) or the
+    installed libraries changed, or when its files are not those it was built with."""
     shared = FIXTURES / name
-    version = f"{version or ''}@{SOURCES_DIGEST}@{_libraries_digest()}@{ROOT}"
+    builder = hashlib.sha256(Path(build.__code__.co_filename).read_bytes()).hexdigest()[:16]
+    version = f"{version or ''}@{SOURCES_DIGEST}@{builder}@{_libraries_digest()}@{ROOT}"
     with FileLock(str(shared) + ".lock"):
         info_file = shared / "info.json"
         info = json.loads(info_file.read_text()) if info_file.exists() else {}

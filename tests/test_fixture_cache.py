@@ -3,6 +3,7 @@ second session takes them as they are, and one whose files a test changed by mis
 never handed on."""
 from __future__ import annotations
 
+import importlib.util
 import json
 
 from tests import conftest
@@ -29,3 +30,21 @@ def test_a_kept_fixture_is_taken_again_and_a_changed_one_is_built_again(tmp_path
     assert len(builds) == 3 and not (shared / "package" / "stray").exists()
     conftest.built_once(tmp_path_factory, "toy", build, version="2")  # its builder changed
     assert len(builds) == 4
+
+
+def test_a_fixture_whose_builder_changed_is_built_again(tmp_path, monkeypatch, tmp_path_factory):
+    """A builder in a test module of its own (test_gguf_header_caps._large_forms) is outside fixtures/: the file
+    that defines it is part of the fixture's version."""
+    monkeypatch.setattr(conftest, "FIXTURES", tmp_path / "kept")
+    conftest.FIXTURES.mkdir()
+    source = tmp_path / "toy_builder.py"
+    source.write_text("calls = []\n\n\ndef build(folder):\n    calls.append(folder)\n    return {}\n")
+    spec = importlib.util.spec_from_file_location("toy_builder", source)
+    builder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(builder)
+    conftest.built_once(tmp_path_factory, "toy", builder.build)
+    conftest.built_once(tmp_path_factory, "toy", builder.build)
+    assert len(builder.calls) == 1
+    source.write_text(source.read_text() + "# the builder changed\n")
+    conftest.built_once(tmp_path_factory, "toy", builder.build)
+    assert len(builder.calls) == 2
