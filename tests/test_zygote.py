@@ -299,7 +299,7 @@ def test_a_zygote_started_before_the_checks_is_the_one_the_reloads_fork_from(pac
 
     monkeypatch.setattr(zygote_client.Zygote, "__init__", counted)
     package = context(package_dir, hf_cache=Path(hf_cache))
-    early = prestart(package, device="cpu", jobs=1)
+    early = prestart(package)
     assert early is not None and len(started) == 1
     results = run_reloads(package, device="cpu", timeout=300, jobs=1, progress=NULL_PROGRESS, prestarted=early)
     assert len(started) == 1 and {r.facts["isolation"] for r in results} == {"fork"}
@@ -312,7 +312,7 @@ def test_a_zygote_started_before_the_checks_is_the_one_the_reloads_fork_from(pac
 def test_a_zygote_never_used_is_killed_at_once_while_it_still_imports(package_dir):
     from itera_verify.reload import prestart
 
-    early = prestart(context(package_dir), device="cpu", jobs=1)
+    early = prestart(context(package_dir))
     proc = early.zygote._starting.proc
     closed = time.monotonic()
     early.close()  # Ctrl-C during the static checks
@@ -345,14 +345,14 @@ def test_a_package_of_safetensors_and_torch_resume_files_alone_gets_a_light_zygo
     from itera_verify.reload.runner import light
 
     assert light(["torch-resume", "safetensors"]) and not light(["torch-resume", "peft"]) and not light([None])
-    full = prestart(context(package_dir), device="cpu", jobs=1)
+    full = prestart(context(package_dir))
     assert full is not None and not full.zygote.light  # the example package: transformers, peft, a Trainer
     full.close()
     manifest = json.loads((package_dir / "manifest.json").read_text())
     manifest["artifacts"] = [a for a in manifest["artifacts"] if a["id"] == "lora-r16-resume"]
     (package_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     package = context(package_dir, hf_cache=Path(hf_cache))
-    early = prestart(package, device="cpu", jobs=1)
+    early = prestart(package)
     assert early is not None and early.zygote.light
     results = run_reloads(package, device="cpu", timeout=300, jobs=1, progress=NULL_PROGRESS, prestarted=early)
     assert [(r.artifact, r.ok, r.facts["isolation"]) for r in results] == [("lora-r16-resume", True, "fork")]

@@ -135,7 +135,7 @@ def verify(path: str | os.PathLike, options: RunOptions | None = None, *, progre
             if options.reload:  # the reload zygote imports its libraries while the static checks run
                 from ..reload import prestart
 
-                prestarted = prestart(ctx, device=resolved_device, jobs=options.jobs, isolation=options.isolation)
+                prestarted = prestart(ctx, isolation=options.isolation)
             if push is not None:
                 # The store's client (boto3's import, the credentials, the endpoint) while the checks' child runs
                 # on the other core, before the seal's threads: PushError (exit 2) now, not after the checks, and

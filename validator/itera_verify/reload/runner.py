@@ -298,8 +298,9 @@ def _parallel(device: str, jobs: int, gpus: list[int]) -> tuple[int, int]:
     return parallel, max(1, (os.cpu_count() or 1) // parallel) if parallel > 1 else 0
 
 
-def prestart(ctx: RunContext, *, device: str, jobs: int, isolation: str = "auto") -> Prestarted | None:
-    """Start the run's zygote now; run_reloads(prestarted=...) uses it, close() ends it if it never is."""
+def prestart(ctx: RunContext, *, isolation: str = "auto") -> Prestarted | None:
+    """Start the run's zygote now; run_reloads(prestarted=...) uses it, close() ends it if it never is. The device
+    and --jobs do not change it: each child sets its own threads."""
     if not can_fork(isolation) or not ctx.documents.artifacts():
         return None
     children = Launcher(ctx.environment)

@@ -116,7 +116,7 @@ def connect(folder: str, env: dict, preloads: Preloads, flags: list[str], room: 
     wanted = facts(env, preloads)
     name = _name(wanted)
     sock_path = base / f"{name}.sock"
-    sock, sock_path = _dial(sock_path), sock_path
+    sock = _dial(sock_path)
     if sock is None:
         sock, sock_path = _covering(base, wanted, sock_path)
     if sock is None:
