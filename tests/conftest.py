@@ -171,9 +171,8 @@ def private_copy(package: str, tmp_path: Path, name: str) -> Path:
     return Path(shutil.copytree(package, tmp_path / name, symlinks=True))
 
 
-def _fresh(shared: Path) -> tuple[Path, Path]:
-    for stale in ("package", "hf-cache"):
-        shutil.rmtree(shared / stale, ignore_errors=True)
+def _package_and_cache(shared: Path) -> tuple[Path, Path]:
+    """Where a builder writes its package and its hub cache (built_once hands it an empty folder)."""
     return shared / "package", shared / "hf-cache"
 
 
@@ -183,7 +182,7 @@ def built(tmp_path_factory) -> dict:
     def build(shared: Path) -> dict:
         from fixtures.build import build_hub_cache, build_package
 
-        package, cache = _fresh(shared)
+        package, cache = _package_and_cache(shared)
         build_hub_cache(cache)
         return build_package(package, cache)
 
@@ -209,7 +208,7 @@ def built_classifier(tmp_path_factory) -> dict:
     def build(shared: Path) -> dict:
         from fixtures.classifier_package import build_classifier_package
 
-        return build_classifier_package(*_fresh(shared))
+        return build_classifier_package(*_package_and_cache(shared))
 
     shared, info = built_once(tmp_path_factory, "itera-classifier-fixture", build)
     return dict(info, package=str(shared / "package"), hf_cache=str(shared / "hf-cache"))
