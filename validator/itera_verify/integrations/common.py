@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import importlib.util
 import math
 import os
 import warnings
@@ -13,6 +14,27 @@ from ..record.facts_check import base_vocab_size
 from ..record.files import prepare_target
 from ..record.hub import COMMIT, loaded_commit, resolve_commit
 from ..record.run import Run
+
+
+def keep_the_world_group_destroyable(*, deepspeed: bool = False) -> None:
+    """Import, while no process group exists, the modules that take the world group as a default argument
+    (`group=group.WORLD`): torch.distributed.nn, which DDP's constructor imports through torch._dynamo, and
+    DeepSpeed's torch backend, which transformers' Trainer imports when DeepSpeed is installed. Imported after
+    init_process_group, they hold the group past destroy_process_group, so gloo's worker threads outlive it and
+    race the interpreter's exit, which aborts a rank now and then ('terminate called without an active
+    exception'). Imported first, the default they hold is None. Called as a callback's module is imported,
+    which a training script does before its Trainer starts the group."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or dist.is_initialized():
+        return
+    import torch.distributed.nn  # noqa: F401
+
+    if deepspeed and importlib.util.find_spec("deepspeed") is not None:
+        try:
+            import deepspeed.comm.torch  # noqa: F401
+        except (ImportError, OSError, RuntimeError):  # a broken DeepSpeed: the Trainer says so if it needs it
+            pass
 
 
 def json_value(value: Any) -> Any:

@@ -26,7 +26,9 @@ from ..record.artifacts import forget_missing
 from ..record.files import prepare_target
 from ..record.proofs import DEFAULT_TIMEOUT, check_mode, warn
 from ..record.run import Run
-from .common import json_value, package_relative
+from .common import json_value, keep_the_world_group_destroyable, package_relative
+
+keep_the_world_group_destroyable()
 
 
 def _scalar(value):

@@ -20,6 +20,7 @@ from ..record.proofs import DEFAULT_TIMEOUT, check_mode, warn
 from ..record.run import Run
 from .common import (
     json_value,
+    keep_the_world_group_destroyable,
     model_params,
     numeric_logs,
     package_relative,
@@ -28,6 +29,8 @@ from .common import (
     vocab_params,
     weights_precision,
 )
+
+keep_the_world_group_destroyable(deepspeed=True)
 
 # TrainingArguments recorded in params/<run>.json, under their own names.
 RECORDED_ARGS = (
