@@ -334,15 +334,32 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{seconds:6.1f} s  {nodeid}")
 
 
-# The object stores the push tests start on loopback (tests/push_stores.py), one of each per test module that asks,
-# stopped at its end; `proxy` stands between the client and SeaweedFS to plant faults.
-@pytest.fixture(scope="module")
-def seaweedfs(tmp_path_factory):
-    from tests.push_stores import start_seaweedfs
+# The object stores the push tests start on loopback (tests/push_stores.py). SeaweedFS: one per test process,
+# started by the first module that asks and stopped at the session's end (each start is ~2.6 CPU-s and 5 s); every
+# module finds it empty, its buckets removed as the module before it ended. rclone: one per module that asks.
+# `proxy` stands between the client and SeaweedFS to plant faults.
+@pytest.fixture(scope="session")
+def _seaweedfs_process(tmp_path_factory):
+    started: list = []  # the running store, once a module asked for it
+    yield started
+    for store in started:
+        store.stop()
 
-    store = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
+
+@pytest.fixture(scope="module")
+def seaweedfs(_seaweedfs_process, tmp_path_factory):
+    from tests.push_stores import empty_store, start_seaweedfs
+
+    if _seaweedfs_process and _seaweedfs_process[0].process.poll() is not None:
+        _seaweedfs_process.pop().stop()  # it exited: the next module gets a fresh one
+    if not _seaweedfs_process:
+        _seaweedfs_process.append(start_seaweedfs(tmp_path_factory.mktemp("seaweedfs")))
+    store = _seaweedfs_process[0]
     yield store
-    store.stop()
+    try:
+        empty_store(store)
+    except Exception:  # noqa: BLE001 - a store that cannot be emptied is replaced, never handed on half-full
+        _seaweedfs_process.pop().stop()
 
 
 @pytest.fixture(scope="module")

