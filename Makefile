@@ -13,7 +13,7 @@ JOBS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
 .PHONY: install demo test test-fast lint fuzz bench gpu-check clean system-tools
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml scripts/itera_torchvision_shim.py
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "needs $(PYTHON)"; exit 2; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first, with the torchvision built for it in the same command (timm needs it): pinned, or pip pulls a

@@ -5,11 +5,12 @@ Its compiled operators do not load beside the CPU torch, and its Python side the
 every model import failed. Declaring the two operator schemas its meta registrations look up is enough for the
 Python side (nothing here runs them). The Makefile installs this module with a .pth line into the venv only: it is
 not part of itera-verify, and a user's own matched torch + torchvision never sees it. It costs nothing until
-something imports torchvision (a meta-path hook), and acts only when that import fails.
+something imports torchvision (a meta-path hook), and acts only when that import fails. Every Python process
+of the venv imports it at start: the import system's protocols are met without importlib.abc's base classes,
+whose import (importlib.resources, pathlib) was most of a bare interpreter's start.
 """
 from __future__ import annotations
 
-import importlib.abc
 import importlib.machinery
 import sys
 
@@ -32,7 +33,7 @@ def declare() -> None:
     _LIBRARY.append(library)
 
 
-class _Loader(importlib.abc.Loader):
+class _Loader:
     """torchvision's own import first; only when it fails on an operator its compiled part did not register are
     the schemas declared and the import retried (a torchvision whose operators load is never touched: declaring
     them before it would collide with its own registration)."""
@@ -55,7 +56,7 @@ class _Loader(importlib.abc.Loader):
             self.wrapped.exec_module(module)
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:
     def find_spec(self, name, path=None, target=None):
         if name != "torchvision":
             return None
