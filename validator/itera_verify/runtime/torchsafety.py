@@ -9,6 +9,7 @@ test hands in a real old version string without touching torch.
 """
 from __future__ import annotations
 
+import functools
 import re
 
 SAFE_TORCH = (2, 10)  # the first release with CVE-2026-24747 fixed
@@ -45,8 +46,10 @@ def advisory(version: str | None) -> str | None:
             f"lock for an untrusted file (install torch>={SAFE_TORCH[0]}.{SAFE_TORCH[1]})")
 
 
+@functools.cache
 def installed_torch() -> str | None:
-    """The installed torch's version from its package metadata (torch itself is not imported); None without it."""
+    """The installed torch's version from its package metadata (torch itself is not imported); None without it.
+    Read once a process: every Environment.read() asks, and the metadata's parse is ~0.5 ms each time."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
