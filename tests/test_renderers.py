@@ -27,6 +27,10 @@ def reload_result(artifact, loader, ok=True, **facts) -> ReloadResult:
                         peak_memory_bytes=facts.pop("peak", 734_003_200), **facts)
 
 
+# The 100k-point curve of sample_report, computed once (curve() copies it into each report's own lists).
+LONG_LOSS = tuple((s, 2.5 * math.exp(-s / 20000) + 0.05 * math.sin(s / 50)) for s in range(100_000))
+
+
 def curve(values, downsampled=False, total=None) -> dict:
     points = [[step, v if math.isfinite(v) else None] for step, v in values]
     return {"points": points, "nonfinite_steps": [p[0] for p in points if p[1] is None],
@@ -92,7 +96,7 @@ def sample_report(*, accepted: int = 2, clean: bool = False, reloaded: bool = Tr
             run("lora-r64", "variant", "useful", "stopped", {"train_loss": float("nan"), "eval_macro_f1": 0.3812}, 0,
                 stop={"rule": "nonfinite-loss", "reason": "train_loss became NaN at step 3", "step": 3,
                       "at": "2026-11-20T09:40:00Z"})]
-    long_loss = [(s, 2.5 * math.exp(-s / 20000) + 0.05 * math.sin(s / 50)) for s in range(100_000)]
+    long_loss = LONG_LOSS
     curves = {
         "control": {"train_loss": curve(long_loss), "eval_macro_f1": curve([(100, 0.61), (200, 0.77), (400, 0.8317)])},
         "lora-r16": {"train_loss": curve([(s, 2.4 / (1 + s / 40)) for s in range(0, 401, 10)]),
