@@ -51,8 +51,9 @@ def with_hook(monkeypatch, tmp_path, code: str) -> None:
 
 # --- the zygote itself, with a probe for an entry ---------------------------------------------------------
 
-def _started_zygote(folder: Path):
-    """A zygote of its own under `folder`; closed after, its folder gone and its process ended."""
+def _started_zygote(folder: Path, light: bool = False):
+    """A zygote of its own under `folder` (`light`: torch alone); closed after, its folder gone and its process
+    ended."""
     import tempfile
 
     temp = folder / "tmp"
@@ -61,7 +62,7 @@ def _started_zygote(folder: Path):
         patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
         patch.setattr(tempfile, "tempdir", str(temp))
         children = ChildProcesses(Environment.read())
-        started = Zygote(children, zygote_env(children.environment))
+        started = Zygote(children, zygote_env(children.environment), light=light)
         started.wait_ready()
     assert started.client is not None, started.why
     yield children, started
@@ -79,8 +80,8 @@ def zygote(tmp_path_factory):
 
 @pytest.fixture
 def own_started_zygote(tmp_path):
-    """A zygote for a test that stops it."""
-    yield from _started_zygote(tmp_path)
+    """A zygote for a test that stops it: a light one, since what it imports plays no part there."""
+    yield from _started_zygote(tmp_path, light=True)
 
 
 def probe(children: ChildProcesses, zygote: Zygote, work: Path, action: str, env: dict | None = None) -> dict:
