@@ -69,6 +69,12 @@ class Preloads:
     def light(self) -> bool:
         return "transformers" not in self.imports
 
+    def covers(self, need: Preloads) -> bool:
+        """A zygote that imports these serves a run that needs `need`: every import (the libraries kept out are
+        the caller's to compare). The architectures' modelling modules are not required: a child imports one it
+        lacks itself."""
+        return set(need.imports) <= set(self.imports)
+
 
 def imports_for(loaders) -> tuple[str, ...]:
     """BASE, then each loader's libraries, once each, the loaders in IMPORTS' order, not the package's: one set of

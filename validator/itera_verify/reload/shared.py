@@ -82,10 +82,10 @@ def _name(server: dict) -> str:
 
 def serves(server: dict, run: dict) -> bool:
     """A server of these facts serves this run: every fact the same but the imports, and the server's cover the
-    run's (as a warm zygote's do, warm.covers). A run of safetensors alone is served by the server a run of the
-    example package started; the libraries kept out stay the same."""
+    run's (Preloads.covers, as for a warm zygote). A run of safetensors alone is served by the server a run of
+    the example package started; the libraries kept out stay the same."""
     return {k: v for k, v in server.items() if k != "imports"} == {k: v for k, v in run.items() if k != "imports"} \
-        and set(run["imports"]) <= set(server.get("imports") or ())
+        and Preloads(tuple(server.get("imports") or ())).covers(Preloads(tuple(run["imports"])))
 
 
 def facts_of(sock_path: Path) -> Path:

@@ -47,7 +47,7 @@ class WarmZygotes:
     def key(self, env: dict, preloads: Preloads) -> tuple:
         """What must be equal for a warm zygote to serve a run: the variables its libraries read at import, and the
         libraries it keeps out (a child of a run that keeps bitsandbytes out must not find it imported, nor a
-        child of one that needs it find it refused). Its imports need only cover the run's (`covers`)."""
+        child of one that needs it find it refused). Its imports need only cover the run's (`Preloads.covers`)."""
         variables = tuple(sorted((k, v) for k, v in env.items() if k not in self.ignore))
         return variables, preloads.without
 
@@ -56,7 +56,7 @@ class WarmZygotes:
         with self._lock:
             key = self.key(env, preloads)
             zygote = self._kept.get(key)
-            if zygote is None or not covers(zygote.preloads, preloads):
+            if zygote is None or not zygote.preloads.covers(preloads):
                 return None
             del self._kept[key]
         if not alive(zygote):
@@ -92,8 +92,8 @@ class WarmZygotes:
             there = self._kept.get(key)
             if there is zygote:
                 return
-            if there is not None and alive(there) and covers(there.preloads, zygote.preloads) \
-                    and not covers(zygote.preloads, there.preloads):
+            if there is not None and alive(there) and there.preloads.covers(zygote.preloads) \
+                    and not zygote.preloads.covers(there.preloads):
                 evicted = [zygote]
             else:
                 evicted = [old for old in [self._kept.pop(key, None)] if old is not None]
@@ -108,13 +108,6 @@ class WarmZygotes:
             kept, self._kept = list(self._kept.values()), OrderedDict()
         for zygote in kept:
             zygote.close()
-
-
-def covers(have: Preloads, need: Preloads) -> bool:
-    """A zygote that imports `have` serves a run of its key (the same libraries kept out: `WarmZygotes.key`)
-    that needs `need`: every import. The architectures' modelling modules are not required: a child imports one
-    it lacks itself."""
-    return set(need.imports) <= set(have.imports)
 
 
 def widened(kept: Preloads, run: Preloads) -> Preloads:
