@@ -339,7 +339,7 @@ def pytest_terminal_summary(terminalreporter):
 # module finds it empty, its buckets removed as the module before it ended. rclone: one per module that asks.
 # `proxy` stands between the client and SeaweedFS to plant faults.
 @pytest.fixture(scope="session")
-def _seaweedfs_process(tmp_path_factory):
+def _seaweedfs_process():
     started: list = []  # the running store, once a module asked for it
     yield started
     for store in started:
