@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -71,15 +72,19 @@ class WarmCli:
         self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.lock = threading.Lock()
         root = Path(__file__).resolve().parents[1]
+        errors = tempfile.TemporaryFile()  # what it says if it cannot import the tool
         self.server = subprocess.Popen([sys.executable, "-m", "tests.cli_server", str(theirs.fileno())], cwd=root,
                                        env=_warm_cli_environment(), pass_fds=[theirs.fileno()],
-                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors)
         theirs.close()
         self.control.settimeout(120)
         ready = self.control.recv(16)
         self.control.settimeout(None)
         if ready != b"ready":
-            raise RuntimeError(f"tests/cli_server.py did not start (exit status {self.server.poll()})")
+            self.server.kill()
+            errors.seek(0)
+            raise RuntimeError(f"tests/cli_server.py did not start (exit status {self.server.wait()}):\n"
+                               f"{errors.read().decode(errors='replace')}")
 
     def run(self, argv: list[str], cwd, env: dict, timeout: float) -> subprocess.CompletedProcess:
         import json
