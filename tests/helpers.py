@@ -36,8 +36,7 @@ def codes(findings) -> set[str]:
 def run_cli(*args, cwd=None, env=None, timeout=600) -> subprocess.CompletedProcess:
     """The real command line in a child process, offline: forked from this worker's warm command line
     (tests/cli_server.py) where the environment allows it, else a new interpreter."""
-    base = {k: v for k, v in os.environ.items() if k != "GITHUB_ACTIONS"}  # CI must not switch the format
-    full_env = {**base, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", **(env or {})}
+    full_env = _cli_environment(env)
     argv = [sys.executable, "-m", "itera_verify", *map(str, args)]
     if forkable(full_env):
         return warm_cli().run(argv, cwd, full_env, timeout)
@@ -55,12 +54,13 @@ def _startup_variables(env: dict) -> dict:
 
 def forkable(env: dict) -> bool:
     return os.environ.get("ITERA_TEST_CLI") != "spawn" and _startup_variables(env) == _startup_variables(
-        _warm_cli_environment())
+        _cli_environment())
 
 
-def _warm_cli_environment() -> dict:
-    base = {k: v for k, v in os.environ.items() if k != "GITHUB_ACTIONS"}
-    return {**base, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
+def _cli_environment(env: dict | None = None) -> dict:
+    """A command's environment: this process's, offline, without colour, and `env` over it."""
+    base = {k: v for k, v in os.environ.items() if k != "GITHUB_ACTIONS"}  # CI must not switch the format
+    return {**base, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", **(env or {})}
 
 
 class WarmCli:
@@ -74,7 +74,7 @@ class WarmCli:
         root = Path(__file__).resolve().parents[1]
         errors = tempfile.TemporaryFile()  # what it says if it cannot import the tool
         self.server = subprocess.Popen([sys.executable, "-m", "tests.cli_server", str(theirs.fileno())], cwd=root,
-                                       env=_warm_cli_environment(), pass_fds=[theirs.fileno()],
+                                       env=_cli_environment(), pass_fds=[theirs.fileno()],
                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors)
         theirs.close()
         self.control.settimeout(120)
@@ -89,7 +89,6 @@ class WarmCli:
     def run(self, argv: list[str], cwd, env: dict, timeout: float) -> subprocess.CompletedProcess:
         import json
         import selectors
-        import signal
         import socket
 
         folder = os.path.abspath(cwd) if cwd is not None else os.getcwd()
@@ -115,12 +114,10 @@ class WarmCli:
                     streams.register(fd, selectors.EVENT_READ)
                 while streams.get_map():
                     left = deadline - time.monotonic()
-                    if left <= 0:  # as subprocess.run does: the command killed (not what it started) and waited for
-                        os.kill(pid, signal.SIGKILL)
+                    if left <= 0:
                         for key in list(streams.get_map().values()):
                             os.close(key.fd)
-                        answer.recv(4096)
-                        raise subprocess.TimeoutExpired(argv, timeout)
+                        _kill(pid, answer, argv, timeout)
                     for key, _ in streams.select(left):
                         data = os.read(key.fd, 1 << 16)
                         if data:
@@ -129,9 +126,22 @@ class WarmCli:
                             streams.unregister(key.fd)
                             os.close(key.fd)
             answer.settimeout(max(1.0, deadline - time.monotonic()))
-            status = json.loads(answer.recv(4096))["status"]
+            try:
+                status = json.loads(answer.recv(4096))["status"]
+            except TimeoutError:  # it closed its output but runs on
+                _kill(pid, answer, argv, timeout)
         stdout, stderr = (_as_text(b"".join(chunks[fd])) for fd in (out, err))
         return subprocess.CompletedProcess(argv, status, stdout, stderr)
+
+
+def _kill(pid: int, answer, argv: list[str], timeout: float):
+    """What subprocess.run does past its timeout: the command (not what it started) killed, and waited for."""
+    import signal
+
+    os.kill(pid, signal.SIGKILL)
+    answer.settimeout(60)
+    answer.recv(4096)
+    raise subprocess.TimeoutExpired(argv, timeout)
 
 
 def _is_open(fd: int) -> bool:
