@@ -1,9 +1,13 @@
 """Helpers tests import: `from tests.helpers import static_findings, codes, run_cli`."""
 from __future__ import annotations
 
+import json
 import locale
 import os
 import re
+import selectors
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -67,8 +71,6 @@ class WarmCli:
     """This worker's tests/cli_server.py: started at the first command, ended with the worker."""
 
     def __init__(self) -> None:
-        import socket
-
         self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.lock = threading.Lock()
         root = Path(__file__).resolve().parents[1]
@@ -87,10 +89,6 @@ class WarmCli:
                                f"{errors.read().decode(errors='replace')}")
 
     def run(self, argv: list[str], cwd, env: dict, timeout: float) -> subprocess.CompletedProcess:
-        import json
-        import selectors
-        import socket
-
         folder = os.path.abspath(cwd) if cwd is not None else os.getcwd()
         if not os.path.isdir(folder):
             raise FileNotFoundError(2, "No such file or directory", str(cwd))
@@ -136,8 +134,6 @@ class WarmCli:
 
 def _kill(pid: int, answer, argv: list[str], timeout: float):
     """What subprocess.run does past its timeout: the command (not what it started) killed, and waited for."""
-    import signal
-
     os.kill(pid, signal.SIGKILL)
     answer.settimeout(60)
     answer.recv(4096)
@@ -172,8 +168,6 @@ def torchrun_two(script: str, cwd: Path, env: dict, timeout: float) -> subproces
     """`torchrun --nproc_per_node 2 SCRIPT` from the venv, on a free port (other test sessions may run torchrun
     too), its output captured; the caller checks the return code. Its temporary folder (torchelastic's log folder)
     is under `cwd`, removed with the test's."""
-    import socket
-
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = str(probe.getsockname()[1])
