@@ -40,7 +40,7 @@ def codes(findings) -> set[str]:
 def run_cli(*args, cwd=None, env=None, timeout=600) -> subprocess.CompletedProcess:
     """The real command line in a child process, offline: forked from this worker's warm command line
     (tests/cli_server.py) where the environment allows it, else a new interpreter."""
-    full_env = _cli_environment(env)
+    full_env = cli_environment(env)
     argv = [sys.executable, "-m", "itera_verify", *map(str, args)]
     if forkable(full_env):
         return warm_cli().run(argv, cwd, full_env, timeout)
@@ -58,10 +58,10 @@ def _startup_variables(env: dict) -> dict:
 
 def forkable(env: dict) -> bool:
     return os.environ.get("ITERA_TEST_CLI") != "spawn" and _startup_variables(env) == _startup_variables(
-        _cli_environment())
+        cli_environment())
 
 
-def _cli_environment(env: dict | None = None) -> dict:
+def cli_environment(env: dict | None = None) -> dict:
     """A command's environment: this process's, offline, without colour, and `env` over it."""
     base = {k: v for k, v in os.environ.items() if k != "GITHUB_ACTIONS"}  # CI must not switch the format
     return {**base, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", **(env or {})}
@@ -76,7 +76,7 @@ class WarmCli:
         root = Path(__file__).resolve().parents[1]
         errors = tempfile.TemporaryFile()  # what it says if it cannot import the tool
         self.server = subprocess.Popen([sys.executable, "-m", "tests.cli_server", str(theirs.fileno())], cwd=root,
-                                       env=_cli_environment(), pass_fds=[theirs.fileno()],
+                                       env=cli_environment(), pass_fds=[theirs.fileno()],
                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors)
         theirs.close()
         self.control.settimeout(120)

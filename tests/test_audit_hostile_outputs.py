@@ -5,7 +5,6 @@ model equal to its base that a header-only extraction would have called trained.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -16,7 +15,7 @@ import pytest
 
 from itera_verify.flows.audit import audit
 from itera_verify.seal import seal_package
-from tests.helpers import run_cli, context
+from tests.helpers import cli_environment, context, run_cli
 from tests.tar_forms import gnu_extract, payload_pickle
 from itera_verify import settle
 
@@ -167,8 +166,7 @@ def test_hostile_strings_stay_one_escaped_line_in_the_audit_output(hostile_archi
     # Bytes, not text: text mode would turn a raw CR into a line end before the test could see it.
     result = subprocess.run([sys.executable, "-m", "itera_verify", "audit", str(hostile_archive), "--format", fmt,
                              "-v"], cwd=tmp_path, capture_output=True, timeout=600,
-                            env={**{k: v for k, v in os.environ.items() if k != "GITHUB_ACTIONS"},
-                                 "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"})
+                            env=cli_environment())
     assert result.returncode == 1
     assert_plain(result.stdout, annotations=fmt == "github")
     assert_plain(result.stderr)

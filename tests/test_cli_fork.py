@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from tests.helpers import forkable, run_cli, warm_cli
+from tests.helpers import cli_environment, forkable, run_cli, warm_cli
 
 
 def both_ways(monkeypatch, *args, **options) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
@@ -60,8 +60,7 @@ def test_the_command_runs_in_the_tests_folder_and_environment(monkeypatch, built
 
 def test_what_an_interpreter_reads_as_it_starts_sends_the_command_to_a_new_one(monkeypatch):
     monkeypatch.delenv("ITERA_TEST_CLI", raising=False)
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
-    environment.pop("GITHUB_ACTIONS", None)
+    environment = cli_environment()
     assert forkable(environment)
     assert forkable({**environment, "ITERA_ANYTHING": "1"})
     for name, value in (("PYTHONPATH", "/elsewhere"), ("LANG", "C"), ("LC_ALL", "C"), ("TZ", "Asia/Tokyo"),
