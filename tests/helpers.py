@@ -92,7 +92,7 @@ class WarmCli:
         folder = os.path.abspath(cwd) if cwd is not None else os.getcwd()
         if not os.path.isdir(folder):
             raise FileNotFoundError(2, "No such file or directory", str(cwd))
-        request = json.dumps({"args": argv[3:], "cwd": folder, "env": env}).encode()
+        request = json.dumps({"module": argv[2], "args": argv[3:], "cwd": folder, "env": env}).encode()
         answer, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         (out, out_w), (err, err_w) = os.pipe(), os.pipe()
         stdin = 0 if _is_open(0) else os.open(os.devnull, os.O_RDONLY)

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 from tests.helpers import cli_environment, forkable, run_cli, warm_cli
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def both_ways(monkeypatch, *args, **options) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
@@ -98,3 +103,25 @@ def test_commands_run_at_once_from_several_threads_each_get_their_own_output(bui
     for code, result in results.items():
         assert result.returncode == 0 and code in result.stdout, result
         assert all(other not in result.stdout.split("\n")[0] for other in results if other != code)
+
+
+@pytest.mark.parametrize("how", ["threads-and-atexit", "exit-status", "exit-message", "uncaught", "interrupted"])
+def test_a_forked_command_ends_as_a_new_interpreter_ends(how):
+    """The fork skips the interpreter's teardown of every object (tests/cli_server.py, run_the_command), not what a
+    command can see of its end: threads joined, then atexit handlers, output flushed, the exit status, and the
+    message of sys.exit or of an uncaught exception (its traceback's frames differ: runpy's, the server's)."""
+    argv = [sys.executable, "-m", "tests.cli_exit_probe", how]
+    environment = cli_environment()
+    forked = warm_cli().run(argv, ROOT, environment, timeout=60)
+    spawned = subprocess.run(argv, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=60)
+    assert (forked.returncode, forked.stdout) == (spawned.returncode, spawned.stdout)
+    assert forked.stdout.startswith("buffered, no newline"), forked.stdout
+    last = [result.stderr.rstrip("\n").rsplit("\n", 1)[-1] for result in (forked, spawned)]
+    assert last[0] == last[1] and forked.stderr.startswith("to stderr\n"), (forked.stderr, spawned.stderr)
+    expected = {"threads-and-atexit": (0, " | main done | thread done | atexit ran\n"), "exit-status": (3, ""),
+                "exit-message": (1, ""), "uncaught": (1, ""), "interrupted": (-signal.SIGINT, "")}[how]
+    assert (forked.returncode, forked.stdout[len("buffered, no newline"):]) == expected
+    if how == "uncaught":
+        assert last[0] == "RuntimeError: uncaught"
+    elif how == "exit-message":
+        assert last[0] == "a message instead of a status"

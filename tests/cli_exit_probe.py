@@ -1,0 +1,30 @@
+"""What a process does as it ends, for tests/test_cli_fork.py to compare a forked command with a new interpreter:
+`python -m tests.cli_exit_probe HOW`, where HOW is how it ends."""
+from __future__ import annotations
+
+import atexit
+import sys
+import threading
+import time
+
+
+def main(how: str) -> None:
+    sys.stdout.write("buffered, no newline")  # only the interpreter's end flushes it
+    sys.stderr.write("to stderr\n")
+    if how == "threads-and-atexit":
+        # The interpreter joins the threads that are not daemons first, then runs the atexit handlers.
+        atexit.register(lambda: print(" | atexit ran", flush=True))
+        threading.Thread(target=lambda: (time.sleep(0.3), print(" | thread done", end=""))).start()
+        print(" | main done", end="")
+    elif how == "exit-status":
+        sys.exit(3)
+    elif how == "exit-message":
+        sys.exit("a message instead of a status")
+    elif how == "uncaught":
+        raise RuntimeError("uncaught")
+    elif how == "interrupted":
+        raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
