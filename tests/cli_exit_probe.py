@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 import threading
 import time
 
 
 def main(how: str) -> None:
-    sys.stdout.write("buffered, no newline")  # only the interpreter's end flushes it
+    sys.stdout.write("buffered, no newline")  # only the interpreter's end flushes it (unless PYTHONUNBUFFERED)
     sys.stderr.write("to stderr\n")
     if how == "threads-and-atexit":
         # The interpreter joins the threads that are not daemons first, then runs the atexit handlers.
@@ -24,6 +25,11 @@ def main(how: str) -> None:
         raise RuntimeError("uncaught")
     elif how == "interrupted":
         raise KeyboardInterrupt
+    elif how == "unflushable":  # sys.stdout becomes a pipe nobody reads: its flush at the end fails (EPIPE)
+        read, write = os.pipe()
+        os.close(read)
+        sys.stdout = open(write, "w")  # noqa: SIM115 - block-buffered, whatever PYTHONUNBUFFERED says
+        sys.stdout.write("never read")
 
 
 if __name__ == "__main__":

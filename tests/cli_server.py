@@ -4,9 +4,9 @@ Each command a test runs through tests.helpers.run_cli used to start an interpre
 CPU-s of ~0.3 for a static verify of the example package, several hundred commands a run). This server imports
 the tool's modules once, then forks a process per command: that process takes the test's standard streams,
 folder, environment and arguments and runs `itera_verify` as `python -m` does (runpy, `__main__`, the current
-folder first on sys.path), and ends as an interpreter ends, so threads are joined, atexit handlers run, the
-standard streams are flushed and the exit status is the command's; the teardown of every object after that is
-skipped (run_the_command).
+folder first on sys.path), and ends as the tool's command line ends (itera_verify/runtime/ending.py): threads
+joined, atexit handlers run, the standard streams flushed, the exit status the command's, and no teardown of
+every object after that.
 
 What the interpreter reads only as it starts (PYTHON* variables, the locale, TZ) cannot be changed in a fork:
 run_cli starts a real interpreter for an environment that differs there, and for every command when
@@ -117,43 +117,15 @@ def become_the_command(request: dict, streams: list[int]) -> None:
 
 
 def run_the_command(module: str) -> None:
-    """`python -m MODULE` (the tool, or tests/test_cli_fork.py's probe), then the interpreter's end as far as a
-    command can see it.
-
-    Py_FinalizeEx joins the threads that are not daemons, runs the atexit handlers and flushes the standard
-    streams (a failure there makes the exit status 120); that is done here, as it does, in its order. What it
-    does after that, the teardown of every module and object, is left out: nothing outside the process sees it,
-    and in a fork of this server it costs ~75 ms of CPU a command (each page it touches is copied), more than
-    half of what a static verify of the example package costs."""
-    import atexit
+    """`python -m MODULE` (the tool, or tests/test_cli_fork.py's probe), ended as the tool's own command line ends
+    (itera_verify/runtime/ending.py): the interpreter's end as far as a command can see it, not the teardown of
+    every object, which in a fork of this server costs ~75 ms of CPU a command (each page it touches is copied).
+    The tool's `__main__` ends so itself; a probe ends here."""
     import runpy
-    import threading
 
-    interrupted = False
-    try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-        status = 0
-    except SystemExit as exc:  # as handle_system_exit reads it
-        if exc.code is None or isinstance(exc.code, int):
-            status = exc.code or 0
-        else:
-            print(exc.code, file=sys.stderr)
-            status = 1
-    except BaseException as exc:  # noqa: BLE001 -- an uncaught exception: printed by the excepthook, status 1
-        interrupted = isinstance(exc, KeyboardInterrupt)
-        sys.excepthook(type(exc), exc, exc.__traceback__)
-        status = 1
-    threading._shutdown()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 -- the interpreter's own reading of a stream it cannot flush
-            status = 120
-    if interrupted:  # an uncaught KeyboardInterrupt ends the interpreter by SIGINT
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    os._exit(status & 0xFF)
+    from itera_verify.runtime.ending import end_program
+
+    end_program(lambda: runpy.run_module(module, run_name="__main__", alter_sys=True))
 
 
 if __name__ == "__main__":

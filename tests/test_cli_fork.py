@@ -105,11 +105,13 @@ def test_commands_run_at_once_from_several_threads_each_get_their_own_output(bui
         assert all(other not in result.stdout.split("\n")[0] for other in results if other != code)
 
 
-@pytest.mark.parametrize("how", ["threads-and-atexit", "exit-status", "exit-message", "uncaught", "interrupted"])
+@pytest.mark.parametrize("how", ["threads-and-atexit", "exit-status", "exit-message", "uncaught", "interrupted",
+                                 "unflushable"])
 def test_a_forked_command_ends_as_a_new_interpreter_ends(how):
-    """The fork skips the interpreter's teardown of every object (tests/cli_server.py, run_the_command), not what a
-    command can see of its end: threads joined, then atexit handlers, output flushed, the exit status, and the
-    message of sys.exit or of an uncaught exception (its traceback's frames differ: runpy's, the server's)."""
+    """The tool's command line skips the interpreter's teardown of every object (runtime/ending.py, which the
+    warm command line ends its commands with), not what a command can see of its end: threads joined, then
+    atexit handlers, output flushed (status 120 and the interpreter's words when it cannot be), the exit status,
+    and the message of sys.exit or of an uncaught exception (its traceback's frames differ: runpy's, ours)."""
     argv = [sys.executable, "-m", "tests.cli_exit_probe", how]
     environment = cli_environment()
     forked = warm_cli().run(argv, ROOT, environment, timeout=60)
@@ -119,7 +121,11 @@ def test_a_forked_command_ends_as_a_new_interpreter_ends(how):
     last = [result.stderr.rstrip("\n").rsplit("\n", 1)[-1] for result in (forked, spawned)]
     assert last[0] == last[1] and forked.stderr.startswith("to stderr\n"), (forked.stderr, spawned.stderr)
     expected = {"threads-and-atexit": (0, " | main done | thread done | atexit ran\n"), "exit-status": (3, ""),
-                "exit-message": (1, ""), "uncaught": (1, ""), "interrupted": (-signal.SIGINT, "")}[how]
+                "exit-message": (1, ""), "uncaught": (1, ""), "interrupted": (-signal.SIGINT, ""),
+                "unflushable": (120, "")}[how]  # the original stdout is flushed too
+    if how == "unflushable":
+        assert forked.stderr == spawned.stderr, (forked.stderr, spawned.stderr)
+        assert "Exception ignored in: <_io.TextIOWrapper name=" in forked.stderr and "BrokenPipeError" in forked.stderr
     assert (forked.returncode, forked.stdout[len("buffered, no newline"):]) == expected
     if how == "uncaught":
         assert last[0] == "RuntimeError: uncaught"

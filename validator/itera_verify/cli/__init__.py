@@ -12,6 +12,7 @@ import click
 
 from ..version import FORMAT, __version__
 from ..runtime.allocator import keep_freed_buffers
+from ..runtime.ending import end_program
 from ..flows.config import Config, load_config, settle
 from ..runtime.environment import Environment
 from ..model import UsageError
@@ -142,6 +143,13 @@ class DefaultCommandGroup(click.Group):
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
             args = ["verify", *args]
         return super().parse_args(ctx, args)
+
+
+def run() -> None:
+    """The `itera-verify` program (its console script, `python -m itera_verify`): `main`, then the process ends as
+    the interpreter ends one, without its teardown of every module (runtime/ending.py). Call `main` to run the
+    command line inside another program."""
+    end_program(main)
 
 
 @click.group(cls=DefaultCommandGroup, context_settings={"help_option_names": ["-h", "--help"]})

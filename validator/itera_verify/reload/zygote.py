@@ -38,8 +38,9 @@ import struct
 import sys
 import tempfile
 import time
-import traceback
+from typing import NoReturn
 
+from ..runtime.ending import end_child
 from ..runtime.launcher import die_with_parent
 from .preloads import BASE, imports_for, keep_out
 
@@ -148,39 +149,30 @@ def follow_hub_cache() -> None:
         constants.HF_HUB_CACHE = os.environ["HF_HUB_CACHE"]
 
 
-def _run_child(request: dict, parent: int) -> None:  # pragma: no cover - runs in the forked child
-    code = 1
-    try:
-        os.setsid()  # its own session and process group: the runner's kill sweeps exactly it
-        die_with_parent(parent)
-        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
-            signal.signal(number, signal.SIG_DFL)
-        os.environ.update(request.get("env") or {})
-        follow_hub_cache()
-        work = request["work"]
-        os.chdir(work)
-        tempfile.tempdir = work  # third-party scratch files go to the reload's own folder
-        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
-        os.close(null)
-        set_title(list(request.get("title") or ()))
-        module, _, function = request["entry"].partition(":")
-        code = getattr(importlib.import_module(module), function)(list(request.get("argv") or ()))
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # noqa: BLE001 - its words go to the child's log, its exit code to the runner
-        traceback.print_exc()
-        code = 1
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code if isinstance(code, int) else 0)
+def _run_child(request: dict, parent: int) -> NoReturn:  # pragma: no cover - runs in the forked child
+    end_child(lambda: _child(request, parent))
+
+
+def _child(request: dict, parent: int) -> object:  # pragma: no cover - runs in the forked child
+    os.setsid()  # its own session and process group: the runner's kill sweeps exactly it
+    die_with_parent(parent)
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
+        signal.signal(number, signal.SIG_DFL)
+    os.environ.update(request.get("env") or {})
+    follow_hub_cache()
+    work = request["work"]
+    os.chdir(work)
+    tempfile.tempdir = work  # third-party scratch files go to the reload's own folder
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.close(null)
+    set_title(list(request.get("title") or ()))
+    module, _, function = request["entry"].partition(":")
+    return getattr(importlib.import_module(module), function)(list(request.get("argv") or ()))
 
 
 class Zygote:
