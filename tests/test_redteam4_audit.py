@@ -48,14 +48,15 @@ def audited(archive: Path, *args, timeout: int = 300) -> tuple[int, dict | None,
 
 # The command's own peak is its VmHWM: ru_maxrss (RUSAGE_SELF) survives exec, so a child of a pytest process that
 # holds 350 MB would start at 350 MB whatever it does. Its children's is RUSAGE_CHILDREN.
-PEAK = ("import resource, sys, runpy\n"
+# Said at exit (the command line ends through its atexit handlers, runtime/ending.py, not through a finally here).
+PEAK = ("import atexit, resource, sys, runpy\n"
         "def own_peak():\n"
         "    for line in open('/proc/self/status'):\n"
         "        if line.startswith('VmHWM:'):\n            return int(line.split()[1])\n"
         "    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-        "try:\n    runpy.run_module('itera_verify', run_name='__main__')\n"
-        "finally:\n    print(f'PEAK_KIB {max(own_peak(), resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)}', "
-        "file=sys.stderr)\n")
+        "atexit.register(lambda: print(f'PEAK_KIB {max(own_peak(), resource.getrusage(resource.RUSAGE_CHILDREN)"
+        ".ru_maxrss)}', file=sys.stderr))\n"
+        "runpy.run_module('itera_verify', run_name='__main__')\n")
 
 
 def audited_with_peak(archive: Path, *args, timeout: int = 300) -> tuple[int, dict | None, str, int]:

@@ -22,17 +22,19 @@ pytestmark = pytest.mark.own_zygote  # each test starts its own folder's servers
 
 
 def servers(folder: Path) -> list[int]:
-    """The pids of the shared servers listening in `folder`, from their command lines."""
-    found = []
+    """The pids of the shared servers listening in `folder`, from their command lines; not their sessions (forks
+    of a server, with its command line), one of which may still be ending as the command that used it ends."""
+    found = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 command = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
+                parent = int(Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
                 continue
             if f"listen={folder}/".encode() in command:
-                found.append(int(entry))
-    return found
+                found[int(entry)] = parent
+    return sorted(pid for pid, parent in found.items() if parent not in found)
 
 
 def verify(package_dir, hf_cache, folder, *args, **env) -> dict:

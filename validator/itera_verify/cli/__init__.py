@@ -535,4 +535,4 @@ def rules_command(code):
 from . import assemble as _assemble  # noqa: E402,F401  (registers `assemble` on the group)
 
 if __name__ == "__main__":
-    main()
+    run()

@@ -126,4 +126,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ..runtime.ending import end_program
+
+    end_program(lambda: sys.exit(main()))
