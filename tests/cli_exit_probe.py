@@ -25,6 +25,8 @@ def main(how: str) -> None:
         raise RuntimeError("uncaught")
     elif how == "interrupted":
         raise KeyboardInterrupt
+    elif how == "stdout-closed":  # a closed stream is not flushed at the end, nor is its closing an error
+        sys.stdout.close()
     elif how == "unflushable":  # sys.stdout becomes a pipe nobody reads: its flush at the end fails (EPIPE)
         read, write = os.pipe()
         os.close(read)

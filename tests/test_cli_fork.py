@@ -106,7 +106,7 @@ def test_commands_run_at_once_from_several_threads_each_get_their_own_output(bui
 
 
 @pytest.mark.parametrize("how", ["threads-and-atexit", "exit-status", "exit-message", "uncaught", "interrupted",
-                                 "unflushable"])
+                                 "stdout-closed", "unflushable"])
 def test_a_forked_command_ends_as_a_new_interpreter_ends(how):
     """The tool's command line skips the interpreter's teardown of every object (runtime/ending.py, which the
     warm command line ends its commands with), not what a command can see of its end: threads joined, then
@@ -122,7 +122,7 @@ def test_a_forked_command_ends_as_a_new_interpreter_ends(how):
     assert last[0] == last[1] and forked.stderr.startswith("to stderr\n"), (forked.stderr, spawned.stderr)
     expected = {"threads-and-atexit": (0, " | main done | thread done | atexit ran\n"), "exit-status": (3, ""),
                 "exit-message": (1, ""), "uncaught": (1, ""), "interrupted": (-signal.SIGINT, ""),
-                "unflushable": (120, "")}[how]  # the original stdout is flushed too
+                "stdout-closed": (0, ""), "unflushable": (120, "")}[how]  # the original stdout is flushed too
     if how == "unflushable":
         assert forked.stderr == spawned.stderr, (forked.stderr, spawned.stderr)
         assert "Exception ignored in: <_io.TextIOWrapper name=" in forked.stderr and "BrokenPipeError" in forked.stderr

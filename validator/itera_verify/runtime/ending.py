@@ -54,13 +54,15 @@ def end_program(body: Callable[[], object]) -> NoReturn:
     threading._shutdown()  # what the interpreter's end calls first: joins every thread that is not a daemon
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
+        if stream is None or getattr(stream, "closed", False):
+            continue  # as the interpreter skips them
         try:
             stream.flush()
         except Exception as exc:  # noqa: BLE001 - the interpreter's words and status for a stream it cannot flush
             status = FLUSH_FAILED
             _say_ignored(stream, exc)
     for stream in (sys.__stdout__, sys.__stderr__):  # replaced ones: the teardown would flush them as it closes them
-        if stream is not None and stream not in (sys.stdout, sys.stderr):
+        if stream is not None and not stream.closed and stream not in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except Exception as exc:  # noqa: BLE001 - said, as the teardown says it; the status stays
