@@ -117,7 +117,11 @@ def test_the_kept_checkpoints_are_registered_as_lightning_resume_artifacts(tmp_p
         campaign.declare_plan(lots=[{"gpu": "RTX 4090", "days": 3, "gpus": 1, "price_usd": 47.14}],
                               reserved_hours=1)
         campaign.declare_stop_rules(RULES[:1])
-        fit(campaign.run("control", "control"), Classifier(), checkpoints_to="pkg/checkpoints/control")
+        run = campaign.run("control", "control")
+        fit(run, Classifier(), checkpoints_to="pkg/checkpoints/control")
+        # The run stays open: its resume proofs still record into manifest.json (through a temporary file) as
+        # they end. Verify the package once they have, not while the recorder writes it.
+        run.proofs.wait(timeout=300)
     manifest = json.loads((tmp_path / "pkg/manifest.json").read_text())
     artifacts = {a["id"]: a for a in manifest["artifacts"]}
     assert sorted(artifacts) == ["control-epoch-0-step-4", "control-epoch-1-step-8", "control-weights"]
