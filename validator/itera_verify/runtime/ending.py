@@ -53,20 +53,11 @@ def end_program(body: Callable[[], object]) -> NoReturn:
         status = 1
     threading._shutdown()  # what the interpreter's end calls first: joins every thread that is not a daemon
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        if stream is None or getattr(stream, "closed", False):
-            continue  # as the interpreter skips them
-        try:
-            stream.flush()
-        except Exception as exc:  # noqa: BLE001 - the interpreter's words and status for a stream it cannot flush
-            status = FLUSH_FAILED
-            _say_ignored(stream, exc)
-    for stream in (sys.__stdout__, sys.__stderr__):  # replaced ones: the teardown would flush them as it closes them
-        if stream is not None and not stream.closed and stream not in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception as exc:  # noqa: BLE001 - said, as the teardown says it; the status stays
-                _say_ignored(stream, exc)
+    if not all([_flushed(sys.stdout), _flushed(sys.stderr)]):
+        status = FLUSH_FAILED
+    for replaced in (sys.__stdout__, sys.__stderr__):  # the teardown would flush them as it closes them
+        if replaced not in (sys.stdout, sys.stderr):
+            _flushed(replaced)  # a failure is said, as the teardown says it; the status stays
     if interrupted:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
@@ -75,13 +66,13 @@ def end_program(body: Callable[[], object]) -> NoReturn:
 
 def end_child(body: Callable[[], object]) -> NoReturn:
     """Run `body` as a reload child's main, then end at once with its status (an int, else 0): its output
-    flushed, no atexit handler, no teardown. SystemExit gives its int code, else 1; any other exception is
-    printed to the child's log, status 1."""
+    flushed, no atexit handler, no teardown. SystemExit is read as the interpreter reads it (exit_status); any
+    other exception is printed to the child's log, status 1."""
     code: object = 1
     try:
         code = body()
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = exit_status(exc)
     except BaseException:  # noqa: BLE001 - its words go to the child's log, its exit code to the runner
         traceback.print_exc()
         code = 1
@@ -93,11 +84,19 @@ def end_child(body: Callable[[], object]) -> NoReturn:
             os._exit(code if isinstance(code, int) else 0)
 
 
-def _say_ignored(stream, exc: BaseException) -> None:
-    """What the interpreter writes for an exception it cannot raise (sys.unraisablehook's default)."""
+def _flushed(stream) -> bool:
+    """Flush a standard stream as the interpreter's end does: a missing or closed one is skipped; one that cannot
+    be flushed is said on stderr in the interpreter's words (sys.unraisablehook's default), and False."""
+    if stream is None or getattr(stream, "closed", False):
+        return True
     try:
-        sys.stderr.write(f"Exception ignored in: {stream!r}\n")
-        sys.stderr.write("".join(traceback.format_exception_only(exc)))
-        sys.stderr.flush()
-    except Exception:  # noqa: BLE001 - stderr itself is gone: nothing left to say it on
-        pass
+        stream.flush()
+        return True
+    except Exception as exc:  # noqa: BLE001 - the interpreter's words for a stream it cannot flush
+        try:
+            sys.stderr.write(f"Exception ignored in: {stream!r}\n")
+            sys.stderr.write("".join(traceback.format_exception_only(exc)))
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001 - stderr itself is gone: nothing left to say it on
+            pass
+        return False
